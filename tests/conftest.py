@@ -1,0 +1,42 @@
+"""Shared fixtures: a real LocalCluster of worker processes, the shared datasets, the CLI."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from distributed import Client, LocalCluster
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("DTRAIN_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def client():
+    """Two worker processes, one thread each: the layout of a small real cluster."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    path = SHARED_DATA / "mnist"
+    if not (path / "t10k-images-idx3-ubyte.gz").exists():
+        pytest.skip(f"MNIST not found under {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+def run_cli(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m dtrain ARGS`` in a fresh process, as a user would run it."""
+    return subprocess.run([sys.executable, "-m", "dtrain", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import pytest
+
+from dtrain.config import CONFIG_DIR, Config, ConfigError, load_config, parse_override
+
+
+def test_default_is_iris():
+    cfg = load_config()
+    assert cfg.data.dataset == "iris"
+    assert cfg.graph.strategy == "allreduce"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    load_config(path)
+
+
+def test_overrides_are_toml_values():
+    cfg = load_config(None, ["train.epochs=3", "optim.lr=0.05", "model.layers=[4, 8, 8, 3]",
+                             "data.shuffle=false", 'graph.strategy="serial"'])
+    assert cfg.train.epochs == 3 and cfg.optim.lr == 0.05
+    assert cfg.model.layers == (4, 8, 8, 3)
+    assert cfg.data.shuffle is False and cfg.graph.strategy == "serial"
+
+
+def test_bare_word_override_is_a_string(tmp_path):
+    cfg = load_config(None, [f"data.path={tmp_path}/mnist", "graph.strategy=parameter-server"])
+    assert cfg.data.path == f"{tmp_path}/mnist"
+    assert cfg.graph.strategy == "parameter-server"
+
+
+def test_relative_data_path_becomes_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["data.path=some/dir"])
+    assert cfg.data.path == str(tmp_path / "some" / "dir")
+
+
+def test_round_trip_through_toml(tmp_path):
+    cfg = load_config(None, ["model.layers=[4, 5, 3]", "optim.name=adam"])
+    path = tmp_path / "config.toml"
+    path.write_text(cfg.to_toml())
+    assert load_config(path) == cfg
+
+
+def test_replace_validates():
+    cfg = Config()
+    assert cfg.replace(train={"epochs": 7}).train.epochs == 7
+    with pytest.raises(ConfigError, match="train.epochs = 0"):
+        cfg.replace(train={"epochs": 0})
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.colour=1", "unknown key 'data.colour'"),
+    ("nosuch.key=1", r"unknown section \[nosuch\]"),
+    ("train.epochs=ten", "train.epochs = 'ten'.*expected an integer"),
+    ("train.epochs=2.5", "expected an integer"),
+    ("train.epochs=true", "expected an integer"),
+    ("optim.lr=-0.1", r"optim.lr = -0.1 .*must be > 0"),
+    ("optim.lr=0", "must be > 0"),
+    ("optim.lr=nan", "must be > 0"),
+    ("train.batch_size=0", r"train.batch_size = 0 .*must be >= 1"),
+    ("model.activation=swish", "model.activation = 'swish'.*one of 'sigmoid', 'tanh', 'relu'"),
+    ("model.loss=hinge", "model.loss = 'hinge'"),
+    ("graph.strategy=ring", "graph.strategy = 'ring'"),
+    ("graph.fan_in=1", "graph.fan_in = 1"),
+    ("data.split=[0.5, 0.2]", "data.split = \\[0.5, 0.2\\]"),
+    ("data.split=[0.5, 0.2, 0.2]", "summing to 1"),
+    ("model.layers=[4]", "model.layers = \\[4\\]"),
+    ("model.layers=[4, 0, 3]", "positive sizes"),
+    ("data.dataset=mnist", "data.path is empty.*mnist"),
+    ("train", "expected section.key=VALUE"),
+])
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nepochs = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    notable = tmp_path / "flat.toml"
+    notable.write_text("epochs = 3\n")
+    with pytest.raises(ConfigError, match="unknown section \\[epochs\\]"):
+        load_config(notable)
+
+
+def test_parse_override_keeps_equals_in_value():
+    assert parse_override("data.path=/a=b") == ("data", "path", "/a=b")
