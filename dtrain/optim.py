@@ -1,0 +1,166 @@
+"""Optimizers over one flat state vector, the reduce operator, and LR schedules.
+
+The training state is one buffer ``[params | optimizer slots]`` (SGD: no
+slots, momentum: velocity, Adam: first and second moments) plus the running
+sums of the current epoch's training loss.  Every function is pure: it
+returns a new state and never writes into its inputs, which Dask may share
+between tasks.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dask.sizeof import sizeof
+
+from dtrain.config import OptimConfig
+from dtrain.data import epoch_bounds
+from dtrain.model import Network, align_on_unpickle, array_module
+
+SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
+
+
+@align_on_unpickle
+@dataclass(frozen=True)
+class TrainState:
+    """What one step hands to the next.
+
+    ``vector`` is ``[params (P) | slots (k*P)]``; ``epoch_loss`` and
+    ``epoch_samples`` sum the training loss over this epoch's steps so far.
+    """
+
+    vector: Any
+    epoch_loss: float = 0.0
+    epoch_samples: int = 0
+    _arrays = ("vector",)
+
+
+@dataclass(frozen=True)
+class Step:
+    """The driver's constants for one training step, baked into its tasks."""
+
+    index: int                              # global step, from 0
+    epoch: int                              # from 0
+    lr: float
+    count: int                              # samples in this global minibatch
+    first: bool                             # first step of its epoch: restart the epoch sums
+    last: bool                              # last step of its epoch: evaluate after it
+    bounds: tuple[tuple[int, int], ...]     # rows lo:hi of each shard's epoch order
+
+
+class Schedule:
+    """Every step of a run: minibatch rows per shard, learning rate, epoch edges.
+
+    Parameters
+    ----------
+    shard_sizes
+        Rows in each shard.
+    batch_size
+        Global minibatch (clamped to the training set: full batch).
+    cfg
+        Learning-rate schedule.
+    epochs
+        Number of epochs.
+    """
+
+    def __init__(self, shard_sizes: list[int], batch_size: int, cfg: OptimConfig, epochs: int):
+        self.bounds = epoch_bounds(shard_sizes, min(batch_size, sum(shard_sizes)))
+        self.steps_per_epoch = self.bounds.shape[0] - 1
+        self.epochs = epochs
+        self.rates = [learning_rate(cfg, e, epochs) for e in range(epochs)]
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+    def __getitem__(self, index: int) -> Step:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        epoch, t = divmod(index, self.steps_per_epoch)
+        lo, hi = self.bounds[t], self.bounds[t + 1]
+        return Step(index, epoch, self.rates[epoch], int((hi - lo).sum()), t == 0,
+                    t == self.steps_per_epoch - 1,
+                    tuple((int(a), int(b)) for a, b in zip(lo, hi)))
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """SGD, momentum or Adam for a :class:`~dtrain.model.Network`, with an L2 penalty."""
+
+    cfg: OptimConfig
+    net: Network
+    l2: float = 0.0
+
+    @property
+    def slots(self) -> int:
+        return SLOTS[self.cfg.name]
+
+    def init_state(self, params) -> TrainState:
+        xp = array_module(params)
+        vector = xp.zeros(self.net.size * (1 + self.slots), dtype=params.dtype)
+        vector[: self.net.size] = params
+        return TrainState(vector)
+
+    def params(self, state: TrainState):
+        return state.vector[: self.net.size]
+
+    def apply(self, state: TrainState, grad, step: Step) -> TrainState:
+        """Apply one update from the summed gradient buffer ``grad`` (``P + 1``)."""
+        P, cfg = self.net.size, self.cfg
+        xp = array_module(state.vector)
+        g = grad[:P] / step.count                          # (P,) mean gradient
+        old = state.vector[:P]
+        if self.l2:
+            for w, _ in self.net.slices:
+                g[w] += self.l2 * old[w]
+        new = state.vector.copy()                          # (P * (1 + k),)
+        p = new[:P]
+        if cfg.name == "sgd":
+            p -= step.lr * g
+        elif cfg.name == "momentum":
+            v = new[P:2 * P]
+            v *= cfg.momentum
+            v += g
+            p -= step.lr * v
+        else:  # adam
+            m, v = new[P:2 * P], new[2 * P:3 * P]
+            m *= cfg.beta1
+            m += (1 - cfg.beta1) * g
+            v *= cfg.beta2
+            v += (1 - cfg.beta2) * (g * g)
+            t = step.index + 1
+            m_hat = m / (1 - cfg.beta1 ** t)
+            v_hat = v / (1 - cfg.beta2 ** t)
+            p -= step.lr * m_hat / (xp.sqrt(v_hat) + cfg.eps)
+        base_loss = 0.0 if step.first else state.epoch_loss
+        base_samples = 0 if step.first else state.epoch_samples
+        return TrainState(new, base_loss + float(grad[P]), base_samples + step.count)
+
+
+def sum_buffers(*buffers):
+    """Elementwise sum, always left to right: the fixed order that makes results reproducible."""
+    if len(buffers) == 1:
+        return buffers[0]
+    total = buffers[0] + buffers[1]
+    for b in buffers[2:]:
+        total += b
+    return total
+
+
+def update(opt: Optimizer, step: Step, state: TrainState, *grads) -> TrainState:
+    """Reduce the incoming gradient buffers (in order) and apply one optimizer step."""
+    return opt.apply(state, sum_buffers(*grads), step)
+
+
+def learning_rate(cfg: OptimConfig, epoch: int, epochs: int) -> float:
+    """The learning rate for ``epoch`` (from 0) under ``cfg.schedule``."""
+    if cfg.schedule == "step":
+        return cfg.lr * cfg.gamma ** (epoch // cfg.decay_every)
+    if cfg.schedule == "cosine":
+        return 0.5 * cfg.lr * (1 + math.cos(math.pi * epoch / epochs))
+    return cfg.lr
+
+
+@sizeof.register(TrainState)
+def _sizeof_state(state: TrainState) -> int:
+    return int(state.vector.nbytes) + 64

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dtrain.config import OptimConfig
+from dtrain.model import Network
+from dtrain.optim import Optimizer, Schedule, Step, TrainState, learning_rate, sum_buffers, update
+
+NET = Network((2, 2), "tanh", "cross-entropy", "float64")   # P = 6
+
+
+def _step(index=0, count=2, lr=0.1, first=False):
+    return Step(index, 0, lr, count, first, False, ())
+
+
+def _grad(values, loss=1.0):
+    return np.array([*values, loss], dtype=float)
+
+
+def test_sgd_with_l2_penalty_on_weights_only():
+    opt = Optimizer(OptimConfig(name="sgd"), NET, l2=0.5)
+    p = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])               # W = p[:4], b = p[4:]
+    new = opt.apply(opt.init_state(p), _grad([2.0] * 6), _step(count=2, lr=0.1))
+    expected = p - 0.1 * (np.ones(6) + 0.5 * np.array([1, 2, 3, 4, 0, 0]))
+    np.testing.assert_allclose(new.vector, expected, rtol=0, atol=1e-15)
+
+
+def test_momentum_accumulates_velocity():
+    opt = Optimizer(OptimConfig(name="momentum", momentum=0.9), NET)
+    s = opt.init_state(np.zeros(6))
+    g = _grad([1.0] * 6)
+    s = opt.apply(s, g, _step(count=1, lr=0.1))
+    s = opt.apply(s, g, _step(index=1, count=1, lr=0.1))
+    np.testing.assert_allclose(opt.params(s), -0.1 * (1 + 1.9) * np.ones(6))
+    np.testing.assert_allclose(s.vector[6:], 1.9 * np.ones(6))
+
+
+def test_adam_matches_the_paper():
+    cfg = OptimConfig(name="adam", beta1=0.9, beta2=0.999, eps=1e-8)
+    opt = Optimizer(cfg, NET)
+    s = opt.init_state(np.zeros(6))
+    p, m, v = np.zeros(6), np.zeros(6), np.zeros(6)
+    rng = np.random.default_rng(0)
+    for t in range(1, 4):
+        g = rng.standard_normal(6)
+        s = opt.apply(s, _grad(g), _step(index=t - 1, count=1, lr=0.01))
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        p = p - 0.01 * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
+    np.testing.assert_allclose(opt.params(s), p, rtol=1e-12)
+
+
+def test_inputs_are_never_written():
+    opt = Optimizer(OptimConfig(name="adam"), NET, l2=0.1)
+    state = opt.init_state(np.ones(6))
+    before = state.vector.copy()
+    grad = _grad([1.0] * 6)
+    grad.flags.writeable = False
+    state.vector.flags.writeable = False
+    opt.apply(state, grad, _step())
+    assert (state.vector == before).all()
+
+
+def test_epoch_loss_sums_restart_each_epoch():
+    opt = Optimizer(OptimConfig(), NET)
+    s = opt.init_state(np.zeros(6))
+    s = opt.apply(s, _grad([0] * 6, loss=3.0), _step(count=2, first=True))
+    s = opt.apply(s, _grad([0] * 6, loss=1.0), _step(count=2))
+    assert (s.epoch_loss, s.epoch_samples) == (4.0, 4)
+    s = opt.apply(s, _grad([0] * 6, loss=5.0), _step(count=3, first=True))
+    assert (s.epoch_loss, s.epoch_samples) == (5.0, 3)
+
+
+def test_sum_buffers_is_a_left_fold():
+    a, b, c = (np.array([1e16]), np.array([1.0]), np.array([-1e16]))
+    assert sum_buffers(a, b, c)[0] == (1e16 + 1.0) - 1e16        # not a + (b + c)
+    assert sum_buffers(a) is a
+
+
+def test_update_reduces_then_steps():
+    opt = Optimizer(OptimConfig(name="sgd"), NET)
+    s = TrainState(np.zeros(6))
+    out = update(opt, _step(count=4, lr=1.0), s, _grad([1.0] * 6), _grad([3.0] * 6))
+    np.testing.assert_allclose(out.vector, -np.ones(6))
+
+
+@pytest.mark.parametrize("schedule, expected", [
+    ("constant", [0.1, 0.1, 0.1, 0.1]),
+    ("step", [0.1, 0.1, 0.05, 0.05]),
+    ("cosine", [0.1, 0.5 * 0.1 * (1 + np.cos(np.pi / 4)), 0.05, 0.5 * 0.1 * (1 + np.cos(3 * np.pi / 4))]),
+])
+def test_learning_rate_schedules(schedule, expected):
+    cfg = OptimConfig(lr=0.1, schedule=schedule, decay_every=2, gamma=0.5)
+    assert [learning_rate(cfg, e, 4) for e in range(4)] == pytest.approx(expected)
+
+
+def test_schedule_steps_cover_every_epoch():
+    sch = Schedule([10, 10, 11], batch_size=8, cfg=OptimConfig(), epochs=3)
+    assert sch.steps_per_epoch == 4 and len(sch) == 12
+    steps = [sch[t] for t in range(len(sch))]
+    assert [s.count for s in steps[:4]] == [8, 8, 8, 7]
+    assert [s.first for s in steps[:5]] == [True, False, False, False, True]
+    assert [s.last for s in steps[:4]] == [False, False, False, True]
+    assert steps[5].epoch == 1 and steps[5].index == 5
+    full = Schedule([10, 10], batch_size=10**9, cfg=OptimConfig(), epochs=2)
+    assert full.steps_per_epoch == 1 and full[0].count == 20
