@@ -1,0 +1,193 @@
+from __future__ import annotations
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dtrain import data
+from dtrain.config import DataConfig, load_config
+from dtrain.data import DataError, epoch_bounds, shard_ranges
+
+
+def write_idx(path, array: np.ndarray, magic: bytes | None = None, cut: int = 0):
+    """An IDX file (gzipped if the name ends in .gz), optionally corrupted."""
+    header = (magic or bytes([0, 0, 8, array.ndim])) + struct.pack(f">{array.ndim}I", *array.shape)
+    blob = header + array.astype(np.uint8).tobytes()
+    blob = blob[: len(blob) - cut] if cut else blob
+    path.write_bytes(gzip.compress(blob) if path.suffix == ".gz" else blob)
+
+
+def tiny_mnist(directory, n=40, prefix="t10k", **corrupt):
+    rng = np.random.default_rng(0)
+    write_idx(directory / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)),
+              **corrupt)
+    write_idx(directory / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n))
+
+
+# --- minibatch order ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("sizes, batch", [([75, 75], 1), ([3, 5, 4], 4), ([10, 11, 12, 13], 7),
+                                          ([100], 32), ([5, 5], 100), ([1, 9], 3)])
+def test_epoch_bounds_cover_each_row_once(sizes, batch):
+    c = epoch_bounds(sizes, batch)
+    assert (c[0] == 0).all() and (c[-1] == sizes).all()
+    assert (np.diff(c, axis=0) >= 0).all()                       # each row taken once, in order
+    per_step = np.diff(c, axis=0).sum(axis=1)
+    total = sum(sizes)
+    assert (per_step[:-1] == min(batch, total)).all() and per_step[-1] == total - batch * (len(per_step) - 1)
+
+
+def test_epoch_bounds_interleave_shards_evenly():
+    c = epoch_bounds([8, 8], 2)
+    assert (np.diff(c, axis=0) == 1).all()                       # one row from each shard per step
+    stochastic = np.diff(epoch_bounds([6, 6], 1), axis=0)
+    assert (stochastic.sum(axis=1) == 1).all()                   # batch 1: never an empty step
+
+
+def test_shard_ranges_are_contiguous_and_balanced():
+    r = shard_ranges(10, 3, 4)
+    assert r == [(0, 8), (8, 15), (15, 22), (22, 30)]
+    with pytest.raises(DataError, match="data.shards = 40 but there are only 30 training samples"):
+        shard_ranges(10, 3, 40)
+
+
+# --- split and normalization ------------------------------------------------------------------
+
+def test_split_sizes():
+    assert data.split_sizes(150, (0.7, 0.1, 0.2), False) == (105, 15, 30)
+    assert data.split_sizes(1000, (0.8, 0.1, 0.1), True) == (889, 111, 0)
+
+
+def test_standardization_uses_training_statistics_only():
+    cfg = DataConfig(dataset="iris", split=(0.6, 0.2, 0.2), seed=3)
+    parts = data.prepared(cfg)
+    xt = parts["train"][0]
+    np.testing.assert_allclose(xt.mean(axis=0), 0, atol=1e-12)
+    np.testing.assert_allclose(xt.std(axis=0), 1, atol=1e-12)
+    assert abs(parts["test"][0].mean(axis=0)).max() > 1e-3      # not re-centred on its own stats
+    raw = data.read_raw(cfg)
+    train_rows = data._split_indices(cfg, len(raw.y), False)[0]
+    mu, sd = raw.x[train_rows].mean(axis=0), raw.x[train_rows].std(axis=0)
+    test_rows = data._split_indices(cfg, len(raw.y), False)[2]
+    np.testing.assert_allclose(parts["test"][0], (raw.x[test_rows] - mu) / sd)
+
+
+def test_minmax_and_seeded_split():
+    cfg = DataConfig(dataset="digits", normalize="minmax", seed=1)
+    xt = data.prepared(cfg)["train"][0]
+    assert xt.min() == 0 and xt.max() == 1
+    a = data.prepared(DataConfig(dataset="digits", seed=1))["val"][1]
+    b = data.prepared(DataConfig(dataset="digits", seed=2))["val"][1]
+    assert not (a == b).all()
+
+
+def test_replicated_shards_repeat_the_training_set():
+    cfg = DataConfig(dataset="iris", replicate=3, shards=3, split=(0.8, 0.1, 0.1))
+    info = data.describe(cfg)
+    ranges = shard_ranges(info.train, 3, 3)
+    shards = [data.load_shard(cfg, i, a, b, info.train, "float64") for i, (a, b) in enumerate(ranges)]
+    x = np.concatenate([s.x for s in shards])
+    assert x.shape[0] == 3 * info.train
+    np.testing.assert_array_equal(x[: info.train], x[info.train: 2 * info.train])
+
+
+def test_shard_batches_shuffle_per_epoch():
+    cfg = DataConfig(dataset="iris")
+    s = data.load_shard(cfg, 0, 0, 30, data.describe(cfg).train, "float32")
+    assert s.x.dtype == np.float32 and len(s) == 30
+    e0, e1 = s.batch(0, 0, 30, seed=0)[1], s.batch(1, 0, 30, seed=0)[1]
+    assert sorted(e0) == sorted(e1) == sorted(s.y) and not (e0 == e1).all()
+    assert (s.batch(0, 0, 30, seed=None)[1] == s.y).all()
+
+
+# --- sources -----------------------------------------------------------------------------
+
+def test_real_mnist(mnist_dir):
+    cfg = load_config("configs/mnist.toml", [f"data.path={mnist_dir}"]).data
+    info = data.describe(cfg)
+    assert (info.features, info.classes, info.train + info.val + info.test) == (784, 10, 10000)
+    x, y = data.prepared(cfg)["test"]
+    assert x.shape == (info.test, 784) and set(np.unique(y)) == set(range(10))
+
+
+def test_mnist_resize_and_official_split(tmp_path):
+    tiny_mnist(tmp_path, n=30, prefix="train")
+    tiny_mnist(tmp_path, n=12, prefix="t10k")
+    cfg = DataConfig(dataset="mnist", path=str(tmp_path), image_size=(14, 10), split=(0.8, 0.2, 0.0))
+    info = data.describe(cfg)
+    assert (info.features, info.train, info.val, info.test) == (140, 24, 6, 12)
+    assert data.prepared(cfg)["test"][0].shape == (12, 140)
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    ({"magic": b"\x12\x34\x56\x78"}, "bad magic number 12345678"),
+    ({"cut": 100}, "truncated: header promises 31360 bytes"),
+])
+def test_corrupt_idx_files(tmp_path, corrupt, message):
+    tiny_mnist(tmp_path, **corrupt)
+    with pytest.raises(DataError, match=message):
+        data.read_raw(DataConfig(dataset="mnist", path=str(tmp_path)))
+
+
+def test_idx_count_mismatch(tmp_path):
+    tiny_mnist(tmp_path)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.zeros(39))
+    with pytest.raises(DataError, match="has 40 images but .* has 39 labels"):
+        data.read_raw(DataConfig(dataset="mnist", path=str(tmp_path)))
+
+
+def test_missing_mnist_dir(tmp_path):
+    with pytest.raises(DataError, match="MNIST directory .* not found"):
+        data.describe(DataConfig(dataset="mnist", path=str(tmp_path / "nope")))
+    with pytest.raises(DataError, match="no MNIST IDX files"):
+        data.describe(DataConfig(dataset="mnist", path=str(tmp_path)))
+
+
+def make_images(root, classes=("cat", "dog", "emu"), per_class=4, size=(9, 7)):
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+
+
+def test_image_folder(tmp_path):
+    make_images(tmp_path)
+    cfg = DataConfig(dataset="image-folder", path=str(tmp_path), image_size=(5, 4), grayscale=False,
+                     split=(0.5, 0.25, 0.25))
+    info = data.describe(cfg)
+    assert (info.features, info.classes, info.train) == (5 * 4 * 3, 3, 6)
+    raw = data.read_raw(cfg)
+    assert raw.x.shape == (12, 60) and list(raw.y) == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_image_folder_errors(tmp_path):
+    (tmp_path / "empty" / "a").mkdir(parents=True)
+    with pytest.raises(DataError, match="0 class folder"):
+        data.describe(DataConfig(dataset="image-folder", path=str(tmp_path / "empty"), image_size=(4, 4)))
+    make_images(tmp_path / "bad")
+    (tmp_path / "bad" / "dog" / "broken.png").write_bytes(b"not a png")
+    with pytest.raises(DataError, match="cannot read image .*broken.png"):
+        data.read_raw(DataConfig(dataset="image-folder", path=str(tmp_path / "bad"), image_size=(4, 4)))
+
+
+def test_csv_dataset(shared_data):
+    cfg = DataConfig(dataset="csv", path=str(shared_data / "iris" / "iris.csv"))
+    info = data.describe(cfg)
+    assert (info.features, info.classes) == (4, 3)
+    cfg = DataConfig(dataset="csv", path=str(shared_data / "digits.csv.gz"))
+    assert (data.describe(cfg).features, data.describe(cfg).classes) == (64, 10)
+
+
+def test_synthetic_rows_are_generated_consistently():
+    cfg = DataConfig(dataset="synthetic", samples=10000, features=6, classes=4, normalize="none")
+    whole = data.read_raw(cfg)
+    rows = np.array([5, 4100, 9999, 0, 4096])
+    x, y = data._synthetic_rows(cfg, rows)
+    np.testing.assert_array_equal(x, whole.x[rows])
+    np.testing.assert_array_equal(y, whole.y[rows])
+    assert len(np.unique(whole.y)) == 4
