@@ -1,0 +1,67 @@
+"""Getting a Dask cluster: an embedded LocalCluster, or a running scheduler."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from distributed import Client, LocalCluster
+
+from dtrain.config import ClusterConfig
+from dtrain.errors import UserError
+
+
+@contextlib.contextmanager
+def connect(cfg: ClusterConfig) -> Iterator[Client]:
+    """A client on ``cfg.scheduler_address``, or on a LocalCluster of worker processes.
+
+    Closes what it started on exit.  An unreachable scheduler is a
+    :class:`~dtrain.errors.UserError` after ``cfg.timeout`` seconds.
+    """
+    if cfg.scheduler_address:
+        try:
+            client = Client(cfg.scheduler_address, timeout=cfg.timeout)
+        except (OSError, TimeoutError) as exc:
+            raise UserError(f"cannot reach the Dask scheduler at {cfg.scheduler_address} within "
+                            f"{cfg.timeout:g} s ({type(exc).__name__}); check the address or start "
+                            f"one with `dask scheduler`") from None
+        with contextlib.closing(client):
+            wait_for_workers(client, 1, cfg.timeout)
+            yield client
+        return
+    cluster = LocalCluster(n_workers=cfg.workers, threads_per_worker=cfg.threads_per_worker,
+                           processes=True, dashboard_address=cfg.dashboard_address or None,
+                           silence_logs=logging.ERROR)
+    with cluster, Client(cluster) as client:
+        yield client
+
+
+def wait_for_workers(client: Client, n: int, timeout: float) -> None:
+    """Block until ``n`` workers are connected, or raise a UserError saying how many came."""
+    try:
+        client.wait_for_workers(n, timeout=timeout)
+    except TimeoutError:
+        found = len(client.scheduler_info()["workers"])
+        raise UserError(f"needs {n} Dask worker(s), found {found} after {timeout:g} s; start more "
+                        f"workers or lower the count") from None
+
+
+def _natural(name: object) -> tuple:
+    text = str(name)
+    return (0, int(text), "") if text.isdigit() else (1, 0, text)
+
+
+def worker_addresses(client: Client) -> list[str]:
+    """Addresses of the connected workers, ordered by worker name (0, 1, 2, ... for
+    LocalCluster and dask-mpi ranks)."""
+    workers = client.scheduler_info()["workers"]
+    return sorted(workers, key=lambda addr: _natural(workers[addr].get("name", addr)))
+
+
+def dashboard_link(client: Client) -> str | None:
+    """The dashboard URL, or None when the scheduler serves none."""
+    try:
+        return client.dashboard_link if client.scheduler_info().get("services", {}).get(
+            "dashboard") else None
+    except Exception:  # no dashboard configured
+        return None

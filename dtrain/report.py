@@ -1,0 +1,91 @@
+"""Run output: the run directory's files and the console lines.
+
+A run directory holds ``config.toml`` (written first), ``metrics.jsonl``
+(one line per epoch, appended as epochs finish), and, only when the run
+succeeds, ``params.npz`` and then ``summary.json``: a directory without
+``summary.json`` is not a finished run.  Files that must not be seen half
+written go through a temporary file and a rename.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dtrain.config import Config
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new, never half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def new_run_dir(base: Path, label: str) -> Path:
+    """A fresh ``base/<time>-<label>`` directory (suffixed if that exists)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        path = base / (f"{stamp}-{label}" + (f"-{n}" if n else ""))
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a new run directory under {base}")
+
+
+class RunDir:
+    """The files of one run, written in an order that never looks finished early."""
+
+    def __init__(self, path: Path, config: Config):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        for stale in ("summary.json", "params.npz", "metrics.jsonl"):
+            (self.path / stale).unlink(missing_ok=True)
+        atomic_write(self.path / "config.toml", config.to_toml().encode())
+
+    def add_epoch(self, row: dict[str, Any]) -> None:
+        with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def finish(self, params: dict[str, np.ndarray], summary: dict[str, Any]) -> None:
+        """Write ``params.npz`` and then ``summary.json``, the mark of a finished run."""
+        tmp = self.path / ".params.npz.tmp"
+        with open(tmp, "wb") as f:
+            np.savez(f, **params)
+        os.replace(tmp, self.path / "params.npz")
+        atomic_write(self.path / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def epoch_line(row: dict[str, Any], epochs: int) -> str:
+    """One console line per epoch."""
+    return (f"epoch {row['epoch']:>{len(str(epochs))}}/{epochs}"
+            f"  train_loss {_fmt(row.get('train_loss'), '.4f')}"
+            f"  val_loss {_fmt(row.get('val_loss'), '.4f')}"
+            f"  val_acc {_fmt(row.get('val_accuracy'), '.4f')}"
+            f"  {_fmt(row.get('samples_per_second'), ',.0f')} samples/s"
+            f"  {row['seconds']:.3f} s")
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The final console summary."""
+    return [
+        f"done: {summary['strategy']} on {summary['workers']} worker(s), "
+        f"{summary['shards']} shards, {summary['epochs']} epochs, {summary['steps']} steps "
+        f"in {summary['seconds']:.2f} s ({_fmt(summary['samples_per_second'], ',.0f')} samples/s)",
+        f"test_accuracy {_fmt(summary['test_accuracy'], '.4f')}  "
+        f"test_loss {_fmt(summary['test_loss'], '.4f')}  "
+        f"on {summary['test_samples']} test samples",
+    ]

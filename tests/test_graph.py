@@ -1,0 +1,147 @@
+"""Graph builders, tested on structure (keys, depth, pinning) and on values."""
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+from dask.task_spec import DataNode, TaskRef
+
+from dtrain import data, graph
+from dtrain.config import load_config
+from dtrain.trainer import plan
+
+RUN = "t0"
+
+
+def _plan(shards=4, strategy="allreduce", fan_in=2, fuse=True, **extra):
+    sets = [f"data.shards={shards}", f"graph.strategy={strategy}", f"graph.fan_in={fan_in}",
+            f"graph.fuse_update={'true' if fuse else 'false'}", "train.epochs=2"]
+    return plan(load_config(None, sets + [f"{k}={v}" for k, v in extra.items()]))
+
+
+def _window(p, steps, workers=("w0", "w1"), shard_refs=None):
+    placement = graph.place(list(workers), len(p.ranges), p.config.graph.strategy)
+    refs = shard_refs or [TaskRef(f"load-shard-{i}") for i in range(len(p.ranges))]
+    win = graph.window_graph([p.schedule[t] for t in steps], p.initial_state(), refs,
+                             TaskRef("load-val"), placement, p.recipe, RUN)
+    return win, placement
+
+
+def _min_depth(n, k):
+    d = 0
+    while k ** d < n:
+        d += 1
+    return d
+
+
+@pytest.mark.parametrize("n", range(1, 20))
+@pytest.mark.parametrize("k", [2, 3, 4, 8])
+def test_depth_is_ceil_log(n, k):
+    assert graph.tree_depth(n, k) == _min_depth(n, k)
+
+
+@pytest.mark.parametrize("shards, k, fuse", [(1, 2, True), (2, 2, True), (4, 2, True),
+                                             (5, 2, True), (8, 2, False), (9, 3, True),
+                                             (7, 4, False), (16, 4, True)])
+def test_step_structure(shards, k, fuse):
+    p = _plan(shards=shards, fan_in=k, fuse=fuse)
+    win, placement = _window(p, [0])
+    keys = [key for key in win.dsk if not key.startswith("state-")]
+    fb = [key for key in keys if key.startswith("forward-backward-")]
+    reduces = [key for key in keys if key.startswith("reduce-")]
+    updates = [key for key in keys if key.startswith("update-")]
+    assert fb == [f"forward-backward-0-{i}-{RUN}" for i in range(shards)]
+    assert updates == [f"update-0-{RUN}"]
+    # one reduce task per tree node with >= 2 children; the fused root is the update itself
+    nodes, width, depth = 0, shards, 0
+    while width > 1:
+        nodes, width, depth = nodes + width // k + (width % k > 1), -(-width // k), depth + 1
+    assert depth == graph.tree_depth(shards, k)
+    assert len(reduces) == nodes - (1 if fuse and shards > 1 else 0)
+    assert len(keys) == shards + len(reduces) + 1
+    # the longest chain from a forward-backward task to the update has `depth` combining levels
+    def height(key):
+        deps = [d for d in win.dsk[key].dependencies if d.startswith(("reduce-", "forward-"))]
+        return 0 if key.startswith("forward-") else 1 + max(height(d) for d in deps)
+    expected = 1 if shards == 1 else depth if fuse else depth + 1   # levels of tasks on the path
+    assert height(f"update-0-{RUN}") == expected
+
+
+def test_forward_backward_tasks_are_pinned_to_their_shards_worker():
+    p = _plan(shards=6)
+    win, placement = _window(p, [0, 1], workers=("a", "b", "c"))
+    assert placement.shards == ("a", "a", "b", "b", "c", "c")
+    for i in range(6):
+        for s in (0, 1):
+            key = f"forward-backward-{s}-{i}-{RUN}"
+            assert win.where[key] == [placement.shards[i]]
+            assert f"load-shard-{i}" in win.dsk[key].dependencies
+    assert win.where[f"update-1-{RUN}"] == ["a"] and placement.root == "a"
+    # a reduce runs where its first child runs: shards 0+1 on a, 2+3 on b, 4+5 on c
+    assert win.where[f"reduce-0-1-2-{RUN}"] == ["b"] and win.where[f"reduce-0-1-4-{RUN}"] == ["c"]
+
+
+def test_parameter_server_reduces_flat_on_a_head_that_holds_no_shard():
+    p = _plan(shards=4, strategy="parameter-server", fan_in=2)
+    win, placement = _window(p, [0], workers=("head", "w1", "w2"))
+    assert placement.root == "head" and "head" not in placement.shards
+    update = win.dsk[f"update-0-{RUN}"]
+    assert not [k for k in win.dsk if k.startswith("reduce-")]
+    assert {d for d in update.dependencies if d.startswith("forward-")} == {
+        f"forward-backward-0-{i}-{RUN}" for i in range(4)}
+    assert win.where[f"update-0-{RUN}"] == ["head"]
+
+
+def test_window_chains_steps_from_a_literal_state():
+    p = _plan(shards=2)
+    steps = p.schedule.steps_per_epoch
+    win, _ = _window(p, range(steps - 1, steps + 2))
+    first = f"state-{steps - 1}-{RUN}"
+    assert isinstance(win.dsk[first], DataNode)
+    assert win.end == f"update-{steps + 1}-{RUN}"
+    assert win.evals == {0: f"evaluate-1-{RUN}"}              # epoch 0 ends inside the window
+    assert f"update-{steps - 1}-{RUN}" in win.dsk[f"evaluate-1-{RUN}"].dependencies
+    assert f"update-{steps}-{RUN}" in win.dsk[f"forward-backward-{steps + 1}-1-{RUN}"].dependencies
+
+
+def _execute(p, nsteps, workers=("w0", "w1")):
+    """Run a window graph in-process (dask's synchronous scheduler) on real shards."""
+    shards = [data.load_shard(p.config.data, i, a, b, p.info.train, p.config.model.dtype)
+              for i, (a, b) in enumerate(p.ranges)]
+    refs = [DataNode(f"load-shard-{i}", s) for i, s in enumerate(shards)]
+    win, _ = _window(p, range(nsteps), workers, shard_refs=[TaskRef(r.key) for r in refs])
+    dsk = {**win.dsk, **{r.key: r for r in refs},
+           "load-val": DataNode("load-val", data.load_part(p.config.data, "val", "float64"))}
+    return dask.get(dsk, win.end)
+
+
+def test_graph_values_match_the_serial_reference():
+    p = _plan(shards=5, fan_in=2)
+    n = p.schedule.steps_per_epoch + 2
+    state = _execute(p, n)
+    ref = p.initial_state()
+    shards = [data.load_shard(p.config.data, i, a, b, p.info.train, "float64")
+              for i, (a, b) in enumerate(p.ranges)]
+    for t in range(n):
+        step = p.schedule[t]
+        rows = [s.batch(step.epoch, lo, hi, p.recipe.shuffle_seed) for s, (lo, hi) in zip(shards, step.bounds)]
+        grad = p.net.loss_and_grad(ref.vector, np.concatenate([r[0] for r in rows]),
+                                   np.concatenate([r[1] for r in rows]))
+        ref = p.opt.apply(ref, grad, step)
+    np.testing.assert_allclose(state.vector, ref.vector, rtol=1e-12, atol=1e-15)
+    assert state.epoch_loss == pytest.approx(ref.epoch_loss, rel=1e-12)
+
+
+def test_fusing_the_update_and_placement_change_nothing():
+    fused = _execute(_plan(shards=6, fan_in=2, fuse=True), 5)
+    unfused = _execute(_plan(shards=6, fan_in=2, fuse=False), 5, workers=("a", "b", "c"))
+    assert (fused.vector == unfused.vector).all()
+
+
+def test_keys_read_well_in_the_dashboard():
+    p = _plan(shards=4)
+    win, _ = _window(p, range(p.schedule.steps_per_epoch))
+    names = {k.split("-")[0] for k in win.dsk}
+    assert names == {"state", "forward", "reduce", "update", "evaluate"}
+    assert all(k.startswith(("state-", "forward-backward-", "reduce-", "update-", "evaluate-"))
+               for k in win.dsk)
