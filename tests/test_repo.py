@@ -1,0 +1,20 @@
+"""The repository's promises to a new user: the Quickstart and CI run the same commands."""
+from __future__ import annotations
+
+import re
+
+from conftest import REPO
+
+
+def _quickstart() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"## Quickstart.*?```bash\n(.*?)```", text, re.S).group(1)
+    return [line for line in block.splitlines() if line and not line.startswith("#")]
+
+
+def test_quickstart_has_two_commands_and_ci_runs_the_test_one():
+    install_and_train, install_and_test = _quickstart()
+    assert install_and_train.endswith("python -m dtrain")
+    assert install_and_test.endswith("python -m pytest")
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert install_and_test in ci
