@@ -56,12 +56,3 @@ def worker_addresses(client: Client) -> list[str]:
     LocalCluster and dask-mpi ranks)."""
     workers = client.scheduler_info()["workers"]
     return sorted(workers, key=lambda addr: _natural(workers[addr].get("name", addr)))
-
-
-def dashboard_link(client: Client) -> str | None:
-    """The dashboard URL, or None when the scheduler serves none."""
-    try:
-        return client.dashboard_link if client.scheduler_info().get("services", {}).get(
-            "dashboard") else None
-    except Exception:  # no dashboard configured
-        return None

@@ -12,11 +12,14 @@ import json
 import os
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from dtrain.config import Config
+
+Echo = Callable[[str], None]
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -89,3 +92,45 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"test_loss {_fmt(summary['test_loss'], '.4f')}  "
         f"on {summary['test_samples']} test samples",
     ]
+
+
+class Recorder:
+    """Everything a run reports, in one place: console lines and the run directory.
+
+    The trainer calls :meth:`attach` once a cluster is up, :meth:`epoch` as
+    each epoch's evaluation arrives, and :meth:`finish` after training.
+    """
+
+    def __init__(self, config: Config, out: str | Path | None, echo: Echo | None = print):
+        self.config = config
+        self.echo = echo
+        self.run_dir = RunDir(Path(out), config) if out is not None else None
+
+    @property
+    def path(self) -> Path | None:
+        return self.run_dir.path if self.run_dir else None
+
+    def say(self, line: str) -> None:
+        if self.echo is not None:
+            self.echo(line)
+
+    def attach(self, client: Any) -> None:
+        """Called with the Dask client before training starts (not for ``serial``)."""
+        try:
+            link = client.dashboard_link if client.scheduler_info().get(
+                "services", {}).get("dashboard") else None
+        except Exception:  # no dashboard configured
+            link = None
+        if link:
+            self.say(f"dashboard: {link}")
+
+    def epoch(self, row: dict[str, Any]) -> None:
+        if self.run_dir is not None:
+            self.run_dir.add_epoch(row)
+        self.say(epoch_line(row, self.config.train.epochs))
+
+    def finish(self, params: dict[str, np.ndarray], summary: dict[str, Any]) -> None:
+        if self.run_dir is not None:
+            self.run_dir.finish(params, summary)
+        for line in summary_lines(summary):
+            self.say(line)

@@ -31,7 +31,7 @@ from dtrain.errors import UserError
 from dtrain.graph import Placement, Recipe
 from dtrain.model import Network
 from dtrain.optim import Optimizer, Schedule, TrainState
-from dtrain.report import RunDir, epoch_line, new_run_dir, summary_lines
+from dtrain.report import Echo, Recorder, new_run_dir
 
 
 @dataclass
@@ -100,7 +100,6 @@ def plan(config: Config) -> Plan:
     return Plan(config, info, ranges, net, opt, schedule)
 
 
-Echo = Callable[[str], None]
 OnEpoch = Callable[[dict[str, Any]], None]
 
 
@@ -128,26 +127,24 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
         For anything wrong with the config or the data, before training
         starts where it can be known then.
     """
-    say = echo or (lambda line: None)
     the_plan = plan(config)
-    run_dir = RunDir(Path(out), config) if out is not None else None
-
-    def on_epoch(row: dict[str, Any]) -> None:
-        if run_dir is not None:
-            run_dir.add_epoch(row)
-        say(epoch_line(row, config.train.epochs))
-
-    with _engine(the_plan, client, say) as engine:
-        outcome = engine.run(on_epoch)
-    return _record(the_plan, outcome, run_dir, say)
+    recorder = Recorder(config, out, echo)
+    with _engine(the_plan, client, recorder) as engine:
+        outcome = engine.run(recorder.epoch)
+    params = the_plan.net.named(the_plan.opt.params(outcome.state))
+    summary = _summary(the_plan, outcome)
+    recorder.finish(params, summary)
+    return RunResult(outcome.metrics, summary, params, recorder.path)
 
 
 @contextlib.contextmanager
-def _engine(plan: Plan, client: Client | None, say: Echo) -> Iterator[SerialEngine | DaskEngine]:
+def _engine(plan: Plan, client: Client | None,
+            recorder: Recorder) -> Iterator[SerialEngine | DaskEngine]:
     cfg = plan.config
     if cfg.graph.strategy == "serial":
         yield SerialEngine(plan)
     elif client is not None:
+        recorder.attach(client)
         yield DaskEngine(plan, client)
     else:
         needed = 2 if cfg.graph.strategy == "parameter-server" else 1
@@ -156,9 +153,7 @@ def _engine(plan: Plan, client: Client | None, say: Echo) -> Iterator[SerialEngi
                             f"and at least one trainer), found {cfg.cluster.workers}; "
                             f"use --workers 2")
         with cluster.connect(cfg.cluster) as own:
-            link = cluster.dashboard_link(own)
-            if link:
-                say(f"dashboard: {link}")
+            recorder.attach(own)
             yield DaskEngine(plan, own)
 
 
@@ -299,12 +294,11 @@ class DaskEngine:
             on_epoch(row)
 
 
-def _record(plan: Plan, outcome: Outcome, run_dir: RunDir | None, say: Echo) -> RunResult:
-    """Build the summary, write the run directory's files, print the summary."""
+def _summary(plan: Plan, outcome: Outcome) -> dict[str, Any]:
+    """What ``summary.json`` says about a finished run."""
     cfg, net = plan.config, plan.net
-    params = net.named(plan.opt.params(outcome.state))
     last = outcome.metrics[-1] if outcome.metrics else {}
-    summary = {
+    return {
         "dataset": plan.info.name,
         "strategy": cfg.graph.strategy,
         "workers": outcome.workers,
@@ -326,8 +320,3 @@ def _record(plan: Plan, outcome: Outcome, run_dir: RunDir | None, say: Echo) -> 
         "test_loss": outcome.test["loss"] if outcome.test else None,
         "test_accuracy": outcome.test["accuracy"] if outcome.test else None,
     }
-    if run_dir is not None:
-        run_dir.finish(params, summary)
-    for line in summary_lines(summary):
-        say(line)
-    return RunResult(outcome.metrics, summary, params, run_dir.path if run_dir else None)
