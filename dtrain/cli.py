@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 from dtrain.config import DEFAULT_CONFIG, load_config
-from dtrain.errors import UserError
+from dtrain.errors import Diverged, UserError
 
 EXIT_USER_ERROR = 2
+EXIT_DIVERGED = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="use a running Dask scheduler instead of starting a LocalCluster")
     parser.add_argument("--dashboard-address", metavar="HOST:PORT",
                         help="where the dashboard listens (cluster.dashboard_address)")
+    parser.add_argument("--resume", metavar="DIR",
+                        help="continue the interrupted run in DIR from its last checkpoint "
+                             "(only [cluster] keys may be changed with --set)")
     return parser
 
 
@@ -48,12 +52,23 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def run(argv: list[str]) -> int:
-    from dtrain.trainer import default_out_dir, train
+    from dtrain.trainer import default_out_dir, resume, train
 
     args = build_parser().parse_args(argv)
-    config = load_config(args.config, _overrides(args))
-    out = Path(args.out) if args.out else default_out_dir(args.config)
-    result = train(config, out=out)
+    if args.resume:
+        if args.out:
+            raise UserError(f"--out {args.out} with --resume: a resumed run stays in its own "
+                            f"directory ({args.resume})")
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.toml").is_file():
+            raise UserError(f"cannot resume {run_dir}: no config.toml there; pass the "
+                            f"directory of a run started by dtrain")
+        config = load_config(args.config or run_dir / "config.toml", _overrides(args))
+        result = resume(run_dir, config=config)
+    else:
+        config = load_config(args.config, _overrides(args))
+        out = Path(args.out) if args.out else default_out_dir(args.config)
+        result = train(config, out=out)
     print(f"run directory: {result.out}")
     return 0
 
@@ -65,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"dtrain: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except Diverged as exc:
+        print(f"dtrain: error: {exc}", file=sys.stderr)
+        return EXIT_DIVERGED
     except KeyboardInterrupt:
         print("dtrain: interrupted", file=sys.stderr)
         return 130

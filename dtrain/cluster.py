@@ -5,7 +5,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, WorkerPlugin
 
 from dtrain.config import ClusterConfig
 from dtrain.errors import UserError
@@ -29,9 +29,11 @@ def connect(cfg: ClusterConfig) -> Iterator[Client]:
             wait_for_workers(client, 1, cfg.timeout)
             yield client
         return
+    # without a dashboard the scheduler still serves /health and /metrics: on any free port
+    http = {} if cfg.dashboard_address else {"scheduler_kwargs": {"dashboard_address": ":0"}}
     cluster = LocalCluster(n_workers=cfg.workers, threads_per_worker=cfg.threads_per_worker,
                            processes=True, dashboard_address=cfg.dashboard_address or None,
-                           silence_logs=logging.ERROR)
+                           silence_logs=logging.ERROR, **http)
     with cluster, Client(cluster) as client:
         yield client
 
@@ -56,3 +58,27 @@ def worker_addresses(client: Client) -> list[str]:
     LocalCluster and dask-mpi ranks)."""
     workers = client.scheduler_info()["workers"]
     return sorted(workers, key=lambda addr: _natural(workers[addr].get("name", addr)))
+
+
+class _ReportedByDriver(logging.Filter):
+    """Drop a worker's "Compute Failed" log for dtrain's own errors: the driver reports
+    those once, as one line; any other exception is still logged."""
+
+    OURS = ("Diverged(", "UserError(", "DataError(", "ConfigError(")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (str(record.msg).startswith("Compute Failed") and len(args) > 3
+                    and str(args[3]).startswith(self.OURS))
+
+
+class QuietUserErrors(WorkerPlugin):
+    """Installs :class:`_ReportedByDriver` on every worker, restarted ones included."""
+
+    name = "dtrain-quiet-user-errors"
+    idempotent = True
+
+    def setup(self, worker) -> None:
+        log = logging.getLogger("distributed.worker")
+        if not any(isinstance(f, _ReportedByDriver) for f in log.filters):
+            log.addFilter(_ReportedByDriver())

@@ -1,4 +1,4 @@
-"""The one exception type for mistakes a user can fix."""
+"""Exceptions that end a run with one clear line instead of a traceback."""
 from __future__ import annotations
 
 
@@ -7,3 +7,15 @@ class UserError(Exception):
 
     The message says what is wrong, where, and how to fix it.
     """
+
+
+class Diverged(Exception):
+    """The training loss became NaN or infinite: the run stops at that step (exit code 3)."""
+
+    def __init__(self, step: int, epoch: int, loss: float, note: str = ""):
+        super().__init__(step, epoch, loss, note)
+        self.step, self.epoch, self.loss, self.note = step, epoch, loss, note
+
+    def __str__(self) -> str:
+        return (f"training diverged at step {self.step} (epoch {self.epoch + 1}): the loss is "
+                f"{self.loss}; lower optim.lr or raise model.l2{self.note}")

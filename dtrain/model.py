@@ -217,6 +217,10 @@ class Network:
         buf = xp.zeros(self.size + 1, dtype=params.dtype)
         if x.shape[0] == 0:
             return buf
+        with np.errstate(all="ignore"):     # a diverging run is caught by the update's check
+            return self._loss_and_grad(xp, params, x, y, buf)
+
+    def _loss_and_grad(self, xp, params, x, y, buf):
         _, act_backward = ACTIVATIONS[self.activation]
         layers = self.unflatten(params)
         outs = self._forward(xp, layers, x)
@@ -233,7 +237,10 @@ class Network:
 
     def evaluate(self, params, x, y, chunk: int = 8192) -> tuple[float, int, int]:
         """``(summed loss, correct predictions, rows)`` over a dataset, in chunks."""
-        xp = array_module(params)
+        with np.errstate(all="ignore"):
+            return self._evaluate(array_module(params), params, x, y, chunk)
+
+    def _evaluate(self, xp, params, x, y, chunk):
         loss, correct = 0.0, 0
         for start in range(0, x.shape[0], chunk):
             xs, ys = x[start:start + chunk], y[start:start + chunk]

@@ -12,10 +12,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from dask.sizeof import sizeof
 
 from dtrain.config import OptimConfig
 from dtrain.data import epoch_bounds
+from dtrain.errors import Diverged
 from dtrain.model import Network, align_on_unpickle, array_module
 
 SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
@@ -141,15 +143,24 @@ def sum_buffers(*buffers):
     """Elementwise sum, always left to right: the fixed order that makes results reproducible."""
     if len(buffers) == 1:
         return buffers[0]
-    total = buffers[0] + buffers[1]
-    for b in buffers[2:]:
-        total += b
+    with np.errstate(all="ignore"):   # overflow is caught as a non-finite loss
+        total = buffers[0] + buffers[1]
+        for b in buffers[2:]:
+            total += b
     return total
 
 
 def update(opt: Optimizer, step: Step, state: TrainState, *grads) -> TrainState:
-    """Reduce the incoming gradient buffers (in order) and apply one optimizer step."""
-    return opt.apply(state, sum_buffers(*grads), step)
+    """Reduce the incoming gradient buffers (in order) and apply one optimizer step.
+
+    Raises :class:`~dtrain.errors.Diverged` if the step's loss is NaN or infinite.
+    """
+    grad = sum_buffers(*grads)
+    loss = float(grad[opt.net.size])
+    if not math.isfinite(loss):
+        raise Diverged(step.index, step.epoch, loss)
+    with np.errstate(all="ignore"):   # overflow shows up as a non-finite loss next step
+        return opt.apply(state, grad, step)
 
 
 def learning_rate(cfg: OptimConfig, epoch: int, epochs: int) -> float:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from dtrain import checkpoint
 from dtrain.config import Config
 
 Echo = Callable[[str], None]
@@ -46,26 +47,45 @@ def new_run_dir(base: Path, label: str) -> Path:
 
 
 class RunDir:
-    """The files of one run, written in an order that never looks finished early."""
+    """The files of one run, written in an order that never looks finished early.
 
-    def __init__(self, path: Path, config: Config):
+    A new run starts the directory afresh; a resumed one (``keep_epochs`` set)
+    keeps its files and cuts ``metrics.jsonl`` back to the epochs its
+    checkpoint covers.
+    """
+
+    def __init__(self, path: Path, config: Config, keep_epochs: int | None = None):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json", "params.npz", "metrics.jsonl"):
-            (self.path / stale).unlink(missing_ok=True)
-        atomic_write(self.path / "config.toml", config.to_toml().encode())
+        if keep_epochs is None:
+            for stale in ("summary.json", "params.npz", "metrics.jsonl", checkpoint.FILE):
+                (self.path / stale).unlink(missing_ok=True)
+            atomic_write(self.path / "config.toml", config.to_toml().encode())
+        else:
+            rows = self.epochs()[:keep_epochs]
+            atomic_write(self.path / "metrics.jsonl",
+                         "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+    def epochs(self) -> list[dict[str, Any]]:
+        """The rows of ``metrics.jsonl`` written so far."""
+        path = self.path / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
     def add_epoch(self, row: dict[str, Any]) -> None:
         with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
 
     def finish(self, params: dict[str, np.ndarray], summary: dict[str, Any]) -> None:
-        """Write ``params.npz`` and then ``summary.json``, the mark of a finished run."""
+        """Write ``params.npz``, then ``summary.json`` (the mark of a finished run), then drop
+        the checkpoint, which a finished run no longer needs."""
         tmp = self.path / ".params.npz.tmp"
         with open(tmp, "wb") as f:
             np.savez(f, **params)
         os.replace(tmp, self.path / "params.npz")
         atomic_write(self.path / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+        (self.path / checkpoint.FILE).unlink(missing_ok=True)
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -98,13 +118,18 @@ class Recorder:
     """Everything a run reports, in one place: console lines and the run directory.
 
     The trainer calls :meth:`attach` once a cluster is up, :meth:`epoch` as
-    each epoch's evaluation arrives, and :meth:`finish` after training.
+    each epoch's evaluation arrives, :meth:`checkpoint` at window edges, and
+    :meth:`finish` after training.  ``resume_epochs`` reopens an interrupted
+    run's directory instead of starting a new one.
     """
 
-    def __init__(self, config: Config, out: str | Path | None, echo: Echo | None = print):
+    def __init__(self, config: Config, out: str | Path | None, echo: Echo | None = print,
+                 resume_epochs: int | None = None):
         self.config = config
         self.echo = echo
-        self.run_dir = RunDir(Path(out), config) if out is not None else None
+        self.run_dir = RunDir(Path(out), config, resume_epochs) if out is not None else None
+        self.metrics: list[dict[str, Any]] = self.run_dir.epochs() if self.run_dir else []
+        self.saved: checkpoint.Checkpoint | None = None
 
     @property
     def path(self) -> Path | None:
@@ -116,18 +141,27 @@ class Recorder:
 
     def attach(self, client: Any) -> None:
         """Called with the Dask client before training starts (not for ``serial``)."""
-        try:
-            link = client.dashboard_link if client.scheduler_info().get(
-                "services", {}).get("dashboard") else None
-        except Exception:  # no dashboard configured
-            link = None
-        if link:
-            self.say(f"dashboard: {link}")
+        cfg = self.config.cluster
+        if cfg.dashboard_address or cfg.scheduler_address:
+            if client.scheduler_info().get("services", {}).get("dashboard"):
+                self.say(f"dashboard: {client.dashboard_link}")
 
     def epoch(self, row: dict[str, Any]) -> None:
         if self.run_dir is not None:
             self.run_dir.add_epoch(row)
         self.say(epoch_line(row, self.config.train.epochs))
+
+    def checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
+        if self.run_dir is not None:
+            checkpoint.save(self.run_dir.path, ckpt, self.config)
+            self.saved = ckpt
+
+    def checkpoint_note(self) -> str:
+        """Where the last good checkpoint is, for error messages."""
+        if self.saved is None:
+            return ""
+        return (f"; the last good checkpoint (step {self.saved.step}) is kept in "
+                f"{self.run_dir.path / checkpoint.FILE}")
 
     def finish(self, params: dict[str, np.ndarray], summary: dict[str, Any]) -> None:
         if self.run_dir is not None:

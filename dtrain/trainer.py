@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,13 @@ import dask
 import numpy as np
 from distributed import Client, Future, wait
 
-from dtrain import cluster, data, graph
+from dtrain import checkpoint, cluster, data, graph
+from dtrain.checkpoint import Checkpoint
 from dtrain.config import Config
-from dtrain.errors import UserError
+from dtrain.errors import Diverged, UserError
 from dtrain.graph import Placement, Recipe
 from dtrain.model import Network
-from dtrain.optim import Optimizer, Schedule, TrainState
+from dtrain.optim import Optimizer, Schedule, TrainState, update
 from dtrain.report import Echo, Recorder, new_run_dir
 
 
@@ -100,9 +101,6 @@ def plan(config: Config) -> Plan:
     return Plan(config, info, ranges, net, opt, schedule)
 
 
-OnEpoch = Callable[[dict[str, Any]], None]
-
-
 def train(config: Config, *, client: Client | None = None, out: str | Path | None = None,
           echo: Echo | None = print) -> RunResult:
     """Train a network as ``config`` says and return what it produced.
@@ -116,8 +114,8 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
         started (or ``cluster.scheduler_address`` is used) and closed after.
         Ignored by the ``serial`` strategy.
     out
-        Run directory for ``config.toml``, ``metrics.jsonl``, ``params.npz``
-        and ``summary.json``; None writes no files.
+        Run directory for ``config.toml``, ``metrics.jsonl``, ``checkpoint.npz``,
+        ``params.npz`` and ``summary.json``; None writes no files.
     echo
         Called with each console line; None for silence.
 
@@ -126,11 +124,54 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
     UserError
         For anything wrong with the config or the data, before training
         starts where it can be known then.
+    Diverged
+        When the training loss becomes NaN or infinite.
     """
     the_plan = plan(config)
-    recorder = Recorder(config, out, echo)
-    with _engine(the_plan, client, recorder) as engine:
-        outcome = engine.run(recorder.epoch)
+    return _run(the_plan, Recorder(config, out, echo), Start(the_plan.initial_state()), client)
+
+
+def resume(run_dir: str | Path, *, config: Config | None = None, client: Client | None = None,
+           echo: Echo | None = print) -> RunResult:
+    """Continue a run that was killed, from its last checkpoint.
+
+    Parameters
+    ----------
+    run_dir
+        The run directory of the interrupted run.
+    config
+        Defaults to the run's ``config.toml``; if given, it may differ only in
+        ``[cluster]`` (where to run), not in what to compute.
+    client, echo
+        As for :func:`train`.
+
+    Returns
+    -------
+    RunResult
+        Whose ``params`` are byte-for-byte those of an uninterrupted run.
+    """
+    run_dir = Path(run_dir)
+    config = checkpoint.resumable(run_dir, config)
+    the_plan = plan(config)
+    saved = checkpoint.load(run_dir)
+    start = Start(the_plan.initial_state())
+    if saved is not None:
+        ckpt, _ = saved
+        start = Start(ckpt.state, ckpt.step, ckpt.epochs_done)
+    recorder = Recorder(config, run_dir, echo, resume_epochs=start.epochs_done)
+    if start.step:
+        recorder.say(f"resuming {run_dir} at step {start.step} of {len(the_plan.schedule)} "
+                     f"(epoch {start.epochs_done + 1})")
+    return _run(the_plan, recorder, start, client)
+
+
+def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None) -> RunResult:
+    try:
+        with _engine(the_plan, client, recorder) as engine:
+            outcome = engine.run(start, recorder)
+    except Diverged as exc:
+        exc.note = recorder.checkpoint_note()
+        raise
     params = the_plan.net.named(the_plan.opt.params(outcome.state))
     summary = _summary(the_plan, outcome)
     recorder.finish(params, summary)
@@ -164,6 +205,15 @@ def default_out_dir(config_path: str | Path | None) -> Path:
 
 # --- engines ------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Start:
+    """Where an engine begins: step 0, or a checkpoint's step."""
+
+    state: TrainState
+    step: int = 0
+    epochs_done: int = 0
+
+
 @dataclass
 class Outcome:
     metrics: list[dict[str, Any]]
@@ -183,115 +233,153 @@ def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float) -> dict[str, An
             "lr": plan.schedule.rates[epoch - 1], "steps": plan.schedule.steps_per_epoch}
 
 
+def _windows(plan: Plan, start: int) -> Iterator[range]:
+    """Step ranges of the windows from ``start``: the driver syncs and checkpoints at each edge."""
+    size, total = plan.config.graph.window, len(plan.schedule)
+    for first in range(start, total, size):
+        yield range(first, min(first + size, total))
+
+
 class SerialEngine:
     """The reference: one process, NumPy, every global minibatch in one piece."""
 
     def __init__(self, plan: Plan):
         self.plan = plan
 
-    def run(self, on_epoch: OnEpoch) -> Outcome:
+    def run(self, start: Start, recorder: Recorder) -> Outcome:
         p, cfg = self.plan, self.plan.config
         t0 = time.perf_counter()
         shards = [data.load_shard(cfg.data, i, a, b, p.info.train, cfg.model.dtype)
                   for i, (a, b) in enumerate(p.ranges)]
         val = data.load_part(cfg.data, "val", cfg.model.dtype)
         test = data.load_part(cfg.data, "test", cfg.model.dtype)
-        state, metrics = p.initial_state(), []
-        start = last = time.perf_counter()
-        for t in range(len(p.schedule)):
-            step = p.schedule[t]
-            rows = [s.batch(step.epoch, lo, hi, p.recipe.shuffle_seed)
-                    for s, (lo, hi) in zip(shards, step.bounds)]
-            x = np.concatenate([r[0] for r in rows])               # (B, D)
-            y = np.concatenate([r[1] for r in rows])               # (B,)
-            grad = p.net.loss_and_grad(p.opt.params(state), x, y)
-            state = p.opt.apply(state, grad, step)
-            if step.last:
-                now = time.perf_counter()
-                row = _epoch_row(p, graph.evaluate(p.net, step.epoch, state, val), now - last)
-                last = now
-                metrics.append(row)
-                on_epoch(row)
-        seconds = time.perf_counter() - start
+        state, metrics = start.state, list(recorder.metrics)
+        began = last = time.perf_counter()
+        for window in _windows(p, start.step):
+            for t in window:
+                step = p.schedule[t]
+                rows = [s.batch(step.epoch, lo, hi, p.recipe.shuffle_seed)
+                        for s, (lo, hi) in zip(shards, step.bounds)]
+                x = np.concatenate([r[0] for r in rows])               # (B, D)
+                y = np.concatenate([r[1] for r in rows])               # (B,)
+                grad = p.net.loss_and_grad(p.opt.params(state), x, y)
+                state = update(p.opt, step, state, grad)
+                if step.last:
+                    now = time.perf_counter()
+                    row = _epoch_row(p, graph.evaluate(p.net, step.epoch, state, val), now - last)
+                    last = now
+                    metrics.append(row)
+                    recorder.epoch(row)
+            recorder.checkpoint(Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch,
+                                           state))
+        seconds = time.perf_counter() - began
         result = graph.evaluate(p.net, -1, state, test) if p.info.test else None
-        return Outcome(metrics, state, result, 0, seconds, start - t0)
+        return Outcome(metrics, state, result, 0, seconds, began - t0)
 
 
 class DaskEngine:
-    """Shards on the workers, one task graph per window of steps."""
+    """Shards on the workers, one task graph per window of steps.
+
+    At every window edge the driver (1) looks at the workers that are there
+    now and re-pins: shards whose worker is gone, or which belong on a new
+    worker, get a fresh loading task there; (2) submits the window; (3) turns
+    the previous window's evaluations into epoch rows and checkpoints its end
+    state; (4) waits for this window's end state, its only wait.
+    """
 
     def __init__(self, plan: Plan, client: Client):
         self.plan, self.client = plan, client
         self.run_id = uuid.uuid4().hex[:8]
+        client.register_plugin(cluster.QuietUserErrors())
+        self.shards: list[Future | None] = [None] * len(plan.ranges)
+        self.placed: tuple[str | None, ...] = (None,) * len(plan.ranges)
+        self.loads = 0
 
     def _key(self, name: str, *parts: int | str) -> str:
         return graph.key(name, *parts, run=self.run_id)
 
-    def _load(self, placement: Placement) -> tuple[list[Future], Future | None, Future | None]:
-        """Submit the loading tasks (pinned, loosely) and wait for the shards to exist."""
+    def _place(self) -> Placement:
+        """Placement over the workers there now; (re)load shards that must move."""
+        cfg, c = self.plan.config, self.client
+        needed = 2 if cfg.graph.strategy == "parameter-server" else 1
+        cluster.wait_for_workers(c, needed, cfg.cluster.timeout)
+        placement = graph.place(cluster.worker_addresses(c), len(self.plan.ranges),
+                                cfg.graph.strategy)
+        for i, worker in enumerate(placement.shards):
+            if worker != self.placed[i]:
+                a, b = self.plan.ranges[i]
+                self.shards[i] = c.submit(
+                    data.load_shard, cfg.data, i, a, b, self.plan.info.train, cfg.model.dtype,
+                    key=self._key("load-shard", i, self.loads), workers=[worker],
+                    allow_other_workers=True)
+        self.loads += 1
+        self.placed = placement.shards
+        return placement
+
+    def _load_parts(self, root: str) -> tuple[Future | None, Future | None]:
+        """Validation and test shards, loaded where the updates run; surface data errors now."""
         p, cfg, c = self.plan, self.plan.config, self.client
-        shards = [c.submit(data.load_shard, cfg.data, i, a, b, p.info.train, cfg.model.dtype,
-                           key=self._key("load-shard", i), workers=[placement.shards[i]],
-                           allow_other_workers=True)
-                  for i, (a, b) in enumerate(p.ranges)]
         parts = [c.submit(data.load_part, cfg.data, part, cfg.model.dtype,
-                          key=self._key(f"load-{part}"), workers=[placement.root],
+                          key=self._key(f"load-{part}"), workers=[root],
                           allow_other_workers=True) if getattr(p.info, part) else None
                  for part in ("val", "test")]
-        loading = shards + [f for f in parts if f is not None]
+        loading = self.shards + [f for f in parts if f is not None]
         wait(loading)
         for f in loading:
             if f.status == "error":
                 f.result()  # re-raises the worker's exception here
         c.run(data.clear_cache)  # the shards are built; drop the workers' copies of the files
-        return shards, parts[0], parts[1]
+        return parts[0], parts[1]
 
     def _submit(self, win: graph.Window) -> list[Future]:
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True):
             return self.client.get(win.dsk, [win.end, *win.evals.values()], sync=False)
 
-    def run(self, on_epoch: OnEpoch) -> Outcome:
-        p, cfg = self.plan, self.plan.config
+    def run(self, start: Start, recorder: Recorder) -> Outcome:
+        p = self.plan
         t0 = time.perf_counter()
-        workers = cluster.worker_addresses(self.client)
-        if cfg.graph.strategy == "parameter-server" and len(workers) < 2:
-            raise UserError(f"graph.strategy = 'parameter-server' needs 2 workers (a head and at "
-                            f"least one trainer), found {len(workers)}")
-        placement = graph.place(workers, len(p.ranges), cfg.graph.strategy)
-        shards, val, test = self._load(placement)
-        state, metrics = p.initial_state(), []
-        finished: dict[int, float] = {}   # epoch -> when its evaluation arrived
-        start = time.perf_counter()
+        placement = self._place()
+        val, test = self._load_parts(placement.root)
+        state, metrics = start.state, list(recorder.metrics)
+        arrived: dict[int, float] = {}      # epoch -> when its evaluation arrived
+        began = time.perf_counter()
         pending: list[tuple[int, Future]] = []
-        total, size = len(p.schedule), cfg.graph.window
-        for first in range(0, total, size):
-            steps = [p.schedule[t] for t in range(first, min(first + size, total))]
-            win = graph.window_graph(steps, state, shards, val, placement, p.recipe, self.run_id)
+        done: Checkpoint | None = None
+        for window in _windows(p, start.step):
+            if window.start != start.step:
+                placement = self._place()
+            win = graph.window_graph([p.schedule[t] for t in window], state, self.shards, val,
+                                     placement, p.recipe, self.run_id)
             end, *evals = self._submit(win)
             for epoch, fut in zip(win.evals, evals):
-                fut.add_done_callback(lambda f, e=epoch: finished.setdefault(e, time.perf_counter()))
-            self._drain(pending, metrics, finished, start, on_epoch)
+                fut.add_done_callback(lambda f, e=epoch: arrived.setdefault(e, time.perf_counter()))
+            self._drain(pending, metrics, arrived, began, recorder)
+            if done is not None:
+                recorder.checkpoint(done)   # its epochs are recorded: safe to resume from
             pending = list(zip(win.evals, evals))
-            state = end.result()   # the one wait per window: the next window starts from here
+            state = end.result()            # the one wait per window: the next starts here
+            done = Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch, state)
             del end
-        self._drain(pending, metrics, finished, start, on_epoch)
-        seconds = time.perf_counter() - start
+        self._drain(pending, metrics, arrived, began, recorder)
+        if done is not None:
+            recorder.checkpoint(done)
+        seconds = time.perf_counter() - began
         result = None
         if test is not None:
             result = self.client.submit(graph.evaluate, p.net, -1, state, test,
                                         key=self._key("evaluate-test"), workers=[placement.root],
                                         allow_other_workers=True).result()
-        return Outcome(metrics, state, result, len(workers), seconds, start - t0)
+        workers = len(cluster.worker_addresses(self.client))
+        return Outcome(metrics, state, result, workers, seconds, began - t0)
 
-    def _drain(self, pending, metrics, finished, start, on_epoch: OnEpoch) -> None:
+    def _drain(self, pending, metrics, arrived, began, recorder: Recorder) -> None:
         """Turn finished evaluations into epoch rows, in epoch order."""
         for epoch, fut in pending:
             ev = fut.result()
-            done = finished.get(epoch) or time.perf_counter()
-            begin = finished.get(epoch - 1, start)
-            row = _epoch_row(self.plan, ev, done - begin)
+            end = arrived.get(epoch) or time.perf_counter()
+            row = _epoch_row(self.plan, ev, end - arrived.get(epoch - 1, began))
             metrics.append(row)
-            on_epoch(row)
+            recorder.epoch(row)
 
 
 def _summary(plan: Plan, outcome: Outcome) -> dict[str, Any]:

@@ -76,13 +76,17 @@ def test_default_job_learns_iris(client, tmp_path):
 def test_shards_are_built_on_their_workers(client):
     p = plan(dtrain.load_config(None, ["data.shards=4"]))
     engine = DaskEngine(p, client)
-    placement = graph.place(cluster.worker_addresses(client), 4, "allreduce")
-    shards, val, test = engine._load(placement)
-    where = client.who_has(shards)
-    assert [where[f.key] for f in shards] == [(w,) for w in placement.shards]
-    assert all(f.key.startswith("load-shard-") for f in shards)
-    sizes = client.run(lambda dask_worker: sorted(k for k in dask_worker.data if "load-shard" in k))
-    assert sum(len(v) for v in sizes.values()) == 4
+    placement = engine._place()
+    assert placement == graph.place(cluster.worker_addresses(client), 4, "allreduce")
+    engine._load_parts(placement.root)                      # waits for the loading tasks
+    where = client.who_has(engine.shards)
+    assert [where[f.key] for f in engine.shards] == [(w,) for w in placement.shards]
+    assert all(f.key.startswith("load-shard-") for f in engine.shards)
+    held = client.run(lambda dask_worker: sorted(k for k in dask_worker.data if "load-shard" in k))
+    assert sum(len(v) for v in held.values()) == 4
+    keys = [f.key for f in engine.shards]
+    assert engine._place() == placement                     # same workers: nothing moves
+    assert [f.key for f in engine.shards] == keys           # and nothing is reloaded
 
 
 def test_replicate_and_full_batch(client):

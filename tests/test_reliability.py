@@ -1,0 +1,252 @@
+"""Faults injected for real: SIGKILLed workers and drivers, diverging runs, resumes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster, get_task_stream
+
+import dtrain
+from dtrain import checkpoint, cluster
+from conftest import REPO, run_cli
+
+# iris, stochastic-ish minibatches: ~27 steps per epoch, many window edges
+LONG = ["train.batch_size=4", "train.epochs=12", "graph.window=10", "optim.lr=0.02",
+        "optim.name=momentum", "data.shards=4"]
+
+
+def _reference(tmp_path: Path, client) -> bytes:
+    dtrain.train(dtrain.load_config(None, LONG), client=client, out=tmp_path / "ref", echo=None)
+    return (tmp_path / "ref" / "params.npz").read_bytes()
+
+
+def _kill_at_epoch(epoch: int, victim):
+    """An echo callback that SIGKILLs ``victim()`` when epoch ``epoch`` is reported."""
+    def echo(line: str) -> None:
+        if line.startswith(f"epoch {epoch:>2}/") or line.startswith(f"epoch {epoch}/"):
+            os.kill(victim(), signal.SIGKILL)
+    return echo
+
+
+def test_worker_sigkill_on_a_local_cluster(client, tmp_path):
+    """A worker process SIGKILLed mid-run: its shards are rebuilt, its tasks re-run, its
+    restarted successor is used, and the bytes are those of an undisturbed run."""
+    reference = _reference(tmp_path, client)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        first = cluster.worker_addresses(c)[0]            # holds shard 0: runs every update
+        pid = c.run(os.getpid, workers=[first])[first]
+        result = dtrain.train(dtrain.load_config(None, LONG), client=c, out=tmp_path / "killed",
+                              echo=_kill_at_epoch(3, lambda: pid))
+        assert first not in cluster.worker_addresses(c)    # it really died (and was replaced)
+    assert result.summary["epochs"] == 12
+    assert (tmp_path / "killed" / "params.npz").read_bytes() == reference
+
+
+def _spawn(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "distributed.cli." + args[0], *args[1:]],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def test_external_cluster_loses_a_worker_and_gains_one(client, tmp_path):
+    """`dask scheduler` + `dask worker` processes without nannies: one worker is SIGKILLed
+    for good; the run goes on with the other; a worker that joins later takes shards."""
+    reference = _reference(tmp_path, client)
+    sched_file = tmp_path / "scheduler.json"
+    procs = [_spawn("dask_scheduler", "--scheduler-file", str(sched_file), "--port", "0",
+                    "--dashboard-address", ":0")]
+    try:
+        for _ in range(200):
+            if sched_file.exists():
+                break
+            time.sleep(0.05)
+        address = json.loads(sched_file.read_text())["address"]
+        workers = {name: _spawn("dask_worker", address, "--no-nanny", "--nthreads", "1",
+                                "--name", name) for name in ("a", "b")}
+        procs += workers.values()
+        joined: list[subprocess.Popen] = []
+
+        def echo(line: str) -> None:
+            if line.startswith("epoch  3/"):
+                workers["a"].send_signal(signal.SIGKILL)     # "a" holds shard 0: the root
+            if line.startswith("epoch  6/"):
+                joined.append(_spawn("dask_worker", address, "--no-nanny", "--nthreads", "1",
+                                     "--name", "c"))
+
+        cfg = dtrain.load_config(None, LONG + [f"cluster.scheduler_address={address}"])
+        with Client(address) as c:
+            c.wait_for_workers(2, timeout=30)
+            with get_task_stream(client=c) as ts:
+                result = dtrain.train(cfg, client=c, out=tmp_path / "ext", echo=echo)
+            names = {addr: info["name"] for addr, info in c.scheduler_info()["workers"].items()}
+        procs += joined
+        ran_on_c = [t for t in ts.data if names.get(t["worker"]) == "c"
+                    and t["key"].startswith("forward-backward-")]
+        assert workers["a"].wait(5) == -signal.SIGKILL
+        assert ran_on_c, "the worker that joined mid-run was never used"
+        assert result.summary["workers"] == 2
+        assert (tmp_path / "ext" / "params.npz").read_bytes() == reference
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+
+
+def test_resume_after_the_whole_job_is_killed(client, tmp_path):
+    """SIGKILL the driver and its workers (as a batch system would), then --resume: the final
+    params.npz is byte-for-byte that of an uninterrupted run."""
+    reference = _reference(tmp_path, client)
+    out = tmp_path / "run"
+    args = [a for kv in LONG for a in ("--set", kv)]
+    job = subprocess.Popen([sys.executable, "-m", "dtrain", *args, "--out", str(out),
+                            "--dashboard-address", ""], cwd=REPO, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            saved = checkpoint.load(out) if (out / checkpoint.FILE).exists() else None
+            if saved and saved[0].epochs_done >= 4:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("no checkpoint after epoch 4 within 120 s")
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)                   # driver, nannies, workers
+        job.wait(10)
+    assert not (out / "summary.json").exists()
+    step = checkpoint.load(out)[0].step
+    proc = run_cli("--resume", str(out), "--set", "cluster.dashboard_address=''", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"resuming {out} at step {step}" in proc.stdout
+    assert (out / "params.npz").read_bytes() == reference
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == list(range(1, 13))
+    assert not (out / checkpoint.FILE).exists()
+
+
+def test_resume_refuses_finished_runs_and_changed_configs(tmp_path):
+    out = tmp_path / "run"
+    assert run_cli("--set", "train.epochs=2", "--set", "graph.strategy=serial",
+                   "--out", str(out)).returncode == 0
+    proc = run_cli("--resume", str(out))
+    assert proc.returncode == 2 and "already finished" in proc.stderr
+    (out / "summary.json").unlink()
+    proc = run_cli("--resume", str(out), "--set", "train.epochs=5")
+    assert proc.returncode == 2
+    assert "changed config (train.epochs: 2 -> 5)" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    proc = run_cli("--resume", str(tmp_path / "nothing"))
+    assert proc.returncode == 2 and "no config.toml" in proc.stderr
+
+
+def test_checkpoints_are_written_atomically(tmp_path):
+    """Every checkpoint on disk is complete: the writer renames a finished temporary file."""
+    state = dtrain.trainer.plan(dtrain.load_config()).initial_state()
+    ckpt = checkpoint.Checkpoint(7, 1, state)
+    cfg = dtrain.load_config()
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def reader():
+        while not stop.is_set():
+            if (tmp_path / checkpoint.FILE).exists():
+                got, config = checkpoint.load(tmp_path)
+                seen.append(got.step)
+                assert (got.state.vector == state.vector).all()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for _ in range(200):
+        checkpoint.save(tmp_path, ckpt, cfg)
+    stop.set()
+    t.join()
+    assert seen and set(seen) == {7}
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_divergence_stops_at_the_step_and_keeps_the_last_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("--set", "optim.lr=1e3", "--set", "model.activation=relu",
+                   "--set", "model.dtype=float32", "--set", "graph.window=3",
+                   "--out", str(out), "--dashboard-address", "")
+    assert proc.returncode == 3, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("dtrain: error: training diverged at step 7 (epoch 2): the loss is inf")
+    assert f"the last good checkpoint (step 6) is kept in {out / checkpoint.FILE}" in line
+    assert checkpoint.load(out)[0].step == 6
+    assert not (out / "summary.json").exists() and not (out / "params.npz").exists()
+
+
+def _worker_objects() -> int:
+    import gc
+    gc.collect()
+    return len(gc.get_objects())
+
+
+def _cluster_load(c) -> tuple[int, int, float, int]:
+    """(tasks the scheduler knows, keys held by workers, largest worker RSS in MB,
+    most Python objects in a worker)."""
+    tasks = c.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+    held = sum(c.run(lambda dask_worker: len(dask_worker.data)).values())
+    rss = max(c.run(lambda: __import__("psutil").Process().memory_info().rss).values())
+    return tasks, held, rss / 2**20, max(c.run(_worker_objects).values())
+
+
+def _settled(c, timeout=5.0) -> tuple[int, int, float]:
+    deadline = time.time() + timeout
+    while True:
+        load = _cluster_load(c)
+        if load[:2] == (0, 0) or time.time() > deadline:
+            return load
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_soak_many_short_runs_and_one_long_run(client, capsys):
+    """Nothing accumulates across runs or across steps: the scheduler forgets finished windows,
+    workers hold only the live window's data, and RSS stays flat."""
+    short = dtrain.load_config(None, ["train.epochs=2", "graph.window=5"])
+    dtrain.train(short, client=client, echo=None)                  # warm up imports and caches
+    _, _, rss0, objects0 = _settled(client)
+    for _ in range(25):
+        dtrain.train(short, client=client, echo=None)
+        tasks, held, rss, objects = _settled(client)
+        assert (tasks, held) == (0, 0)                             # every future released
+    runs_growth, runs_objects = rss - rss0, objects - objects0
+
+    samples: list[tuple[int, int, int, float]] = []
+    cfg = dtrain.load_config(None, ["train.batch_size=4", "train.epochs=120", "graph.window=50",
+                                    "optim.lr=0.01", "data.shards=4"])
+    steps_per_epoch = dtrain.trainer.plan(cfg).schedule.steps_per_epoch
+
+    def echo(line: str) -> None:
+        if line.startswith("epoch") and int(line.split()[1].split("/")[0]) % 10 == 0:
+            epoch = int(line.split()[1].split("/")[0])
+            samples.append((epoch * steps_per_epoch, *_cluster_load(client)))
+
+    dtrain.train(cfg, client=client, echo=echo)
+    tasks, held, _, _ = _settled(client)
+    assert (tasks, held) == (0, 0)
+    per_window = 50 * (4 + 2 + 1) + 10                             # fb + reduces + update, + slack
+    assert max(s[1] for s in samples) <= 2 * per_window + 10       # bounded by the windows in flight
+    assert max(s[2] for s in samples) <= per_window + 10
+    half = samples[len(samples) // 2:]
+    steps = np.array([s[0] for s in half])
+    slope = np.polyfit(steps, [s[3] for s in half], 1)[0] * 1000      # MB per 1000 steps
+    objects = np.polyfit(steps, [s[4] for s in half], 1)[0] * 1000    # objects per 1000 steps
+    with capsys.disabled():
+        print(f"\n[soak] 25 short runs: worker RSS {runs_growth:+.1f} MB, {runs_objects:+d} "
+              f"objects; long run of {samples[-1][0]} steps: {slope:+.3f} MB and "
+              f"{objects:+.0f} objects per 1000 steps; at most {max(s[1] for s in samples)} "
+              f"scheduler tasks and {max(s[2] for s in samples)} worker keys")
+    assert abs(objects) < 1000          # no Python objects pile up step after step
+    assert abs(slope) < 2.0 and runs_growth < 20
