@@ -5,7 +5,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from distributed import Client, LocalCluster, WorkerPlugin
+from distributed import Client, LocalCluster, SchedulerPlugin, WorkerPlugin
 
 from dtrain.config import ClusterConfig
 from dtrain.errors import UserError
@@ -82,3 +82,78 @@ class QuietUserErrors(WorkerPlugin):
         log = logging.getLogger("distributed.worker")
         if not any(isinstance(f, _ReportedByDriver) for f in log.filters):
             log.addFilter(_ReportedByDriver())
+
+
+# --- control-message latency ------------------------------------------------------------------
+#
+# distributed batches control messages in ``BatchedSend`` with hard-coded intervals (scheduler ->
+# worker 5 ms, worker -> scheduler 2 ms, scheduler -> client 2 ms, client -> scheduler 10 ms).
+# A chain of small dependent tasks - a training step - pays up to one interval per hop.  There is
+# no config key, so dtrain sets the ``interval`` attribute of those streams.  That is internal
+# API: every access is guarded, and where the attribute is missing nothing is changed.
+
+def _set_interval(stream: object, seconds: float) -> bool:
+    if stream is None or not isinstance(getattr(stream, "interval", None), (int, float)):
+        return False
+    stream.interval = seconds
+    return True
+
+
+class LowLatencyWorker(WorkerPlugin):
+    """Worker -> scheduler messages without batching delay (reapplied to restarted workers)."""
+
+    name = "dtrain-low-latency-worker"
+    idempotent = True
+
+    def __init__(self, seconds: float = 0.0):
+        self.seconds = seconds
+
+    def setup(self, worker) -> None:
+        _set_interval(getattr(worker, "batched_stream", None), self.seconds)
+
+
+class LowLatencyScheduler(SchedulerPlugin):
+    """Scheduler -> worker messages without batching delay, for workers present and to come."""
+
+    name = "dtrain-low-latency-scheduler"
+    idempotent = True
+
+    def __init__(self, seconds: float = 0.0):
+        self.seconds = seconds
+
+    async def start(self, scheduler) -> None:
+        for stream in getattr(scheduler, "stream_comms", {}).values():
+            _set_interval(stream, self.seconds)
+
+    def add_worker(self, scheduler, worker: str) -> None:
+        _set_interval(getattr(scheduler, "stream_comms", {}).get(worker), self.seconds)
+
+
+def _tune_client_stream(dask_scheduler, client: str, seconds: float) -> bool:
+    return _set_interval(getattr(dask_scheduler, "client_comms", {}).get(client), seconds)
+
+
+def low_latency(client: Client, seconds: float = 0.0) -> bool:
+    """Lower the batching interval of every control stream of ``client``'s cluster.
+
+    Returns False (and changes nothing further) where this version of
+    distributed does not have the streams dtrain knows.
+    """
+    if not _set_interval(getattr(client, "scheduler_comm", None), seconds):
+        return False
+    client.register_plugin(LowLatencyScheduler(seconds))
+    client.register_plugin(LowLatencyWorker(seconds))
+    return bool(client.run_on_scheduler(_tune_client_stream, client=client.id, seconds=seconds))
+
+
+def stream_intervals(client: Client) -> dict[str, float | None]:
+    """The batching intervals in force now (for tests and diagnostics)."""
+    workers = client.run(lambda dask_worker: getattr(
+        getattr(dask_worker, "batched_stream", None), "interval", None))
+    schedulers = client.run_on_scheduler(lambda dask_scheduler: {
+        "to-workers": sorted({getattr(s, "interval", None)
+                              for s in dask_scheduler.stream_comms.values()}),
+        "to-clients": sorted({getattr(s, "interval", None)
+                              for s in dask_scheduler.client_comms.values()})})
+    return {"client": getattr(client.scheduler_comm, "interval", None),
+            "workers": sorted(set(workers.values())), **schedulers}

@@ -131,6 +131,7 @@ class ClusterConfig:
     scheduler_address: str = free("", "use this running Dask scheduler instead")
     dashboard_address: str = free("127.0.0.1:8787", "'' disables the dashboard")
     device: str = choice("cpu", "cpu")
+    low_latency: bool = free(True, "send Dask's control messages without batching delays")
     timeout: float = positive(20.0, "seconds to wait for a scheduler and its workers")
 
 

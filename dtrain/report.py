@@ -111,7 +111,14 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"test_accuracy {_fmt(summary['test_accuracy'], '.4f')}  "
         f"test_loss {_fmt(summary['test_loss'], '.4f')}  "
         f"on {summary['test_samples']} test samples",
+        f"efficiency {_fmt(summary.get('efficiency'), '.1%')} (time in forward-backward / wall "
+        f"time, over workers)  step {_ms(summary.get('step_seconds'))}  overhead "
+        f"{_ms(summary.get('overhead_per_step'))} per step",
     ]
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
 
 
 class Recorder:

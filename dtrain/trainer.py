@@ -26,6 +26,7 @@ import numpy as np
 from distributed import Client, Future, wait
 
 from dtrain import checkpoint, cluster, data, graph
+from dtrain import metrics as dtrain_metrics
 from dtrain.checkpoint import Checkpoint
 from dtrain.config import Config
 from dtrain.errors import Diverged, UserError
@@ -222,6 +223,8 @@ class Outcome:
     workers: int
     seconds: float
     setup_seconds: float
+    compute: dict[str, float] = field(default_factory=dict)    # see metrics.StepTimer.report
+    worker_rss: dict[str, float] = field(default_factory=dict)
 
 
 def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float) -> dict[str, Any]:
@@ -255,6 +258,7 @@ class SerialEngine:
         test = data.load_part(cfg.data, "test", cfg.model.dtype)
         state, metrics = start.state, list(recorder.metrics)
         began = last = time.perf_counter()
+        fb = upd = 0.0
         for window in _windows(p, start.step):
             for t in window:
                 step = p.schedule[t]
@@ -262,8 +266,11 @@ class SerialEngine:
                         for s, (lo, hi) in zip(shards, step.bounds)]
                 x = np.concatenate([r[0] for r in rows])               # (B, D)
                 y = np.concatenate([r[1] for r in rows])               # (B,)
+                t1 = time.perf_counter()
                 grad = p.net.loss_and_grad(p.opt.params(state), x, y)
+                t2 = time.perf_counter()
                 state = update(p.opt, step, state, grad)
+                fb, upd = fb + t2 - t1, upd + time.perf_counter() - t2
                 if step.last:
                     now = time.perf_counter()
                     row = _epoch_row(p, graph.evaluate(p.net, step.epoch, state, val), now - last)
@@ -274,7 +281,9 @@ class SerialEngine:
                                            state))
         seconds = time.perf_counter() - began
         result = graph.evaluate(p.net, -1, state, test) if p.info.test else None
-        return Outcome(metrics, state, result, 0, seconds, began - t0)
+        compute = {"forward_backward_seconds": fb, "reduce_seconds": 0.0, "update_seconds": upd,
+                   "critical_seconds": fb + upd, "steps": len(p.schedule) - start.step}
+        return Outcome(metrics, state, result, 0, seconds, began - t0, compute)
 
 
 class DaskEngine:
@@ -291,6 +300,9 @@ class DaskEngine:
         self.plan, self.client = plan, client
         self.run_id = uuid.uuid4().hex[:8]
         client.register_plugin(cluster.QuietUserErrors())
+        client.register_plugin(dtrain_metrics.StepTimer())
+        if plan.config.cluster.low_latency:
+            cluster.low_latency(client)
         self.shards: list[Future | None] = [None] * len(plan.ranges)
         self.placed: tuple[str | None, ...] = (None,) * len(plan.ranges)
         self.loads = 0
@@ -370,7 +382,9 @@ class DaskEngine:
                                         key=self._key("evaluate-test"), workers=[placement.root],
                                         allow_other_workers=True).result()
         workers = len(cluster.worker_addresses(self.client))
-        return Outcome(metrics, state, result, workers, seconds, began - t0)
+        return Outcome(metrics, state, result, workers, seconds, began - t0,
+                       dtrain_metrics.task_times(self.client, self.run_id) or {},
+                       dtrain_metrics.worker_peak_rss_mb(self.client))
 
     def _drain(self, pending, metrics, arrived, began, recorder: Recorder) -> None:
         """Turn finished evaluations into epoch rows, in epoch order."""
@@ -407,4 +421,21 @@ def _summary(plan: Plan, outcome: Outcome) -> dict[str, Any]:
         "final_val_accuracy": last.get("val_accuracy"),
         "test_loss": outcome.test["loss"] if outcome.test else None,
         "test_accuracy": outcome.test["accuracy"] if outcome.test else None,
+        **_timing(outcome),
+        "driver_peak_rss_mb": round(dtrain_metrics.peak_rss_mb(), 1),
+        "worker_peak_rss_mb": outcome.worker_rss,
     }
+
+
+def _timing(outcome: Outcome) -> dict[str, Any]:
+    """Efficiency (time in forward-backward / wall time, over workers) and per-step overhead
+    (wall time per step minus the compute on the step's critical path)."""
+    c, steps = outcome.compute, outcome.compute.get("steps", 0)
+    if not steps or not outcome.seconds:
+        return {"efficiency": None, "step_seconds": None, "overhead_per_step": None}
+    step = outcome.seconds / steps
+    return {"efficiency": c["forward_backward_seconds"] / (outcome.seconds * max(outcome.workers, 1)),
+            "step_seconds": step, "compute_per_step": c["critical_seconds"] / steps,
+            "overhead_per_step": step - c["critical_seconds"] / steps,
+            "task_seconds": {k.removesuffix("_seconds"): v for k, v in c.items()
+                             if k.endswith("_seconds") and k != "critical_seconds"}}

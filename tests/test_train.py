@@ -106,3 +106,36 @@ def test_mnist_reaches_92_percent(client, mnist_dir):
     cfg = dtrain.load_config("configs/mnist.toml", [f"data.path={mnist_dir}"])
     r = dtrain.train(cfg, client=client, echo=None)
     assert r.summary["test_accuracy"] >= 0.92
+
+
+def test_low_latency_streams_and_timing_summary(tmp_path):
+    """cluster.low_latency sets every control stream's batching interval to 0 (workers that
+    join later included); the summary says where the time went."""
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        before = cluster.stream_intervals(c)
+        assert before["workers"] == [0.002] and before["to-workers"] == [0.005]
+        r = dtrain.train(dtrain.load_config(None, ["train.epochs=2"]), client=c, echo=None)
+        lc.scale(2)
+        c.wait_for_workers(2)
+        assert cluster.stream_intervals(c) == {"client": 0.0, "workers": [0.0],
+                                               "to-workers": [0.0], "to-clients": [0.0]}
+    s = r.summary
+    assert s["task_seconds"]["forward_backward"] > 0 and s["task_seconds"]["update"] > 0
+    assert 0 < s["efficiency"] < 1
+    assert s["step_seconds"] == pytest.approx(s["seconds"] / s["steps"])
+    assert s["overhead_per_step"] == pytest.approx(s["step_seconds"] - s["compute_per_step"])
+    assert set(s["worker_peak_rss_mb"]) == {"0"} and s["driver_peak_rss_mb"] > 10
+
+
+def test_low_latency_falls_back_when_distributed_changes():
+    """Where a stream has no numeric ``interval`` (another distributed), nothing is touched."""
+    class Stream:
+        pass
+    assert cluster._set_interval(None, 0.0) is False
+    assert cluster._set_interval(Stream(), 0.0) is False
+    s = Stream()
+    s.interval = "5ms"
+    assert cluster._set_interval(s, 0.0) is False and s.interval == "5ms"
+    s.interval = 0.005
+    assert cluster._set_interval(s, 0.0) is True and s.interval == 0.0

@@ -1,0 +1,98 @@
+"""Where the time and memory go: per-run task timings on the scheduler, peak RSS.
+
+:class:`StepTimer` is a scheduler plugin that adds up, per run, the compute
+time the workers report for each ``forward-backward``, ``reduce`` and
+``update`` task, and the compute on each step's critical path (the slowest
+shard, the slowest task of each reduce level, the update).  It keeps only the
+steps still in flight, so its memory does not grow with the run.
+"""
+from __future__ import annotations
+
+import resource
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from distributed import Client, SchedulerPlugin
+
+
+def _compute_seconds(startstops: Any) -> float:
+    return sum(s["stop"] - s["start"] for s in startstops or () if s.get("action") == "compute")
+
+
+@dataclass
+class _Run:
+    forward_backward: float = 0.0
+    reduce: float = 0.0
+    update: float = 0.0
+    steps: int = 0
+    critical: float = 0.0                                   # summed over finished steps
+    open_fb: dict[int, float] = field(default_factory=dict)            # step -> slowest shard
+    open_reduce: dict[tuple[int, int], float] = field(default_factory=dict)  # (step, level)
+
+
+class StepTimer(SchedulerPlugin):
+    """Sums task compute time per run (keys ``<kind>-<step>-...-<run>``)."""
+
+    name = "dtrain-step-timer"
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.runs: dict[str, _Run] = defaultdict(_Run)
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        if start != "processing" or finish != "memory" or not isinstance(key, str):
+            return
+        head, _, run = key.rpartition("-")
+        if head.startswith("forward-backward-"):
+            step = int(head.split("-")[2])
+            r = self.runs[run]
+            seconds = _compute_seconds(kwargs.get("startstops"))
+            r.forward_backward += seconds
+            r.open_fb[step] = max(r.open_fb.get(step, 0.0), seconds)
+        elif head.startswith("reduce-"):
+            _, step, level, _ = head.split("-")
+            r = self.runs[run]
+            seconds = _compute_seconds(kwargs.get("startstops"))
+            r.reduce += seconds
+            at = (int(step), int(level))
+            r.open_reduce[at] = max(r.open_reduce.get(at, 0.0), seconds)
+        elif head.startswith("update-"):
+            step = int(head.split("-")[1])
+            r = self.runs[run]
+            seconds = _compute_seconds(kwargs.get("startstops"))
+            r.update += seconds
+            levels = [k for k in r.open_reduce if k[0] == step]
+            r.critical += r.open_fb.pop(step, 0.0) + seconds + sum(r.open_reduce.pop(k)
+                                                                     for k in levels)
+            r.steps += 1
+
+    def report(self, run: str) -> dict[str, float]:
+        """The totals of ``run``, forgotten once read."""
+        r = self.runs.pop(run, _Run())
+        return {"forward_backward_seconds": r.forward_backward, "reduce_seconds": r.reduce,
+                "update_seconds": r.update, "critical_seconds": r.critical, "steps": r.steps}
+
+
+def _timer_report(dask_scheduler, run: str) -> dict[str, float] | None:
+    plugin = dask_scheduler.plugins.get(StepTimer.name)
+    return plugin.report(run) if plugin is not None else None
+
+
+def task_times(client: Client, run: str) -> dict[str, float] | None:
+    """The StepTimer totals of ``run`` (None if the plugin is not installed)."""
+    return client.run_on_scheduler(_timer_report, run=run)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory, in MB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def worker_peak_rss_mb(client: Client) -> dict[str, float]:
+    """Each worker's peak resident memory in MB, by worker name."""
+    peaks = client.run(peak_rss_mb)
+    names = {a: str(w.get("name", a)) for a, w in client.scheduler_info()["workers"].items()}
+    return {names.get(addr, addr): round(mb, 1) for addr, mb in sorted(peaks.items())}
