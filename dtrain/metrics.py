@@ -14,7 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from distributed import Client, SchedulerPlugin
+from dask.sizeof import sizeof
+from distributed import Client, SchedulerPlugin, WorkerPlugin
 
 
 def _compute_seconds(startstops: Any) -> float:
@@ -26,14 +27,17 @@ class _Run:
     forward_backward: float = 0.0
     reduce: float = 0.0
     update: float = 0.0
-    steps: int = 0
+    updates: int = 0
     critical: float = 0.0                                   # summed over finished steps
     open_fb: dict[int, float] = field(default_factory=dict)            # step -> slowest shard
     open_reduce: dict[tuple[int, int], float] = field(default_factory=dict)  # (step, level)
 
 
 class StepTimer(SchedulerPlugin):
-    """Sums task compute time per run (keys ``<kind>-<step>-...-<run>``)."""
+    """Sums task compute time per run (keys ``<kind>-<step>-...-<run>``).
+
+    ``forward-backward`` and ``local-sgd`` tasks count as forward-backward work.
+    """
 
     name = "dtrain-step-timer"
     idempotent = True
@@ -45,7 +49,7 @@ class StepTimer(SchedulerPlugin):
         if start != "processing" or finish != "memory" or not isinstance(key, str):
             return
         head, _, run = key.rpartition("-")
-        if head.startswith("forward-backward-"):
+        if head.startswith(("forward-backward-", "local-sgd-")):
             step = int(head.split("-")[2])
             r = self.runs[run]
             seconds = _compute_seconds(kwargs.get("startstops"))
@@ -63,16 +67,51 @@ class StepTimer(SchedulerPlugin):
             r = self.runs[run]
             seconds = _compute_seconds(kwargs.get("startstops"))
             r.update += seconds
-            levels = [k for k in r.open_reduce if k[0] == step]
-            r.critical += r.open_fb.pop(step, 0.0) + seconds + sum(r.open_reduce.pop(k)
-                                                                     for k in levels)
-            r.steps += 1
+            # everything of this unit (a step, or a local SGD round ending here) is done
+            done = [s for s in r.open_fb if s <= step]
+            levels = [k for k in r.open_reduce if k[0] <= step]
+            r.critical += (max((r.open_fb.pop(s) for s in done), default=0.0) + seconds
+                           + sum(r.open_reduce.pop(k) for k in levels))
+            r.updates += 1
 
     def report(self, run: str) -> dict[str, float]:
         """The totals of ``run``, forgotten once read."""
         r = self.runs.pop(run, _Run())
         return {"forward_backward_seconds": r.forward_backward, "reduce_seconds": r.reduce,
-                "update_seconds": r.update, "critical_seconds": r.critical, "steps": r.steps}
+                "update_seconds": r.update, "critical_seconds": r.critical, "updates": r.updates}
+
+
+class TransferCounter(WorkerPlugin):
+    """Counts, per run, the bytes each worker receives from other workers: Dask's own
+    record of every value that arrived by transfer (a ``flight -> memory`` transition)."""
+
+    name = "dtrain-transfer-counter"
+    idempotent = True
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+        self.runs: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        if start == "flight" and finish == "memory" and isinstance(key, str):
+            value = self.worker.data.get(key) if key in self.worker.data else None
+            totals = self.runs[key.rpartition("-")[2]]
+            totals[0] += sizeof(value) if value is not None else 0
+            totals[1] += 1
+
+    def report(self, run: str) -> tuple[int, int]:
+        """``(bytes, transfers)`` received for ``run``, forgotten once read."""
+        return tuple(self.runs.pop(run, (0, 0)))
+
+
+def transfers(client: Client, run: str) -> dict[str, int]:
+    """Bytes and transfers between workers for ``run``, summed over workers."""
+    def report(dask_worker, run=run):
+        plugin = dask_worker.plugins.get(TransferCounter.name)
+        return plugin.report(run) if plugin is not None else (0, 0)
+    per_worker = client.run(report)
+    return {"bytes": sum(b for b, _ in per_worker.values()),
+            "transfers": sum(n for _, n in per_worker.values())}
 
 
 def _timer_report(dask_scheduler, run: str) -> dict[str, float] | None:

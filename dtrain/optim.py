@@ -8,6 +8,7 @@ between tasks.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ class Step:
 
     index: int                              # global step, from 0
     epoch: int                              # from 0
+    position: int                           # step within its epoch, from 0
     lr: float
     count: int                              # samples in this global minibatch
     first: bool                             # first step of its epoch: restart the epoch sums
@@ -80,7 +82,7 @@ class Schedule:
             raise IndexError(index)
         epoch, t = divmod(index, self.steps_per_epoch)
         lo, hi = self.bounds[t], self.bounds[t + 1]
-        return Step(index, epoch, self.rates[epoch], int((hi - lo).sum()), t == 0,
+        return Step(index, epoch, t, self.rates[epoch], int((hi - lo).sum()), t == 0,
                     t == self.steps_per_epoch - 1,
                     tuple((int(a), int(b)) for a, b in zip(lo, hi)))
 
@@ -161,6 +163,45 @@ def update(opt: Optimizer, step: Step, state: TrainState, *grads) -> TrainState:
         raise Diverged(step.index, step.epoch, loss)
     with np.errstate(all="ignore"):   # overflow shows up as a non-finite loss next step
         return opt.apply(state, grad, step)
+
+
+def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch) -> Any:
+    """Run ``steps`` on one shard alone, from ``state``; the local SGD leaf task.
+
+    ``batch(step)`` gives the shard's rows of that step.  Returns one buffer
+    ``[w * vector | loss sum | w]`` where ``w`` is the number of samples the
+    shard saw: the tree reduce sums these, and :func:`average` divides by the
+    total weight, so the result is the sample-weighted mean of the local
+    states.  With one step per round and SGD or momentum that is exactly the
+    synchronous step, up to floating-point reassociation.
+    """
+    xp = array_module(state.vector)
+    local, loss, seen = TrainState(state.vector), 0.0, 0
+    for step in steps:
+        x, y = batch(step)
+        if len(y) == 0:
+            continue
+        grad = opt.net.loss_and_grad(local.vector[: opt.net.size], x, y)
+        if not math.isfinite(float(grad[-1])):
+            raise Diverged(step.index, step.epoch, float(grad[-1]))
+        with np.errstate(all="ignore"):
+            local = opt.apply(local, grad, dataclasses.replace(step, count=len(y)))
+        loss, seen = loss + float(grad[-1]), seen + len(y)
+    out = xp.empty(local.vector.size + 2, dtype=local.vector.dtype)   # (P * (1 + k) + 2,)
+    out[:-2] = local.vector * seen
+    out[-2:] = (loss, seen)
+    return out
+
+
+def average(opt: Optimizer, step: Step, state: TrainState, *buffers) -> TrainState:
+    """Root of a local SGD round: the sample-weighted mean of the shards' local states."""
+    total = sum_buffers(*buffers)
+    loss, seen = float(total[-2]), float(total[-1])
+    if not math.isfinite(loss):
+        raise Diverged(step.index, step.epoch, loss)
+    base_loss = 0.0 if step.first else state.epoch_loss
+    base_samples = 0 if step.first else state.epoch_samples
+    return TrainState(total[:-2] / seen, base_loss + loss, base_samples + int(seen))
 
 
 def learning_rate(cfg: OptimConfig, epoch: int, epochs: int) -> float:

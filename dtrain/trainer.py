@@ -74,7 +74,8 @@ class Plan:
         seed = self.config.data.seed if self.config.data.shuffle and \
             self.schedule.steps_per_epoch > 1 else None
         g = self.config.graph
-        self.recipe = Recipe(self.net, self.opt, seed, g.strategy, g.fan_in, g.fuse_update)
+        self.recipe = Recipe(self.net, self.opt, seed, g.strategy, g.fan_in, g.fuse_update,
+                             g.sync_every)
 
     @property
     def train_samples(self) -> int:
@@ -223,8 +224,10 @@ class Outcome:
     workers: int
     seconds: float
     setup_seconds: float
+    steps: int                                                  # steps run by this engine
     compute: dict[str, float] = field(default_factory=dict)    # see metrics.StepTimer.report
     worker_rss: dict[str, float] = field(default_factory=dict)
+    comm: dict[str, int] = field(default_factory=dict)         # bytes between workers
 
 
 def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float) -> dict[str, Any]:
@@ -237,10 +240,18 @@ def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float) -> dict[str, An
 
 
 def _windows(plan: Plan, start: int) -> Iterator[range]:
-    """Step ranges of the windows from ``start``: the driver syncs and checkpoints at each edge."""
+    """Step ranges of the windows from ``start``: the driver syncs and checkpoints at each edge.
+
+    A window ends after ``graph.window`` steps, or later at the end of a local SGD round.
+    """
     size, total = plan.config.graph.window, len(plan.schedule)
-    for first in range(start, total, size):
-        yield range(first, min(first + size, total))
+    first = start
+    while first < total:
+        stop = min(first + size, total)
+        while stop < total and not graph.unit_starts(plan.schedule[stop], plan.recipe):
+            stop += 1
+        yield range(first, stop)
+        first = stop
 
 
 class SerialEngine:
@@ -282,8 +293,9 @@ class SerialEngine:
         seconds = time.perf_counter() - began
         result = graph.evaluate(p.net, -1, state, test) if p.info.test else None
         compute = {"forward_backward_seconds": fb, "reduce_seconds": 0.0, "update_seconds": upd,
-                   "critical_seconds": fb + upd, "steps": len(p.schedule) - start.step}
-        return Outcome(metrics, state, result, 0, seconds, began - t0, compute)
+                   "critical_seconds": fb + upd}
+        return Outcome(metrics, state, result, 0, seconds, began - t0,
+                       len(p.schedule) - start.step, compute)
 
 
 class DaskEngine:
@@ -301,6 +313,8 @@ class DaskEngine:
         self.run_id = uuid.uuid4().hex[:8]
         client.register_plugin(cluster.QuietUserErrors())
         client.register_plugin(dtrain_metrics.StepTimer())
+        client.register_plugin(dtrain_metrics.TransferCounter())
+        self.predicted_bytes = 0          # what the graphs say must cross between workers
         if plan.config.cluster.low_latency:
             cluster.low_latency(client)
         self.shards: list[Future | None] = [None] * len(plan.ranges)
@@ -343,6 +357,12 @@ class DaskEngine:
         c.run(data.clear_cache)  # the shards are built; drop the workers' copies of the files
         return parts[0], parts[1]
 
+    def _predict(self, win: graph.Window, placement: Placement, val: Future | None) -> int:
+        located = {f.key: w for f, w in zip(self.shards, placement.shards)}
+        if val is not None:
+            located[val.key] = placement.root
+        return sum(self.plan.recipe.output_bytes(k) for k, _, _ in win.transfers(located))
+
     def _submit(self, win: graph.Window) -> list[Future]:
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True):
             return self.client.get(win.dsk, [win.end, *win.evals.values()], sync=False)
@@ -362,6 +382,7 @@ class DaskEngine:
                 placement = self._place()
             win = graph.window_graph([p.schedule[t] for t in window], state, self.shards, val,
                                      placement, p.recipe, self.run_id)
+            self.predicted_bytes += self._predict(win, placement, val)
             end, *evals = self._submit(win)
             for epoch, fut in zip(win.evals, evals):
                 fut.add_done_callback(lambda f, e=epoch: arrived.setdefault(e, time.perf_counter()))
@@ -382,9 +403,13 @@ class DaskEngine:
                                         key=self._key("evaluate-test"), workers=[placement.root],
                                         allow_other_workers=True).result()
         workers = len(cluster.worker_addresses(self.client))
+        moved = dtrain_metrics.transfers(self.client, self.run_id)
         return Outcome(metrics, state, result, workers, seconds, began - t0,
+                       len(p.schedule) - start.step,
                        dtrain_metrics.task_times(self.client, self.run_id) or {},
-                       dtrain_metrics.worker_peak_rss_mb(self.client))
+                       dtrain_metrics.worker_peak_rss_mb(self.client),
+                       {"predicted": self.predicted_bytes, "measured": moved["bytes"],
+                        "transfers": moved["transfers"]})
 
     def _drain(self, pending, metrics, arrived, began, recorder: Recorder) -> None:
         """Turn finished evaluations into epoch rows, in epoch order."""
@@ -422,16 +447,26 @@ def _summary(plan: Plan, outcome: Outcome) -> dict[str, Any]:
         "test_loss": outcome.test["loss"] if outcome.test else None,
         "test_accuracy": outcome.test["accuracy"] if outcome.test else None,
         **_timing(outcome),
+        **_comm(outcome),
         "driver_peak_rss_mb": round(dtrain_metrics.peak_rss_mb(), 1),
         "worker_peak_rss_mb": outcome.worker_rss,
     }
 
 
+def _comm(outcome: Outcome) -> dict[str, Any]:
+    """Bytes between workers: as the graphs predict, and as Dask recorded them."""
+    if not outcome.comm or not outcome.steps:
+        return {"comm_bytes_per_step": None, "comm_bytes_measured_per_step": None}
+    return {"comm_bytes_per_step": outcome.comm["predicted"] / outcome.steps,
+            "comm_bytes_measured_per_step": outcome.comm["measured"] / outcome.steps,
+            "comm_transfers": outcome.comm["transfers"]}
+
+
 def _timing(outcome: Outcome) -> dict[str, Any]:
     """Efficiency (time in forward-backward / wall time, over workers) and per-step overhead
     (wall time per step minus the compute on the step's critical path)."""
-    c, steps = outcome.compute, outcome.compute.get("steps", 0)
-    if not steps or not outcome.seconds:
+    c, steps = outcome.compute, outcome.steps
+    if not steps or not outcome.seconds or not c:
         return {"efficiency": None, "step_seconds": None, "overhead_per_step": None}
     step = outcome.seconds / steps
     return {"efficiency": c["forward_backward_seconds"] / (outcome.seconds * max(outcome.workers, 1)),

@@ -145,3 +145,30 @@ def test_keys_read_well_in_the_dashboard():
     assert names == {"state", "forward", "reduce", "update", "evaluate"}
     assert all(k.startswith(("state-", "forward-backward-", "reduce-", "update-", "evaluate-"))
                for k in win.dsk)
+
+
+def test_local_sgd_rounds_align_to_epochs():
+    p = _plan(shards=3, strategy="local-sgd", **{"graph.sync_every": 3})
+    per_epoch = p.schedule.steps_per_epoch                     # 7 for iris at batch 16
+    rounds = graph.units([p.schedule[t] for t in range(2 * per_epoch)], p.recipe)
+    assert [len(r) for r in rounds] == [3, 3, 1, 3, 3, 1]      # a round never spans epochs
+    win, placement = _window(p, range(per_epoch))
+    leaves = [k for k in win.dsk if k.startswith("local-sgd-")]
+    assert leaves[:3] == [f"local-sgd-0-{i}-{RUN}" for i in range(3)]
+    assert [k for k in win.dsk if k.startswith("update-")] == [
+        f"update-{s}-{RUN}" for s in (2, 5, 6)]
+    assert all(win.where[f"local-sgd-0-{i}-{RUN}"] == [placement.shards[i]] for i in range(3))
+
+
+@pytest.mark.parametrize("strategy, expected", [
+    # iris 4-16-3, float64, P = 131: a gradient is (P + 1) * 8 = 1056 bytes, a state 1112
+    ("allreduce", 1112 + 1056),                # state to worker 1; one reduce edge back
+    ("parameter-server", 1112 + 4 * 1056),     # state to the trainer; 4 gradients to the head
+])
+def test_bytes_per_step_from_the_graph(strategy, expected):
+    p = _plan(shards=4, strategy=strategy)
+    win, placement = _window(p, [0, 1, 2])
+    located = {f"load-shard-{i}": w for i, w in enumerate(placement.shards)}
+    moves = win.transfers(located | {"load-val": placement.root})
+    assert sum(p.recipe.output_bytes(k) for k, _, _ in moves) == 3 * expected
+    assert all(src != dst for _, src, dst in moves)

@@ -18,7 +18,7 @@ def _objective(net: Network, l2: float, params, x, y) -> float:
 def _analytic(net: Network, l2: float, params, x, y):
     """The gradient the optimizer steps along: the reduced buffer / batch + l2 * W."""
     opt = Optimizer(OptimConfig(name="sgd", lr=1.0), net, l2)
-    step = Step(0, 0, 1.0, len(y), True, True, ())
+    step = Step(0, 0, 0, 1.0, len(y), True, True, ())
     new = opt.apply(TrainState(params.copy()), net.loss_and_grad(params, x, y), step)
     return params - new.vector           # lr = 1: the step is the gradient
 

@@ -11,7 +11,7 @@ NET = Network((2, 2), "tanh", "cross-entropy", "float64")   # P = 6
 
 
 def _step(index=0, count=2, lr=0.1, first=False):
-    return Step(index, 0, lr, count, first, False, ())
+    return Step(index, 0, index, lr, count, first, False, ())
 
 
 def _grad(values, loss=1.0):
