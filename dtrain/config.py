@@ -118,9 +118,11 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class GraphConfig:
-    strategy: str = choice("allreduce", "allreduce", "parameter-server", "local-sgd", "serial")
+    strategy: str = choice("allreduce", "allreduce", "parameter-server", "local-sgd",
+                           "model-parallel", "serial")
     fan_in: int = at_least(2, 2, "children per reduce task")
     sync_every: int = at_least(4, 1, "local-sgd: local steps between averagings")
+    slices: int = at_least(2, 1, "model-parallel: slices each hidden layer is split into")
     window: int = at_least(100, 1, "steps per submitted graph")
     fuse_update: bool = free(True, "apply the update inside the root reduce task")
 

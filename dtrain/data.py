@@ -378,6 +378,12 @@ def load_shard(cfg: DataConfig, index: int, start: int, stop: int, n_train: int,
     return Shard(index, np.ascontiguousarray(x, dtype=dtype), y)
 
 
+def load_shards(cfg: DataConfig, ranges: tuple[tuple[int, int], ...], n_train: int,
+                dtype: str) -> list[Shard]:
+    """Loading task: every shard, on one worker (model parallelism shares the whole set)."""
+    return [load_shard(cfg, i, a, b, n_train, dtype) for i, (a, b) in enumerate(ranges)]
+
+
 def load_part(cfg: DataConfig, part: str, dtype: str) -> Shard:
     """Loading task: the ``"val"`` or ``"test"`` split as one shard."""
     x, y = prepared(cfg)[part]

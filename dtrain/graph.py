@@ -19,7 +19,7 @@ window after a worker loss, and forgets it once the window is done.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ import numpy as np
 from dask.sizeof import sizeof
 from dask.task_spec import DataNode, Task, TaskRef
 
+from dtrain.data import load_shard
 from dtrain.model import Network
 from dtrain.optim import (Optimizer, Step, TrainState, average, local_sgd, sum_buffers,
                           update)
@@ -52,14 +53,15 @@ def tree_depth(shards: int, k: int) -> int:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where tasks run: shard ``i``'s tasks on ``shards[i]``, the update on ``root``."""
+    """Where tasks run: leaf ``i``'s tasks (shard ``i``, or slice ``i`` of a model-parallel
+    net) on ``leaves[i]``, the update on ``root``."""
 
-    shards: tuple[str, ...]
+    leaves: tuple[str, ...]
     root: str
 
     @property
     def workers(self) -> list[str]:
-        return sorted(set(self.shards) | {self.root})
+        return sorted(set(self.leaves) | {self.root})
 
 
 def place(workers: Sequence[str], shards: int, strategy: str) -> Placement:
@@ -111,6 +113,16 @@ def evaluate(net: Network, epoch: int, state: TrainState, part) -> dict[str, flo
 # --- builders ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class DataItem:
+    """A loading task: ``fn(*args)`` pinned (loosely) to ``worker``; its key starts with
+    ``name``.  Where the worker changes, the driver submits a fresh one there."""
+
+    name: tuple[str | int, ...]
+    fn: Callable[..., Any]
+    args: tuple
+    worker: str
+
+@dataclass(frozen=True)
 class Recipe:
     """The run's constants the tasks need; small, baked into each task."""
 
@@ -122,30 +134,38 @@ class Recipe:
     fuse_update: bool = True
     sync_every: int = 1
 
-    def output_bytes(self, key: str) -> int:
-        """Size (as Dask's ``sizeof`` counts it) of the value a task of this graph returns."""
-        item = np.dtype(self.net.dtype).itemsize
-        state = self.net.size * (1 + self.opt.slots)
-        if key.startswith(("update-", "state-")):
-            return sizeof(TrainState(np.empty(state, self.net.dtype)))
-        if key.startswith(("forward-backward-", "reduce-", "local-sgd-")):
-            local = self.strategy == "local-sgd"          # local SGD reduces whole states
-            return ((state + 2) if local else (self.net.size + 1)) * item
-        return 0
+    @property
+    def state_bytes(self) -> int:
+        """Size of a TrainState as Dask's ``sizeof`` counts it."""
+        return sizeof(TrainState(np.empty(self.net.size * (1 + self.opt.slots), self.net.dtype)))
+
+    @property
+    def leaf_bytes(self) -> int:
+        """Size of what a leaf sends up the tree: a gradient, or (local SGD) a whole state."""
+        width = self.net.size * (1 + self.opt.slots) + 2 if self.strategy == "local-sgd" \
+            else self.net.size + 1
+        return width * np.dtype(self.net.dtype).itemsize
 
 
 @dataclass
 class Window:
-    """A graph of consecutive steps, with the placement of every key."""
+    """A graph of consecutive steps, with the placement and output size of every key.
+
+    ``ends`` are the keys whose values make up the state after the window;
+    ``join`` turns those values into one :class:`~dtrain.optim.TrainState`.
+    """
 
     dsk: dict[str, Task | DataNode] = field(default_factory=dict)
     where: dict[str, list[str]] = field(default_factory=dict)
-    end: str = ""                                   # key of the last state
-    evals: dict[int, str] = field(default_factory=dict)   # epoch -> evaluate key
+    nbytes: dict[str, int] = field(default_factory=dict)    # as Dask's sizeof counts them
+    ends: list[str] = field(default_factory=list)
+    join: Callable[[list[Any]], TrainState] = lambda values: values[0]
+    evals: dict[int, str] = field(default_factory=dict)     # epoch -> evaluate key
 
-    def add(self, node: Task | DataNode, worker: str) -> str:
+    def add(self, node: Task | DataNode, worker: str, nbytes: int = 0) -> str:
         self.dsk[node.key] = node
         self.where[node.key] = [worker]
+        self.nbytes[node.key] = nbytes
         return node.key
 
     def transfers(self, located: dict[str, str]) -> list[tuple[str, str, str]]:
@@ -160,6 +180,10 @@ class Window:
                     moves.add((dep, src, to))
         return sorted(moves)
 
+    def transfer_bytes(self, located: dict[str, str]) -> int:
+        """Bytes that must cross between workers to run this graph."""
+        return sum(self.nbytes.get(k, 0) for k, _, _ in self.transfers(located))
+
 
 def key(name: str, *parts: int | str, run: str) -> str:
     """``name-part-part-run``: the dashboard groups tasks by ``name``."""
@@ -169,26 +193,36 @@ def key(name: str, *parts: int | str, run: str) -> str:
 Leaf = tuple[str, int, str]         # (key, first shard, worker)
 
 
-def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, recipe: Recipe,
-          run: str) -> list[Leaf]:
-    """Reduce ``leaves`` (in shard order) level by level; return the root level's inputs,
-    for the update task to combine (fused) or one reduce task's output (unfused)."""
-    k = fan_in(recipe.strategy, recipe.fan_in, len(leaves))
+def tree(win: Window, tag: str, leaves: list[Leaf], root: str, k: int, fuse: bool,
+         nbytes: int, run: str) -> list[Leaf]:
+    """Reduce ``leaves`` (in leaf order) level by level with fan-in ``k``; return the root
+    level's inputs, for the root task to combine (``fuse``) or one reduce task's output.
+
+    Keys are ``reduce-<tag>-<level>-<first leaf>``; a reduce runs where its first child
+    runs, the last level on ``root``.
+    """
     level, depth = leaves, tree_depth(len(leaves), k)
     for d in range(1, depth + 1):
-        if d == depth and recipe.fuse_update:
-            break                                   # the update task is this level's root
+        if d == depth and fuse:
+            break                                   # the root task is this level's root
         groups = [level[j:j + k] for j in range(0, len(level), k)]
         level = []
         for group in groups:
             if len(group) == 1:
                 level.append(group[0])
                 continue
-            first, worker = group[0][1], placement.root if d == depth else group[0][2]
-            name = key("reduce", index, d, first, run=run)
-            win.add(Task(name, reduce, *(TaskRef(g[0]) for g in group)), worker)
+            first, worker = group[0][1], root if d == depth else group[0][2]
+            name = key("reduce", tag, d, first, run=run)
+            win.add(Task(name, reduce, *(TaskRef(g[0]) for g in group)), worker, nbytes)
             level.append((name, first, worker))
     return level
+
+
+def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, recipe: Recipe,
+          run: str) -> list[Leaf]:
+    k = fan_in(recipe.strategy, recipe.fan_in, len(leaves))
+    return tree(win, str(index), leaves, placement.root, k, recipe.fuse_update,
+                recipe.leaf_bytes, run)
 
 
 def add_step(win: Window, step: Step, state: str, shards: Sequence[TaskRef],
@@ -198,11 +232,12 @@ def add_step(win: Window, step: Step, state: str, shards: Sequence[TaskRef],
     for i, (shard, (lo, hi)) in enumerate(zip(shards, step.bounds)):
         name = key("forward-backward", step.index, i, run=run)
         win.add(Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch, lo, hi,
-                     TaskRef(state), shard), placement.shards[i])
-        leaves.append((name, i, placement.shards[i]))
+                     TaskRef(state), shard), placement.leaves[i], recipe.leaf_bytes)
+        leaves.append((name, i, placement.leaves[i]))
     root = _tree(win, step.index, leaves, placement, recipe, run)
     return win.add(Task(key("update", step.index, run=run), update, recipe.opt, step,
-                        TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root)
+                        TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
+                   recipe.state_bytes)
 
 
 def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[TaskRef],
@@ -212,11 +247,12 @@ def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[T
     for i, shard in enumerate(shards):
         name = key("local-sgd", steps[0].index, i, run=run)
         win.add(Task(name, local_steps, recipe.opt, recipe.shuffle_seed, tuple(steps), i,
-                     TaskRef(state), shard), placement.shards[i])
-        leaves.append((name, i, placement.shards[i]))
+                     TaskRef(state), shard), placement.leaves[i], recipe.leaf_bytes)
+        leaves.append((name, i, placement.leaves[i]))
     root = _tree(win, last, leaves, placement, recipe, run)
     return win.add(Task(key("update", last, run=run), average, recipe.opt, steps[0],
-                        TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root)
+                        TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
+                   recipe.state_bytes)
 
 
 def units(steps: Sequence[Step], recipe: Recipe) -> list[tuple[Step, ...]]:
@@ -243,7 +279,8 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
     on the validation shard ``val``.
     """
     win = Window()
-    state = win.add(DataNode(key("state", steps[0].index, run=run), start), placement.root)
+    state = win.add(DataNode(key("state", steps[0].index, run=run), start), placement.root,
+                    recipe.state_bytes)
     for unit in units(steps, recipe):
         if recipe.strategy == "local-sgd":
             state = add_round(win, unit, state, shards, placement, recipe, run)
@@ -254,5 +291,31 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
             win.evals[epoch] = win.add(
                 Task(key("evaluate", epoch + 1, run=run), evaluate, recipe.net, epoch,
                      TaskRef(state), val), placement.root)
-    win.end = state
+    win.ends = [state]
     return win
+
+
+class DataParallel:
+    """``allreduce``, ``parameter-server`` and ``local-sgd``: one leaf per shard, each shard
+    built by a loading task on its worker."""
+
+    def __init__(self, recipe: Recipe, data_cfg, ranges: Sequence[tuple[int, int]],
+                 n_train: int, dtype: str):
+        self.recipe, self.ranges = recipe, list(ranges)
+        self.load = (data_cfg, n_train, dtype)
+
+    @property
+    def min_workers(self) -> int:
+        return 2 if self.recipe.strategy == "parameter-server" else 1
+
+    def place(self, workers: Sequence[str]) -> Placement:
+        return place(workers, len(self.ranges), self.recipe.strategy)
+
+    def data(self, placement: Placement) -> list[DataItem]:
+        cfg, n_train, dtype = self.load
+        return [DataItem(("load-shard", i), load_shard, (cfg, i, a, b, n_train, dtype),
+                         placement.leaves[i]) for i, (a, b) in enumerate(self.ranges)]
+
+    def window(self, steps: Sequence[Step], start: TrainState, refs: Sequence[TaskRef],
+               val: TaskRef | None, placement: Placement, run: str) -> Window:
+        return window_graph(steps, start, refs, val, placement, self.recipe, run)

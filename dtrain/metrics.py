@@ -28,15 +28,30 @@ class _Run:
     reduce: float = 0.0
     update: float = 0.0
     updates: int = 0
-    critical: float = 0.0                                   # summed over finished steps
-    open_fb: dict[int, float] = field(default_factory=dict)            # step -> slowest shard
-    open_reduce: dict[tuple[int, int], float] = field(default_factory=dict)  # (step, level)
+    critical: float = 0.0                       # summed over finished steps
+    open: dict[tuple, float] = field(default_factory=dict)   # slowest task per level in flight
+
+
+WORK = ("forward-backward", "local-sgd", "forward", "backward")   # the model's maths
+ROOT = ("combine", "loss", "back-combine")                          # model-parallel root tasks
+
+
+def _parse(key: str) -> tuple[str, int, str, str] | None:
+    """``(kind, step, rest, run)`` of a dtrain task key such as ``reduce-12f0-1-0-<run>``."""
+    head, _, run = key.rpartition("-")
+    words = head.split("-")
+    n = next((i for i, w in enumerate(words) if not w.isalpha()), len(words))
+    digits = words[n][: len(words[n]) - len(words[n].lstrip("0123456789"))] if n < len(words) else ""
+    if not digits:
+        return None
+    return "-".join(words[:n]), int(digits), "-".join(words[n:]), run
 
 
 class StepTimer(SchedulerPlugin):
     """Sums task compute time per run (keys ``<kind>-<step>-...-<run>``).
 
-    ``forward-backward`` and ``local-sgd`` tasks count as forward-backward work.
+    The model's maths (``forward-backward``, ``local-sgd``, and model-parallel
+    ``forward``/``backward`` tasks) counts as forward-backward work.
     """
 
     name = "dtrain-step-timer"
@@ -48,30 +63,25 @@ class StepTimer(SchedulerPlugin):
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         if start != "processing" or finish != "memory" or not isinstance(key, str):
             return
-        head, _, run = key.rpartition("-")
-        if head.startswith(("forward-backward-", "local-sgd-")):
-            step = int(head.split("-")[2])
-            r = self.runs[run]
-            seconds = _compute_seconds(kwargs.get("startstops"))
+        parsed = _parse(key)
+        if parsed is None:
+            return
+        kind, step, rest, run = parsed
+        r, seconds = self.runs[run], _compute_seconds(kwargs.get("startstops"))
+        if kind in WORK:
             r.forward_backward += seconds
-            r.open_fb[step] = max(r.open_fb.get(step, 0.0), seconds)
-        elif head.startswith("reduce-"):
-            _, step, level, _ = head.split("-")
-            r = self.runs[run]
-            seconds = _compute_seconds(kwargs.get("startstops"))
+            at = (step, kind)
+            r.open[at] = max(r.open.get(at, 0.0), seconds)
+        elif kind == "reduce":
             r.reduce += seconds
-            at = (int(step), int(level))
-            r.open_reduce[at] = max(r.open_reduce.get(at, 0.0), seconds)
-        elif head.startswith("update-"):
-            step = int(head.split("-")[1])
-            r = self.runs[run]
-            seconds = _compute_seconds(kwargs.get("startstops"))
+            at = (step, rest)                       # one tree level
+            r.open[at] = max(r.open.get(at, 0.0), seconds)
+        elif kind in ROOT:
+            r.open[step, key] = seconds             # root tasks run one after another
+        elif kind == "update":
             r.update += seconds
-            # everything of this unit (a step, or a local SGD round ending here) is done
-            done = [s for s in r.open_fb if s <= step]
-            levels = [k for k in r.open_reduce if k[0] <= step]
-            r.critical += (max((r.open_fb.pop(s) for s in done), default=0.0) + seconds
-                           + sum(r.open_reduce.pop(k) for k in levels))
+            done = [k for k in r.open if k[0] <= step]   # a step, or a round ending here
+            r.critical += seconds + sum(r.open.pop(k) for k in done)
             r.updates += 1
 
     def report(self, run: str) -> dict[str, float]:

@@ -170,6 +170,11 @@ class Network:
         """Number of parameters ``P``."""
         return self.slices[-1][1].stop
 
+    @property
+    def weight_slices(self) -> list[slice]:
+        """Where the weight matrices are (the L2 penalty's domain; biases are exempt)."""
+        return [w for w, _ in self.slices]
+
     def unflatten(self, flat) -> list[tuple[Any, Any]]:
         """Per-layer ``(W, b)`` views into ``flat`` (no copies)."""
         return [(flat[w].reshape(shape), flat[b]) for (w, b), shape in zip(self.slices, self.shapes)]
@@ -248,6 +253,15 @@ class Network:
             loss += float(LOSSES[self.loss](xp, z, ys)[0])
             correct += int((z.argmax(axis=1) == ys).sum())
         return loss, correct, int(x.shape[0])
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A flat parameter vector that is not a whole network (a model-parallel slice):
+    its size and where its weights are, which is all an optimizer needs."""
+
+    size: int
+    weight_slices: tuple[slice, ...]
 
 
 def l2_penalty(net: Network, params, l2: float) -> float:

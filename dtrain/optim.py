@@ -19,7 +19,7 @@ from dask.sizeof import sizeof
 from dtrain.config import OptimConfig
 from dtrain.data import epoch_bounds
 from dtrain.errors import Diverged
-from dtrain.model import Network, align_on_unpickle, array_module
+from dtrain.model import Layout, Network, align_on_unpickle, array_module
 
 SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
 
@@ -89,10 +89,14 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Optimizer:
-    """SGD, momentum or Adam for a :class:`~dtrain.model.Network`, with an L2 penalty."""
+    """SGD, momentum or Adam over a flat parameter vector, with an L2 penalty on weights.
+
+    ``net`` is a :class:`~dtrain.model.Network`, or any layout with ``size``
+    and ``weight_slices`` (a model-parallel slice).
+    """
 
     cfg: OptimConfig
-    net: Network
+    net: Network | Layout
     l2: float = 0.0
 
     @property
@@ -115,7 +119,7 @@ class Optimizer:
         g = grad[:P] / step.count                          # (P,) mean gradient
         old = state.vector[:P]
         if self.l2:
-            for w, _ in self.net.slices:
+            for w in self.net.weight_slices:
                 g[w] += self.l2 * old[w]
         new = state.vector.copy()                          # (P * (1 + k),)
         p = new[:P]

@@ -32,6 +32,7 @@ from dtrain.config import Config
 from dtrain.errors import Diverged, UserError
 from dtrain.graph import Placement, Recipe
 from dtrain.model import Network
+from dtrain.modelparallel import ModelParallel
 from dtrain.optim import Optimizer, Schedule, TrainState, update
 from dtrain.report import Echo, Recorder, new_run_dir
 
@@ -69,13 +70,17 @@ class Plan:
     opt: Optimizer
     schedule: Schedule
     recipe: Recipe = field(init=False)
+    strategy: graph.DataParallel | ModelParallel = field(init=False)
 
     def __post_init__(self) -> None:
-        seed = self.config.data.seed if self.config.data.shuffle and \
-            self.schedule.steps_per_epoch > 1 else None
-        g = self.config.graph
+        cfg = self.config
+        seed = cfg.data.seed if cfg.data.shuffle and self.schedule.steps_per_epoch > 1 else None
+        g = cfg.graph
         self.recipe = Recipe(self.net, self.opt, seed, g.strategy, g.fan_in, g.fuse_update,
                              g.sync_every)
+        load = (cfg.data, self.ranges, self.info.train, cfg.model.dtype)
+        self.strategy = ModelParallel(self.recipe, g.slices, *load) \
+            if g.strategy == "model-parallel" else graph.DataParallel(self.recipe, *load)
 
     @property
     def train_samples(self) -> int:
@@ -96,6 +101,15 @@ def plan(config: Config) -> Plan:
         raise UserError(f"model.layers[-1] = {layers[-1]} but {info.name} has {info.classes} "
                         f"classes; set model.layers = [{info.features}, ..., {info.classes}]")
     ranges = data.shard_ranges(info.train, config.data.replicate, config.data.shards)
+    if config.graph.strategy == "model-parallel":
+        hidden = layers[1:-1:2]
+        if not hidden:
+            raise UserError(f"graph.strategy = 'model-parallel' splits hidden layers, but "
+                            f"model.layers = {list(layers)} has none; add one, e.g. "
+                            f"[{layers[0]}, 64, {layers[-1]}]")
+        if config.graph.slices > min(hidden):
+            raise UserError(f"graph.slices = {config.graph.slices} but the narrowest split "
+                            f"layer has {min(hidden)} units; use at most {min(hidden)} slices")
     net = Network.from_config(config.model)
     opt = Optimizer(config.optim, net, config.model.l2)
     schedule = Schedule([b - a for a, b in ranges], config.train.batch_size, config.optim,
@@ -299,11 +313,11 @@ class SerialEngine:
 
 
 class DaskEngine:
-    """Shards on the workers, one task graph per window of steps.
+    """Data on the workers, one task graph per window of steps.
 
     At every window edge the driver (1) looks at the workers that are there
-    now and re-pins: shards whose worker is gone, or which belong on a new
-    worker, get a fresh loading task there; (2) submits the window; (3) turns
+    now and re-pins: data whose worker is gone, or which belongs on a new
+    worker, gets a fresh loading task there; (2) submits the window; (3) turns
     the previous window's evaluations into epoch rows and checkpoints its end
     state; (4) waits for this window's end state, its only wait.
     """
@@ -314,33 +328,34 @@ class DaskEngine:
         client.register_plugin(cluster.QuietUserErrors())
         client.register_plugin(dtrain_metrics.StepTimer())
         client.register_plugin(dtrain_metrics.TransferCounter())
-        self.predicted_bytes = 0          # what the graphs say must cross between workers
         if plan.config.cluster.low_latency:
             cluster.low_latency(client)
-        self.shards: list[Future | None] = [None] * len(plan.ranges)
-        self.placed: tuple[str | None, ...] = (None,) * len(plan.ranges)
+        self.items: list[tuple[str, Future]] = []   # (worker, loading-task future)
         self.loads = 0
+        self.predicted_bytes = 0                    # what the graphs say crosses workers
 
     def _key(self, name: str, *parts: int | str) -> str:
         return graph.key(name, *parts, run=self.run_id)
 
     def _place(self) -> Placement:
-        """Placement over the workers there now; (re)load shards that must move."""
-        cfg, c = self.plan.config, self.client
-        needed = 2 if cfg.graph.strategy == "parameter-server" else 1
-        cluster.wait_for_workers(c, needed, cfg.cluster.timeout)
-        placement = graph.place(cluster.worker_addresses(c), len(self.plan.ranges),
-                                cfg.graph.strategy)
-        for i, worker in enumerate(placement.shards):
-            if worker != self.placed[i]:
-                a, b = self.plan.ranges[i]
-                self.shards[i] = c.submit(
-                    data.load_shard, cfg.data, i, a, b, self.plan.info.train, cfg.model.dtype,
-                    key=self._key("load-shard", i, self.loads), workers=[worker],
-                    allow_other_workers=True)
+        """Placement over the workers there now; (re)load data that must move."""
+        cfg, c, strategy = self.plan.config, self.client, self.plan.strategy
+        cluster.wait_for_workers(c, strategy.min_workers, cfg.cluster.timeout)
+        placement = strategy.place(cluster.worker_addresses(c))
+        wanted = strategy.data(placement)
+        for j, item in enumerate(wanted):
+            if j < len(self.items) and self.items[j][0] == item.worker:
+                continue
+            future = c.submit(item.fn, *item.args, key=self._key(*item.name, self.loads),
+                              workers=[item.worker], allow_other_workers=True)
+            self.items[j:j + 1] = [(item.worker, future)]
+        del self.items[len(wanted):]
         self.loads += 1
-        self.placed = placement.shards
         return placement
+
+    @property
+    def data(self) -> list[Future]:
+        return [f for _, f in self.items]
 
     def _load_parts(self, root: str) -> tuple[Future | None, Future | None]:
         """Validation and test shards, loaded where the updates run; surface data errors now."""
@@ -349,23 +364,17 @@ class DaskEngine:
                           key=self._key(f"load-{part}"), workers=[root],
                           allow_other_workers=True) if getattr(p.info, part) else None
                  for part in ("val", "test")]
-        loading = self.shards + [f for f in parts if f is not None]
+        loading = self.data + [f for f in parts if f is not None]
         wait(loading)
         for f in loading:
             if f.status == "error":
                 f.result()  # re-raises the worker's exception here
-        c.run(data.clear_cache)  # the shards are built; drop the workers' copies of the files
+        c.run(data.clear_cache)  # the data is built; drop the workers' copies of the files
         return parts[0], parts[1]
-
-    def _predict(self, win: graph.Window, placement: Placement, val: Future | None) -> int:
-        located = {f.key: w for f, w in zip(self.shards, placement.shards)}
-        if val is not None:
-            located[val.key] = placement.root
-        return sum(self.plan.recipe.output_bytes(k) for k, _, _ in win.transfers(located))
 
     def _submit(self, win: graph.Window) -> list[Future]:
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True):
-            return self.client.get(win.dsk, [win.end, *win.evals.values()], sync=False)
+            return self.client.get(win.dsk, [*win.ends, *win.evals.values()], sync=False)
 
     def run(self, start: Start, recorder: Recorder) -> Outcome:
         p = self.plan
@@ -380,19 +389,21 @@ class DaskEngine:
         for window in _windows(p, start.step):
             if window.start != start.step:
                 placement = self._place()
-            win = graph.window_graph([p.schedule[t] for t in window], state, self.shards, val,
-                                     placement, p.recipe, self.run_id)
-            self.predicted_bytes += self._predict(win, placement, val)
-            end, *evals = self._submit(win)
+            win = p.strategy.window([p.schedule[t] for t in window], state, self.data, val,
+                                    placement, self.run_id)
+            located = {f.key: w for w, f in self.items} | ({val.key: placement.root} if val else {})
+            self.predicted_bytes += win.transfer_bytes(located)
+            futures = self._submit(win)
+            ends, evals = futures[:len(win.ends)], futures[len(win.ends):]
             for epoch, fut in zip(win.evals, evals):
                 fut.add_done_callback(lambda f, e=epoch: arrived.setdefault(e, time.perf_counter()))
             self._drain(pending, metrics, arrived, began, recorder)
             if done is not None:
                 recorder.checkpoint(done)   # its epochs are recorded: safe to resume from
             pending = list(zip(win.evals, evals))
-            state = end.result()            # the one wait per window: the next starts here
+            state = win.join(self.client.gather(ends))   # the one wait per window
             done = Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch, state)
-            del end
+            del ends
         self._drain(pending, metrics, arrived, began, recorder)
         if done is not None:
             recorder.checkpoint(done)

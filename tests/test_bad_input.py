@@ -71,6 +71,12 @@ TABLE = [
     ("resume nothing", lambda t: ["--resume", str(t / "none")], "no config.toml there"),
     ("parameter server alone", lambda t: ["--set", "graph.strategy=parameter-server",
                                           "--workers", "1"], "needs 2 workers"),
+    ("model-parallel, no hidden layer", lambda t: ["--set", "graph.strategy=model-parallel",
+                                                   "--set", "model.layers=[4, 3]"],
+     "splits hidden layers, but model.layers = [4, 3] has none"),
+    ("more slices than units", lambda t: ["--set", "graph.strategy=model-parallel",
+                                          "--set", "graph.slices=20"],
+     "graph.slices = 20 but the narrowest split layer has 16 units"),
 ]
 
 

@@ -70,11 +70,11 @@ def test_step_structure(shards, k, fuse):
 def test_forward_backward_tasks_are_pinned_to_their_shards_worker():
     p = _plan(shards=6)
     win, placement = _window(p, [0, 1], workers=("a", "b", "c"))
-    assert placement.shards == ("a", "a", "b", "b", "c", "c")
+    assert placement.leaves == ("a", "a", "b", "b", "c", "c")
     for i in range(6):
         for s in (0, 1):
             key = f"forward-backward-{s}-{i}-{RUN}"
-            assert win.where[key] == [placement.shards[i]]
+            assert win.where[key] == [placement.leaves[i]]
             assert f"load-shard-{i}" in win.dsk[key].dependencies
     assert win.where[f"update-1-{RUN}"] == ["a"] and placement.root == "a"
     # a reduce runs where its first child runs: shards 0+1 on a, 2+3 on b, 4+5 on c
@@ -84,7 +84,7 @@ def test_forward_backward_tasks_are_pinned_to_their_shards_worker():
 def test_parameter_server_reduces_flat_on_a_head_that_holds_no_shard():
     p = _plan(shards=4, strategy="parameter-server", fan_in=2)
     win, placement = _window(p, [0], workers=("head", "w1", "w2"))
-    assert placement.root == "head" and "head" not in placement.shards
+    assert placement.root == "head" and "head" not in placement.leaves
     update = win.dsk[f"update-0-{RUN}"]
     assert not [k for k in win.dsk if k.startswith("reduce-")]
     assert {d for d in update.dependencies if d.startswith("forward-")} == {
@@ -98,7 +98,7 @@ def test_window_chains_steps_from_a_literal_state():
     win, _ = _window(p, range(steps - 1, steps + 2))
     first = f"state-{steps - 1}-{RUN}"
     assert isinstance(win.dsk[first], DataNode)
-    assert win.end == f"update-{steps + 1}-{RUN}"
+    assert win.ends[0] == f"update-{steps + 1}-{RUN}"
     assert win.evals == {0: f"evaluate-1-{RUN}"}              # epoch 0 ends inside the window
     assert f"update-{steps - 1}-{RUN}" in win.dsk[f"evaluate-1-{RUN}"].dependencies
     assert f"update-{steps}-{RUN}" in win.dsk[f"forward-backward-{steps + 1}-1-{RUN}"].dependencies
@@ -112,7 +112,7 @@ def _execute(p, nsteps, workers=("w0", "w1")):
     win, _ = _window(p, range(nsteps), workers, shard_refs=[TaskRef(r.key) for r in refs])
     dsk = {**win.dsk, **{r.key: r for r in refs},
            "load-val": DataNode("load-val", data.load_part(p.config.data, "val", "float64"))}
-    return dask.get(dsk, win.end)
+    return dask.get(dsk, win.ends[0])
 
 
 def test_graph_values_match_the_serial_reference():
@@ -157,7 +157,7 @@ def test_local_sgd_rounds_align_to_epochs():
     assert leaves[:3] == [f"local-sgd-0-{i}-{RUN}" for i in range(3)]
     assert [k for k in win.dsk if k.startswith("update-")] == [
         f"update-{s}-{RUN}" for s in (2, 5, 6)]
-    assert all(win.where[f"local-sgd-0-{i}-{RUN}"] == [placement.shards[i]] for i in range(3))
+    assert all(win.where[f"local-sgd-0-{i}-{RUN}"] == [placement.leaves[i]] for i in range(3))
 
 
 @pytest.mark.parametrize("strategy, expected", [
@@ -168,7 +168,7 @@ def test_local_sgd_rounds_align_to_epochs():
 def test_bytes_per_step_from_the_graph(strategy, expected):
     p = _plan(shards=4, strategy=strategy)
     win, placement = _window(p, [0, 1, 2])
-    located = {f"load-shard-{i}": w for i, w in enumerate(placement.shards)}
-    moves = win.transfers(located | {"load-val": placement.root})
-    assert sum(p.recipe.output_bytes(k) for k, _, _ in moves) == 3 * expected
-    assert all(src != dst for _, src, dst in moves)
+    located = {f"load-shard-{i}": w for i, w in enumerate(placement.leaves)}
+    located["load-val"] = placement.root
+    assert win.transfer_bytes(located) == 3 * expected
+    assert all(src != dst for _, src, dst in win.transfers(located))

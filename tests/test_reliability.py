@@ -179,7 +179,9 @@ def test_divergence_stops_at_the_step_and_keeps_the_last_checkpoint(tmp_path):
                    "--set", "model.dtype=float32", "--set", "graph.window=3",
                    "--out", str(out), "--dashboard-address", "")
     assert proc.returncode == 3, proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    line = lines[0]
     assert line.startswith("dtrain: error: training diverged at step 7 (epoch 2): the loss is inf")
     assert f"the last good checkpoint (step 6) is kept in {out / checkpoint.FILE}" in line
     assert checkpoint.load(out)[0].step == 6

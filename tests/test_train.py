@@ -79,14 +79,14 @@ def test_shards_are_built_on_their_workers(client):
     placement = engine._place()
     assert placement == graph.place(cluster.worker_addresses(client), 4, "allreduce")
     engine._load_parts(placement.root)                      # waits for the loading tasks
-    where = client.who_has(engine.shards)
-    assert [where[f.key] for f in engine.shards] == [(w,) for w in placement.shards]
-    assert all(f.key.startswith("load-shard-") for f in engine.shards)
+    where = client.who_has(engine.data)
+    assert [where[f.key] for f in engine.data] == [(w,) for w in placement.leaves]
+    assert all(f.key.startswith("load-shard-") for f in engine.data)
     held = client.run(lambda dask_worker: sorted(k for k in dask_worker.data if "load-shard" in k))
     assert sum(len(v) for v in held.values()) == 4
-    keys = [f.key for f in engine.shards]
+    keys = [f.key for f in engine.data]
     assert engine._place() == placement                     # same workers: nothing moves
-    assert [f.key for f in engine.shards] == keys           # and nothing is reloaded
+    assert [f.key for f in engine.data] == keys             # and nothing is reloaded
 
 
 def test_replicate_and_full_batch(client):
