@@ -102,9 +102,12 @@ def local_steps(opt: Optimizer, shuffle_seed: int | None, steps: tuple[Step, ...
 
 
 def evaluate(net: Network, epoch: int, state: TrainState, part) -> dict[str, float]:
-    """Loss and accuracy of the state's parameters on a held-out shard, plus train loss."""
-    loss, correct, n = net.evaluate(state.vector[: net.size], part.x, part.y)
-    out = {"epoch": epoch + 1, "loss": loss / max(n, 1), "accuracy": correct / max(n, 1)}
+    """Loss and accuracy of the state's parameters on a held-out shard (None: there is no
+    held-out data), plus the epoch's train loss."""
+    out = {"epoch": epoch + 1}
+    if part is not None:
+        loss, correct, n = net.evaluate(state.vector[: net.size], part.x, part.y)
+        out.update(loss=loss / max(n, 1), accuracy=correct / max(n, 1))
     if state.epoch_samples:
         out["train_loss"] = state.epoch_loss / state.epoch_samples
     return out
@@ -276,7 +279,8 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
     """Chain ``steps`` into one graph that starts from the literal state ``start``.
 
     Each epoch that ends inside the window gets an ``evaluate-<epoch>`` task
-    on the validation shard ``val``.
+    on the validation shard ``val`` (without a validation split it reports the
+    epoch's train loss only: it still marks the epoch's end).
     """
     win = Window()
     state = win.add(DataNode(key("state", steps[0].index, run=run), start), placement.root,
@@ -286,7 +290,7 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
             state = add_round(win, unit, state, shards, placement, recipe, run)
         else:
             state = add_step(win, unit[0], state, shards, placement, recipe, run)
-        if unit[-1].last and val is not None:
+        if unit[-1].last:
             epoch = unit[-1].epoch
             win.evals[epoch] = win.add(
                 Task(key("evaluate", epoch + 1, run=run), evaluate, recipe.net, epoch,

@@ -347,7 +347,7 @@ class ModelParallel:
                 for (j, m), st in parts.items()}
         for step in steps:
             root = self._step(win, step, root, prev, data_on, root_ref, placement, run)
-            if step.last and val is not None:
+            if step.last:
                 win.evals[step.epoch] = win.add(Task(
                     key("evaluate", step.epoch + 1, run=run), evaluate_joined, spec, step.epoch,
                     TaskRef(root), val, *(TaskRef(prev[jm]) for jm in sl.index)), placement.root)

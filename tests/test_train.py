@@ -167,3 +167,11 @@ def test_local_sgd_is_reproducible_and_learns(client, tmp_path):
         _train(c, sets + ["graph.window=9"], tmp_path / "b")
     assert (tmp_path / "a" / "params.npz").read_bytes() == (tmp_path / "b" / "params.npz").read_bytes()
     assert a.summary["test_accuracy"] >= 0.9
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "model-parallel", "serial"])
+def test_every_epoch_is_reported_without_a_validation_split(client, strategy):
+    r = _train(client if strategy != "serial" else None,
+               ["train.epochs=3", "data.split=[0.9, 0.0, 0.1]", f"graph.strategy={strategy}"])
+    assert [m["epoch"] for m in r.metrics] == [1, 2, 3]
+    assert all(m["val_accuracy"] is None and m["train_loss"] > 0 for m in r.metrics)
