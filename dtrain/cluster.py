@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 
-from distributed import Client, LocalCluster, SchedulerPlugin, WorkerPlugin
+from distributed import (Client, LocalCluster, Nanny, Scheduler, SchedulerPlugin, SpecCluster,
+                         WorkerPlugin)
 
+from dtrain import device
 from dtrain.config import ClusterConfig
 from dtrain.errors import UserError
 
@@ -29,13 +32,37 @@ def connect(cfg: ClusterConfig) -> Iterator[Client]:
             wait_for_workers(client, 1, cfg.timeout)
             yield client
         return
-    # without a dashboard the scheduler still serves /health and /metrics: on any free port
-    http = {} if cfg.dashboard_address else {"scheduler_kwargs": {"dashboard_address": ":0"}}
-    cluster = LocalCluster(n_workers=cfg.workers, threads_per_worker=cfg.threads_per_worker,
-                           processes=True, dashboard_address=cfg.dashboard_address or None,
-                           silence_logs=logging.ERROR, **http)
+    gpus = device.gpu_count() if cfg.device != "cpu" else 0
+    if cfg.device == "gpu":
+        device.require_gpu("cluster.device = 'gpu'")
+    cluster = local_gpu_cluster(cfg, gpus) if gpus else local_cluster(cfg)
     with cluster, Client(cluster) as client:
         yield client
+
+
+def local_cluster(cfg: ClusterConfig) -> LocalCluster:
+    """``cfg.workers`` worker processes on this machine."""
+    # without a dashboard the scheduler still serves /health and /metrics: on any free port
+    http = {} if cfg.dashboard_address else {"scheduler_kwargs": {"dashboard_address": ":0"}}
+    return LocalCluster(n_workers=cfg.workers, threads_per_worker=cfg.threads_per_worker,
+                        processes=True, dashboard_address=cfg.dashboard_address or None,
+                        silence_logs=logging.ERROR, **http)
+
+
+def local_gpu_cluster(cfg: ClusterConfig, gpus: int) -> SpecCluster:
+    """One worker per visible GPU (each sees only its own device and advertises a ``GPU``
+    resource), plus, with ``device = "auto"``, CPU workers up to ``cfg.workers``."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
+    cpus = max(0, cfg.workers - gpus) if cfg.device == "auto" else 0
+    workers = {i: {"cls": Nanny, "options": {
+        "name": i, "nthreads": cfg.threads_per_worker, "silence_logs": logging.ERROR,
+        **({"resources": {device.GPU: 1}, "env": {"CUDA_VISIBLE_DEVICES": ids[i]}}
+           if i < gpus else {})}} for i in range(gpus + cpus)}
+    scheduler = {"cls": Scheduler, "options": {
+        "dashboard": bool(cfg.dashboard_address),
+        "dashboard_address": cfg.dashboard_address or ":0"}}
+    return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR)
 
 
 def wait_for_workers(client: Client, n: int, timeout: float) -> None:
@@ -56,8 +83,13 @@ def _natural(name: object) -> tuple:
 def worker_addresses(client: Client) -> list[str]:
     """Addresses of the connected workers, ordered by worker name (0, 1, 2, ... for
     LocalCluster and dask-mpi ranks)."""
-    workers = client.scheduler_info()["workers"]
-    return sorted(workers, key=lambda addr: _natural(workers[addr].get("name", addr)))
+    return list(workers(client))
+
+
+def workers(client: Client) -> dict[str, dict]:
+    """``{address: info}`` of the connected workers, ordered by worker name."""
+    info = client.scheduler_info()["workers"]
+    return {a: info[a] for a in sorted(info, key=lambda a: _natural(info[a].get("name", a)))}
 
 
 class _ReportedByDriver(logging.Filter):

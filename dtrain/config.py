@@ -93,7 +93,8 @@ class ModelConfig:
     activation: str = choice("tanh", "sigmoid", "tanh", "relu")
     loss: str = choice("cross-entropy", "cross-entropy", "mse")
     l2: float = at_least(0.0, 0.0, "L2 weight penalty (weights, not biases)")
-    dtype: str = choice("float64", "float32", "float64")
+    dtype: str = choice("auto", "auto", "float32", "float64",
+                        doc="auto: float32 where the run uses GPUs, else float64")
     seed: int = at_least(0, 0)
 
 
@@ -133,7 +134,8 @@ class ClusterConfig:
     threads_per_worker: int = at_least(1, 1)
     scheduler_address: str = free("", "use this running Dask scheduler instead")
     dashboard_address: str = free("127.0.0.1:8787", "'' disables the dashboard")
-    device: str = choice("cpu", "cpu")
+    device: str = choice("cpu", "cpu", "gpu", "auto",
+                         doc="gpu: every shard on a GPU; auto: GPUs where workers have them")
     low_latency: bool = free(True, "send Dask's control messages without batching delays")
     timeout: float = positive(20.0, "seconds to wait for a scheduler and its workers")
 
@@ -260,7 +262,19 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
             raise ConfigError(f"'{name}' in {source} must be a table ([{name}])")
     cfg = Config(**{name: _section(name, data.get(name, {}), source) for name in SECTIONS})
     _check_consistency(cfg, source)
+    if cfg.model.dtype == "auto":
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=_auto_dtype(cfg)))
     return cfg
+
+
+def _auto_dtype(cfg: Config) -> str:
+    """float32 on GPUs (where it is several times faster), float64 on CPUs."""
+    if cfg.cluster.device == "gpu":
+        return "float32"
+    if cfg.cluster.device == "auto" and not cfg.cluster.scheduler_address:
+        from dtrain.device import gpu_count
+        return "float32" if gpu_count() else "float64"
+    return "float64"
 
 
 def _check_consistency(cfg: Config, source: str) -> None:
@@ -271,6 +285,10 @@ def _check_consistency(cfg: Config, source: str) -> None:
         raise ConfigError(f"data.path is empty in {source}: dataset '{cfg.data.dataset}' "
                           f"needs {needs_path[cfg.data.dataset]} "
                           f"(e.g. --set data.path=/data/{cfg.data.dataset})")
+    if cfg.graph.strategy == "model-parallel" and cfg.cluster.device == "gpu":
+        raise ConfigError(f"graph.strategy = 'model-parallel' runs on CPU workers only, but "
+                          f"cluster.device = 'gpu' in {source}; use cluster.device = 'cpu' or "
+                          f"a data-parallel strategy")
     if cfg.data.dataset == "image-folder" and not cfg.data.image_size:
         raise ConfigError(f"data.image_size is empty in {source}: image-folder needs "
                           f"[height, width] to resize every image to")

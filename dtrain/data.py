@@ -26,6 +26,7 @@ import numpy as np
 from dask.sizeof import sizeof
 
 from dtrain.config import DataConfig
+from dtrain.device import on_device
 from dtrain.errors import UserError
 from dtrain.model import align_on_unpickle
 
@@ -372,10 +373,11 @@ def _training_rows(cfg: DataConfig, start: int, stop: int, n_train: int):
 
 
 def load_shard(cfg: DataConfig, index: int, start: int, stop: int, n_train: int,
-               dtype: str) -> Shard:
-    """Loading task: build shard ``index`` (training rows ``start:stop``) on this worker."""
+               dtype: str, gpu: bool = False) -> Shard:
+    """Loading task: build shard ``index`` (training rows ``start:stop``) on this worker,
+    in GPU memory if ``gpu`` and the worker has a usable GPU."""
     x, y = _training_rows(cfg, start, stop, n_train)
-    return Shard(index, np.ascontiguousarray(x, dtype=dtype), y)
+    return Shard(index, on_device(np.ascontiguousarray(x, dtype=dtype), gpu), on_device(y, gpu))
 
 
 def load_shards(cfg: DataConfig, ranges: tuple[tuple[int, int], ...], n_train: int,
@@ -384,10 +386,10 @@ def load_shards(cfg: DataConfig, ranges: tuple[tuple[int, int], ...], n_train: i
     return [load_shard(cfg, i, a, b, n_train, dtype) for i, (a, b) in enumerate(ranges)]
 
 
-def load_part(cfg: DataConfig, part: str, dtype: str) -> Shard:
+def load_part(cfg: DataConfig, part: str, dtype: str, gpu: bool = False) -> Shard:
     """Loading task: the ``"val"`` or ``"test"`` split as one shard."""
     x, y = prepared(cfg)[part]
-    return Shard(-1, np.ascontiguousarray(x, dtype=dtype), y)
+    return Shard(-1, on_device(np.ascontiguousarray(x, dtype=dtype), gpu), on_device(y, gpu))
 
 
 def epoch_bounds(sizes: list[int], batch_size: int) -> np.ndarray:

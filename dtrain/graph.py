@@ -28,6 +28,7 @@ from dask.sizeof import sizeof
 from dask.task_spec import DataNode, Task, TaskRef
 
 from dtrain.data import load_shard
+from dtrain.device import like, to_host
 from dtrain.model import Network
 from dtrain.optim import (Optimizer, Step, TrainState, average, local_sgd, sum_buffers,
                           update)
@@ -52,53 +53,72 @@ def tree_depth(shards: int, k: int) -> int:
 # --- placement ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class Worker:
+    """A worker as placement sees it: its address, whether it computes on a GPU, and its
+    relative speed (measured when CPU and GPU workers mix; else 1)."""
+
+    address: str
+    gpu: bool = False
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
 class Placement:
     """Where tasks run: leaf ``i``'s tasks (shard ``i``, or slice ``i`` of a model-parallel
-    net) on ``leaves[i]``, the update on ``root``."""
+    net) on ``leaves[i]``, the update on ``root``; ``gpus`` are the GPU workers."""
 
     leaves: tuple[str, ...]
     root: str
+    gpus: frozenset[str] = frozenset()
 
     @property
     def workers(self) -> list[str]:
         return sorted(set(self.leaves) | {self.root})
 
 
-def place(workers: Sequence[str], shards: int, strategy: str) -> Placement:
+def place(workers: Sequence[Worker | str], shards: int, strategy: str) -> Placement:
     """Assign shards to workers in contiguous blocks, so a reduce subtree stays on one worker.
 
+    Blocks are sized by the workers' weights (equal unless calibrated): a GPU
+    worker ten times faster than a CPU worker gets ten times the shards.
     ``allreduce``: every worker holds shards, the update runs with shard 0.
     ``parameter-server``: the first worker is the head; it reduces and updates
     and holds no shard.
     """
-    workers = list(workers)
-    if strategy == "parameter-server":
-        head, trainers = workers[0], workers[1:]
-    else:
-        head, trainers = None, workers
-    owner = tuple(trainers[i * len(trainers) // shards] for i in range(shards))
-    return Placement(owner, head or owner[0])
+    workers = [w if isinstance(w, Worker) else Worker(w) for w in workers]
+    head, trainers = (workers[0], workers[1:]) if strategy == "parameter-server" \
+        else (None, workers)
+    edges = np.cumsum([w.weight for w in trainers]) / sum(w.weight for w in trainers)
+    owner = tuple(trainers[min(int(np.searchsorted(edges, (i + 0.5) / shards)),
+                               len(trainers) - 1)].address for i in range(shards))
+    return Placement(owner, head.address if head else owner[0],
+                     frozenset(w.address for w in workers if w.gpu))
 
 
 # --- tasks (run on workers) -----------------------------------------------------------------
 
 def forward_backward(net: Network, shuffle_seed: int | None, epoch: int, lo: int, hi: int,
-                     state: TrainState, shard) -> Any:
-    """Summed gradient and loss of one shard's rows ``lo:hi`` this epoch: ``(P + 1,)``."""
+                     host: bool, state: TrainState, shard) -> Any:
+    """Summed gradient and loss of one shard's rows ``lo:hi`` this epoch: ``(P + 1,)``,
+    computed where the shard lives (host or GPU), returned to host memory if ``host``."""
     x, y = shard.batch(epoch, lo, hi, shuffle_seed)
-    return net.loss_and_grad(state.vector[: net.size], x, y)
+    buf = net.loss_and_grad(like(state.vector[: net.size], x), x, y)
+    return to_host(buf) if host else buf
 
 
-def reduce(*grads) -> Any:
-    """Sum gradient buffers in the given (shard) order."""
-    return sum_buffers(*grads)
+def reduce(host: bool, *grads) -> Any:
+    """Sum gradient buffers in the given (shard) order; to host memory if ``host``."""
+    total = sum_buffers(*grads)
+    return to_host(total) if host else total
 
 
 def local_steps(opt: Optimizer, shuffle_seed: int | None, steps: tuple[Step, ...], index: int,
-                state: TrainState, shard) -> Any:
-    """Local SGD leaf: shard ``index`` runs ``steps`` alone from ``state``."""
-    return local_sgd(opt, steps, state,
-                     lambda s: shard.batch(s.epoch, *s.bounds[index], shuffle_seed))
+                host: bool, state: TrainState, shard) -> Any:
+    """Local SGD leaf: shard ``index`` runs ``steps`` alone from ``state``, where it lives."""
+    local = TrainState(like(state.vector, shard.x))
+    out = local_sgd(opt, steps, local,
+                    lambda s: shard.batch(s.epoch, *s.bounds[index], shuffle_seed))
+    return to_host(out) if host else out
 
 
 def evaluate(net: Network, epoch: int, state: TrainState, part) -> dict[str, float]:
@@ -106,7 +126,7 @@ def evaluate(net: Network, epoch: int, state: TrainState, part) -> dict[str, flo
     held-out data), plus the epoch's train loss."""
     out = {"epoch": epoch + 1}
     if part is not None:
-        loss, correct, n = net.evaluate(state.vector[: net.size], part.x, part.y)
+        loss, correct, n = net.evaluate(like(state.vector[: net.size], part.x), part.x, part.y)
         out.update(loss=loss / max(n, 1), accuracy=correct / max(n, 1))
     if state.epoch_samples:
         out["train_loss"] = state.epoch_loss / state.epoch_samples
@@ -188,6 +208,11 @@ class Window:
         return sum(self.nbytes.get(k, 0) for k, _, _ in self.transfers(located))
 
 
+def is_leaf(key: str) -> bool:
+    """Whether a key is a leaf of the data-parallel graph: the model's maths on a shard."""
+    return key.startswith(("forward-backward-", "local-sgd-"))
+
+
 def key(name: str, *parts: int | str, run: str) -> str:
     """``name-part-part-run``: the dashboard groups tasks by ``name``."""
     return "-".join([name, *map(str, parts), run])
@@ -197,14 +222,18 @@ Leaf = tuple[str, int, str]         # (key, first shard, worker)
 
 
 def tree(win: Window, tag: str, leaves: list[Leaf], root: str, k: int, fuse: bool,
-         nbytes: int, run: str) -> list[Leaf]:
-    """Reduce ``leaves`` (in leaf order) level by level with fan-in ``k``; return the root
-    level's inputs, for the root task to combine (``fuse``) or one reduce task's output.
+         nbytes: int, run: str) -> tuple[list[Leaf], dict[str, str]]:
+    """Reduce ``leaves`` (in leaf order) level by level with fan-in ``k``.
 
-    Keys are ``reduce-<tag>-<level>-<first leaf>``; a reduce runs where its first child
-    runs, the last level on ``root``.
+    Returns the root level's inputs, for the root task to combine (``fuse``)
+    or one reduce task's output, and the worker that consumes each input, so
+    producers know whether their value must leave the GPU.  Keys are
+    ``reduce-<tag>-<level>-<first leaf>``; a reduce runs where its first
+    child runs, the last level on ``root``.
     """
     level, depth = leaves, tree_depth(len(leaves), k)
+    consumer: dict[str, str] = {}
+    planned: list[tuple[str, list[Leaf], str]] = []
     for d in range(1, depth + 1):
         if d == depth and fuse:
             break                                   # the root task is this level's root
@@ -216,44 +245,57 @@ def tree(win: Window, tag: str, leaves: list[Leaf], root: str, k: int, fuse: boo
                 continue
             first, worker = group[0][1], root if d == depth else group[0][2]
             name = key("reduce", tag, d, first, run=run)
-            win.add(Task(name, reduce, *(TaskRef(g[0]) for g in group)), worker, nbytes)
+            consumer.update((g[0], worker) for g in group)
+            planned.append((name, group, worker))
             level.append((name, first, worker))
-    return level
+    consumer.update((g[0], root) for g in level)
+    for name, group, worker in planned:
+        win.add(Task(name, reduce, consumer[name] != worker, *(TaskRef(g[0]) for g in group)),
+                worker, nbytes)
+    return level, consumer
 
 
 def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, recipe: Recipe,
-          run: str) -> list[Leaf]:
+          run: str) -> tuple[list[Leaf], dict[str, str]]:
     k = fan_in(recipe.strategy, recipe.fan_in, len(leaves))
     return tree(win, str(index), leaves, placement.root, k, recipe.fuse_update,
                 recipe.leaf_bytes, run)
 
 
+def _state_leaves_root(placement: Placement) -> bool:
+    """Whether a state made by the update must go to host memory: another worker needs it."""
+    return any(w != placement.root for w in placement.leaves)
+
+
 def add_step(win: Window, step: Step, state: str, shards: Sequence[TaskRef],
-             placement: Placement, recipe: Recipe, run: str) -> str:
-    """Add one minibatch (forward-backward, reduce tree, update) and return the new state key."""
-    leaves = []
-    for i, (shard, (lo, hi)) in enumerate(zip(shards, step.bounds)):
-        name = key("forward-backward", step.index, i, run=run)
+             placement: Placement, recipe: Recipe, run: str, host: bool = True) -> str:
+    """Add one minibatch (forward-backward, reduce tree, update) and return the new state key.
+
+    ``host``: the new state must be in host memory (it leaves the root worker)."""
+    leaves = [(key("forward-backward", step.index, i, run=run), i, placement.leaves[i])
+              for i in range(len(shards))]
+    root, consumer = _tree(win, step.index, leaves, placement, recipe, run)
+    for (name, i, worker), (lo, hi) in zip(leaves, step.bounds):
         win.add(Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch, lo, hi,
-                     TaskRef(state), shard), placement.leaves[i], recipe.leaf_bytes)
-        leaves.append((name, i, placement.leaves[i]))
-    root = _tree(win, step.index, leaves, placement, recipe, run)
-    return win.add(Task(key("update", step.index, run=run), update, recipe.opt, step,
+                     consumer[name] != worker, TaskRef(state), shards[i]), worker,
+                recipe.leaf_bytes)
+    return win.add(Task(key("update", step.index, run=run), update, recipe.opt, step, host,
                         TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
                    recipe.state_bytes)
 
 
 def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[TaskRef],
-              placement: Placement, recipe: Recipe, run: str) -> str:
+              placement: Placement, recipe: Recipe, run: str, host: bool = True) -> str:
     """Add one local SGD round: each shard runs ``steps`` alone, then the tree averages."""
-    last, leaves = steps[-1].index, []
-    for i, shard in enumerate(shards):
-        name = key("local-sgd", steps[0].index, i, run=run)
+    last = steps[-1].index
+    leaves = [(key("local-sgd", steps[0].index, i, run=run), i, placement.leaves[i])
+              for i in range(len(shards))]
+    root, consumer = _tree(win, last, leaves, placement, recipe, run)
+    for name, i, worker in leaves:
         win.add(Task(name, local_steps, recipe.opt, recipe.shuffle_seed, tuple(steps), i,
-                     TaskRef(state), shard), placement.leaves[i], recipe.leaf_bytes)
-        leaves.append((name, i, placement.leaves[i]))
-    root = _tree(win, last, leaves, placement, recipe, run)
-    return win.add(Task(key("update", last, run=run), average, recipe.opt, steps[0],
+                     consumer[name] != worker, TaskRef(state), shards[i]), worker,
+                recipe.leaf_bytes)
+    return win.add(Task(key("update", last, run=run), average, recipe.opt, steps[0], host,
                         TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
                    recipe.state_bytes)
 
@@ -285,11 +327,13 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
     win = Window()
     state = win.add(DataNode(key("state", steps[0].index, run=run), start), placement.root,
                     recipe.state_bytes)
-    for unit in units(steps, recipe):
+    todo = units(steps, recipe)
+    for n, unit in enumerate(todo):
+        host = n == len(todo) - 1 or _state_leaves_root(placement)   # the driver takes the last
         if recipe.strategy == "local-sgd":
-            state = add_round(win, unit, state, shards, placement, recipe, run)
+            state = add_round(win, unit, state, shards, placement, recipe, run, host)
         else:
-            state = add_step(win, unit[0], state, shards, placement, recipe, run)
+            state = add_step(win, unit[0], state, shards, placement, recipe, run, host)
         if unit[-1].last:
             epoch = unit[-1].epoch
             win.evals[epoch] = win.add(
@@ -312,12 +356,13 @@ class DataParallel:
     def min_workers(self) -> int:
         return 2 if self.recipe.strategy == "parameter-server" else 1
 
-    def place(self, workers: Sequence[str]) -> Placement:
+    def place(self, workers: Sequence[Worker | str]) -> Placement:
         return place(workers, len(self.ranges), self.recipe.strategy)
 
     def data(self, placement: Placement) -> list[DataItem]:
         cfg, n_train, dtype = self.load
-        return [DataItem(("load-shard", i), load_shard, (cfg, i, a, b, n_train, dtype),
+        return [DataItem(("load-shard", i), load_shard,
+                         (cfg, i, a, b, n_train, dtype, placement.leaves[i] in placement.gpus),
                          placement.leaves[i]) for i, (a, b) in enumerate(self.ranges)]
 
     def window(self, steps: Sequence[Step], start: TrainState, refs: Sequence[TaskRef],

@@ -36,7 +36,7 @@ def aligned(a: Any) -> Any:
     differs, which would break bit-for-bit reproducibility.
     """
     flags = getattr(a, "flags", None)
-    return a if flags is None or flags.aligned else a.copy()
+    return a if getattr(flags, "aligned", True) else a.copy()
 
 
 def align_on_unpickle(cls: type) -> type:

@@ -35,7 +35,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dtrain.data import Shard
 from dtrain.data import load_shards
-from dtrain.graph import DataItem, Placement, Recipe, Window, evaluate, key, tree
+from dtrain.graph import DataItem, Placement, Recipe, Window, Worker, evaluate, key, tree
 from dtrain.model import ACTIVATIONS, LOSSES, Layout, Network, align_on_unpickle, array_module
 from dtrain.optim import Optimizer, Step, TrainState, update
 
@@ -279,7 +279,7 @@ def root_update(spec: Spec, step: Step, root: TrainState, last: Signal, *earlier
     parts = [grads[j][: spec.net.layers[2 * j + 2]] for j in range(spec.slicing.blocks)]
     buf = xp.concatenate([*parts, head, xp.asarray([last.loss], dtype=root.vector.dtype)])
     opt = Optimizer(spec.opt.cfg, spec.slicing.root_layout, spec.opt.l2)
-    return update(opt, step, root, buf)
+    return update(opt, step, True, root, buf)
 
 
 def evaluate_joined(spec: Spec, epoch: int, root: TrainState, part, *outs: SliceOut):
@@ -321,9 +321,10 @@ class ModelParallel:
         self.recipe, self.load = recipe, (data_cfg, tuple(ranges), n_train, dtype)
         self.item = np.dtype(recipe.net.dtype).itemsize
 
-    def place(self, workers: Sequence[str]) -> Placement:
+    def place(self, workers: Sequence[Worker | str]) -> Placement:
+        addresses = [w.address if isinstance(w, Worker) else w for w in workers]
         m = self.spec.slicing.slices
-        leaves = tuple(workers[i * len(workers) // m] for i in range(m))
+        leaves = tuple(addresses[i * len(addresses) // m] for i in range(m))
         return Placement(leaves, leaves[0])
 
     def hosts(self, placement: Placement) -> list[str]:
@@ -369,7 +370,7 @@ class ModelParallel:
                 win.add(Task(name, forward, spec, step, j, m, TaskRef(prev[j, m]),
                              TaskRef(below[j]) if j else None, data_on[w]), w, width)
                 leaves.append((name, m, w))
-            top = tree(win, f"{s}f{j}", leaves, placement.root, k, True, width, run)
+            top, _ = tree(win, f"{s}f{j}", leaves, placement.root, k, True, width, run)
             if j < sl.blocks - 1:
                 below[j + 1] = win.add(Task(key("combine", s, j, run=run), combine, spec, j,
                                             TaskRef(root), *(TaskRef(t[0]) for t in top)),
@@ -396,7 +397,7 @@ class ModelParallel:
                     shares.append((win.add(Task(key("input-grad", s, j, m, run=run), input_grad,
                                                 TaskRef(name)), w, share), m, w))
             if j:
-                top = tree(win, f"{s}b{j}", shares, placement.root, k, True, share, run)
+                top, _ = tree(win, f"{s}b{j}", shares, placement.root, k, True, share, run)
                 signal = earlier[j - 1] = win.add(
                     Task(key("back-combine", s, j - 1, run=run), back_combine, spec, j - 1,
                          TaskRef(below[j]), *(TaskRef(t[0]) for t in top)), placement.root,

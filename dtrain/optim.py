@@ -18,6 +18,7 @@ from dask.sizeof import sizeof
 
 from dtrain.config import OptimConfig
 from dtrain.data import epoch_bounds
+from dtrain.device import like, to_host
 from dtrain.errors import Diverged
 from dtrain.model import Layout, Network, align_on_unpickle, array_module
 
@@ -146,18 +147,22 @@ class Optimizer:
 
 
 def sum_buffers(*buffers):
-    """Elementwise sum, always left to right: the fixed order that makes results reproducible."""
+    """Elementwise sum, always left to right: the fixed order that makes results reproducible.
+
+    Buffers in GPU memory are summed there; a host buffer joining them is copied over."""
     if len(buffers) == 1:
         return buffers[0]
+    ref = next((b for b in buffers if not isinstance(b, np.ndarray)), buffers[0])
     with np.errstate(all="ignore"):   # overflow is caught as a non-finite loss
-        total = buffers[0] + buffers[1]
+        total = like(buffers[0], ref) + like(buffers[1], ref)
         for b in buffers[2:]:
-            total += b
+            total += like(b, ref)
     return total
 
 
-def update(opt: Optimizer, step: Step, state: TrainState, *grads) -> TrainState:
-    """Reduce the incoming gradient buffers (in order) and apply one optimizer step.
+def update(opt: Optimizer, step: Step, host: bool, state: TrainState, *grads) -> TrainState:
+    """Reduce the incoming gradient buffers (in order) and apply one optimizer step, where
+    the gradient is (GPU or host); the new state goes to host memory if ``host``.
 
     Raises :class:`~dtrain.errors.Diverged` if the step's loss is NaN or infinite.
     """
@@ -165,8 +170,10 @@ def update(opt: Optimizer, step: Step, state: TrainState, *grads) -> TrainState:
     loss = float(grad[opt.net.size])
     if not math.isfinite(loss):
         raise Diverged(step.index, step.epoch, loss)
+    state = TrainState(like(state.vector, grad), state.epoch_loss, state.epoch_samples)
     with np.errstate(all="ignore"):   # overflow shows up as a non-finite loss next step
-        return opt.apply(state, grad, step)
+        new = opt.apply(state, grad, step)
+    return TrainState(to_host(new.vector), new.epoch_loss, new.epoch_samples) if host else new
 
 
 def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch) -> Any:
@@ -197,7 +204,8 @@ def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch)
     return out
 
 
-def average(opt: Optimizer, step: Step, state: TrainState, *buffers) -> TrainState:
+def average(opt: Optimizer, step: Step, host: bool, state: TrainState,
+            *buffers) -> TrainState:
     """Root of a local SGD round: the sample-weighted mean of the shards' local states."""
     total = sum_buffers(*buffers)
     loss, seen = float(total[-2]), float(total[-1])
@@ -205,7 +213,8 @@ def average(opt: Optimizer, step: Step, state: TrainState, *buffers) -> TrainSta
         raise Diverged(step.index, step.epoch, loss)
     base_loss = 0.0 if step.first else state.epoch_loss
     base_samples = 0 if step.first else state.epoch_samples
-    return TrainState(total[:-2] / seen, base_loss + loss, base_samples + int(seen))
+    mean = total[:-2] / seen
+    return TrainState(to_host(mean) if host else mean, base_loss + loss, base_samples + int(seen))
 
 
 def learning_rate(cfg: OptimConfig, epoch: int, epochs: int) -> float:

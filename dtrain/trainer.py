@@ -25,7 +25,7 @@ import dask
 import numpy as np
 from distributed import Client, Future, wait
 
-from dtrain import checkpoint, cluster, data, graph
+from dtrain import checkpoint, cluster, data, device, graph
 from dtrain import metrics as dtrain_metrics
 from dtrain.checkpoint import Checkpoint
 from dtrain.config import Config
@@ -242,6 +242,7 @@ class Outcome:
     compute: dict[str, float] = field(default_factory=dict)    # see metrics.StepTimer.report
     worker_rss: dict[str, float] = field(default_factory=dict)
     comm: dict[str, int] = field(default_factory=dict)         # bytes between workers
+    split: dict[str, dict[str, Any]] = field(default_factory=dict)   # work per worker
 
 
 def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float) -> dict[str, Any]:
@@ -294,7 +295,7 @@ class SerialEngine:
                 t1 = time.perf_counter()
                 grad = p.net.loss_and_grad(p.opt.params(state), x, y)
                 t2 = time.perf_counter()
-                state = update(p.opt, step, state, grad)
+                state = update(p.opt, step, True, state, grad)
                 fb, upd = fb + t2 - t1, upd + time.perf_counter() - t2
                 if step.last:
                     now = time.perf_counter()
@@ -333,15 +334,34 @@ class DaskEngine:
         self.items: list[tuple[str, Future]] = []   # (worker, loading-task future)
         self.loads = 0
         self.predicted_bytes = 0                    # what the graphs say crosses workers
+        self.speed: dict[str, float] = {}           # calibrated samples/s, by worker address
+        self.placement: Placement | None = None
 
     def _key(self, name: str, *parts: int | str) -> str:
         return graph.key(name, *parts, run=self.run_id)
+
+    def _workers(self) -> list[graph.Worker]:
+        """The workers there now, as placement sees them: GPU or not, and how fast."""
+        cfg = self.plan.config
+        info = cluster.workers(self.client)
+        gpu = {a: cfg.cluster.device != "cpu" and device.is_gpu_worker(i) and
+               not isinstance(self.plan.strategy, ModelParallel) for a, i in info.items()}
+        if cfg.cluster.device == "gpu" and not any(gpu.values()):
+            raise UserError(f"cluster.device = 'gpu' but none of the {len(info)} workers "
+                            f"advertises a GPU resource; start GPU workers with "
+                            f"`dask worker --resources {device.GPU}=1` or use device 'auto'")
+        if len(set(gpu.values())) > 1:             # CPU and GPU workers: size work by speed
+            rows = max(16, min(1024, cfg.train.batch_size // max(1, len(info))))
+            for a in info.keys() - self.speed.keys():
+                self.speed[a] = self.client.run(device.throughput, self.plan.net, rows, gpu[a],
+                                                workers=[a])[a]
+        return [graph.Worker(a, gpu[a], self.speed.get(a, 1.0)) for a in info]
 
     def _place(self) -> Placement:
         """Placement over the workers there now; (re)load data that must move."""
         cfg, c, strategy = self.plan.config, self.client, self.plan.strategy
         cluster.wait_for_workers(c, strategy.min_workers, cfg.cluster.timeout)
-        placement = strategy.place(cluster.worker_addresses(c))
+        placement = self.placement = strategy.place(self._workers())
         wanted = strategy.data(placement)
         for j, item in enumerate(wanted):
             if j < len(self.items) and self.items[j][0] == item.worker:
@@ -357,10 +377,10 @@ class DaskEngine:
     def data(self) -> list[Future]:
         return [f for _, f in self.items]
 
-    def _load_parts(self, root: str) -> tuple[Future | None, Future | None]:
+    def _load_parts(self, placement: Placement) -> tuple[Future | None, Future | None]:
         """Validation and test shards, loaded where the updates run; surface data errors now."""
-        p, cfg, c = self.plan, self.plan.config, self.client
-        parts = [c.submit(data.load_part, cfg.data, part, cfg.model.dtype,
+        p, cfg, c, root = self.plan, self.plan.config, self.client, placement.root
+        parts = [c.submit(data.load_part, cfg.data, part, cfg.model.dtype, root in placement.gpus,
                           key=self._key(f"load-{part}"), workers=[root],
                           allow_other_workers=True) if getattr(p.info, part) else None
                  for part in ("val", "test")]
@@ -373,14 +393,35 @@ class DaskEngine:
         return parts[0], parts[1]
 
     def _submit(self, win: graph.Window) -> list[Future]:
-        with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True):
+        gpus = self.placement.gpus if self.placement else frozenset()
+        need = {device.GPU: 1}
+
+        def resources(key: str) -> dict:            # the maths of shards on GPU workers
+            return need if win.where[key][0] in gpus and graph.is_leaf(key) else {}
+
+        with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
+                           resources=resources):
             return self.client.get(win.dsk, [*win.ends, *win.evals.values()], sync=False)
+
+    def split(self) -> dict[str, dict[str, Any]]:
+        """How the work was split over the workers (for the summary)."""
+        pl, info = self.placement, cluster.workers(self.client)
+        names = {a: str(i.get("name", a)) for a, i in info.items()}
+        out = {}
+        for a in [a for a in info if pl and a in pl.workers]:
+            mine = [i for i, w in enumerate(pl.leaves) if w == a]
+            out[names.get(a, a)] = {
+                "device": "gpu" if a in pl.gpus else "cpu", "leaves": len(mine),
+                "samples": sum(self.plan.ranges[i][1] - self.plan.ranges[i][0] for i in mine)
+                if not isinstance(self.plan.strategy, ModelParallel) else None,
+                "samples_per_second": round(self.speed[a], 1) if a in self.speed else None}
+        return out
 
     def run(self, start: Start, recorder: Recorder) -> Outcome:
         p = self.plan
         t0 = time.perf_counter()
         placement = self._place()
-        val, test = self._load_parts(placement.root)
+        val, test = self._load_parts(placement)
         state, metrics = start.state, list(recorder.metrics)
         arrived: dict[int, float] = {}      # epoch -> when its evaluation arrived
         began = time.perf_counter()
@@ -420,7 +461,7 @@ class DaskEngine:
                        dtrain_metrics.task_times(self.client, self.run_id) or {},
                        dtrain_metrics.worker_peak_rss_mb(self.client),
                        {"predicted": self.predicted_bytes, "measured": moved["bytes"],
-                        "transfers": moved["transfers"]})
+                        "transfers": moved["transfers"]}, self.split())
 
     def _drain(self, pending, metrics, arrived, began, recorder: Recorder) -> None:
         """Turn finished evaluations into epoch rows, in epoch order."""
@@ -459,6 +500,7 @@ def _summary(plan: Plan, outcome: Outcome) -> dict[str, Any]:
         "test_accuracy": outcome.test["accuracy"] if outcome.test else None,
         **_timing(outcome),
         **_comm(outcome),
+        "work_split": outcome.split,
         "driver_peak_rss_mb": round(dtrain_metrics.peak_rss_mb(), 1),
         "worker_peak_rss_mb": outcome.worker_rss,
     }

@@ -71,6 +71,8 @@ TABLE = [
     ("resume nothing", lambda t: ["--resume", str(t / "none")], "no config.toml there"),
     ("parameter server alone", lambda t: ["--set", "graph.strategy=parameter-server",
                                           "--workers", "1"], "needs 2 workers"),
+    ("GPU where there is none", lambda t: ["--set", "cluster.device=gpu"],
+     "cluster.device = 'gpu' but there is no GPU here: CuPy"),
     ("model-parallel, no hidden layer", lambda t: ["--set", "graph.strategy=model-parallel",
                                                    "--set", "model.layers=[4, 3]"],
      "splits hidden layers, but model.layers = [4, 3] has none"),

@@ -81,7 +81,7 @@ def test_sum_buffers_is_a_left_fold():
 def test_update_reduces_then_steps():
     opt = Optimizer(OptimConfig(name="sgd"), NET)
     s = TrainState(np.zeros(6))
-    out = update(opt, _step(count=4, lr=1.0), s, _grad([1.0] * 6), _grad([3.0] * 6))
+    out = update(opt, _step(count=4, lr=1.0), True, s, _grad([1.0] * 6), _grad([3.0] * 6))
     np.testing.assert_allclose(out.vector, -np.ones(6))
 
 

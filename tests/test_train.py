@@ -78,7 +78,7 @@ def test_shards_are_built_on_their_workers(client):
     engine = DaskEngine(p, client)
     placement = engine._place()
     assert placement == graph.place(cluster.worker_addresses(client), 4, "allreduce")
-    engine._load_parts(placement.root)                      # waits for the loading tasks
+    engine._load_parts(placement)                           # waits for the loading tasks
     where = client.who_has(engine.data)
     assert [where[f.key] for f in engine.data] == [(w,) for w in placement.leaves]
     assert all(f.key.startswith("load-shard-") for f in engine.data)

@@ -1,0 +1,104 @@
+"""CPU and GPU workers: placement, resources, calibration and the split, tested on CPUs.
+
+No GPU is needed: workers that advertise a ``GPU`` resource but have no CUDA device run the
+same code with NumPy, which is what lets these tests check the dispatch (resources, weighted
+placement, calibration, host/device flags) on any machine.  The maths on real GPUs is covered
+by the ``gpu``-marked tests, which skip where CuPy finds no device.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dask.task_spec import TaskRef
+from distributed import Client
+
+import dtrain
+from dtrain import cluster, device, graph
+from dtrain.config import ClusterConfig
+from dtrain.errors import UserError
+from dtrain.trainer import plan
+
+
+def test_weighted_placement_gives_fast_workers_more_shards():
+    ws = [graph.Worker("gpu", True, 9.0), graph.Worker("cpu", False, 1.0)]
+    p = graph.place(ws, 10, "allreduce")
+    assert p.leaves == ("gpu",) * 9 + ("cpu",) and p.root == "gpu" and p.gpus == {"gpu"}
+    assert graph.place(["a", "b"], 5, "allreduce").leaves == ("a", "a", "a", "b", "b")
+
+
+def test_values_leave_the_gpu_only_to_cross_workers():
+    p = plan(dtrain.load_config(None, ["data.shards=4"]))
+    placement = graph.place([graph.Worker("g", True), graph.Worker("c", False)], 4, "allreduce")
+    win = graph.window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
+                             [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
+    host = lambda k: win.dsk[k].args[5] if k.startswith("forward") else win.dsk[k].args[0]  # noqa: E731
+    assert [host(f"forward-backward-0-{i}-r") for i in range(4)] == [False, False, False, False]
+    assert host("reduce-0-1-0-r") is False                # summed on g, consumed on g
+    assert host("reduce-0-1-2-r") is True                 # made on c, consumed by g's update
+    assert win.dsk["update-0-r"].args[2] is True          # the state goes to worker c too
+    single = graph.place([graph.Worker("g", True)], 4, "allreduce")
+    win = graph.window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
+                             [TaskRef(f"s{i}") for i in range(4)], None, single, p.recipe, "r")
+    assert win.dsk["update-0-r"].args[2] is False         # one GPU: the state stays on it
+    assert win.dsk["update-1-r"].args[2] is True          # but the driver takes the last one
+
+
+def test_no_gpu_is_one_clear_error():
+    if device.cupy() is not None:
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(UserError, match="cluster.device = 'gpu' but there is no GPU here: Cu"):
+        device.require_gpu("cluster.device = 'gpu'")
+    # model.dtype = "auto" (the default): float32 where the run uses GPUs
+    assert dtrain.load_config({"cluster": {"device": "gpu"}}).model.dtype == "float32"
+    assert dtrain.load_config({"cluster": {"device": "auto"}}).model.dtype == "float64"
+    assert dtrain.load_config({"cluster": {"device": "gpu"},
+                               "model": {"dtype": "float64"}}).model.dtype == "float64"
+
+
+def test_mixed_cluster_places_by_measured_speed_and_marks_gpu_tasks(tmp_path):
+    """Two workers that say they have a GPU and one that does not: the run calibrates, gives
+    the 'GPU' workers their share, restricts their maths to the GPU resource, reports the
+    split, and (all NumPy here) ends with the bytes of a CPU-only run."""
+    cfg = ClusterConfig(workers=3, device="auto", dashboard_address="")
+    sets = ["train.epochs=2", "data.shards=6"]
+    with cluster.local_gpu_cluster(cfg, gpus=2) as sc, Client(sc) as c:
+        c.wait_for_workers(3)
+        env = c.run(lambda: __import__("os").environ.get("CUDA_VISIBLE_DEVICES"))
+        assert sorted(v for v in env.values() if v) == ["0", "1"]
+        restricted = []
+
+        def echo(line: str) -> None:          # look at the scheduler while the run is going
+            restricted.extend(c.run_on_scheduler(lambda dask_scheduler: [
+                (k, dict(ts.resource_restrictions or {})) for k, ts in dask_scheduler.tasks.items()
+                if k.startswith("forward-backward-")]))
+
+        r = dtrain.train(dtrain.load_config(None, sets + ["cluster.device=auto"]), client=c,
+                         out=tmp_path / "mixed", echo=echo)
+    split = r.summary["work_split"]
+    assert [v["device"] for v in split.values()] == ["gpu", "gpu", "cpu"]
+    assert sum(v["leaves"] for v in split.values()) == 6
+    assert all(v["samples_per_second"] > 0 for v in split.values())
+    assert restricted and any(res == {"GPU": 1} for _, res in restricted)
+    assert any(res == {} for _, res in restricted)
+    dtrain.train(dtrain.load_config(None, sets), out=tmp_path / "cpu", echo=None)
+    assert (tmp_path / "mixed" / "params.npz").read_bytes() == \
+        (tmp_path / "cpu" / "params.npz").read_bytes()
+
+
+def test_device_gpu_needs_a_worker_with_a_gpu(client):
+    with pytest.raises(UserError, match="none of the 2 workers advertises a GPU resource"):
+        dtrain.train(dtrain.load_config(None, ["cluster.device=gpu", "train.epochs=1"]),
+                     client=client, echo=None)
+
+
+@pytest.mark.gpu
+def test_gpu_and_cpu_agree_to_float32_rounding(tmp_path):
+    """On a real GPU: the same run on CPU and GPU, compared parameter by parameter."""
+    if device.cupy() is None:
+        pytest.skip("no CUDA GPU: " + device._probe()[1])
+    sets = ["train.epochs=3", "model.dtype=float32", "data.shards=2", "cluster.workers=1"]
+    gpu = dtrain.train(dtrain.load_config(None, sets + ["cluster.device=gpu"]), echo=None)
+    cpu = dtrain.train(dtrain.load_config(None, sets), echo=None)
+    for name, value in cpu.params.items():
+        np.testing.assert_allclose(gpu.params[name], value, rtol=1e-3, atol=1e-5)
+    assert gpu.summary["work_split"]["0"]["device"] == "gpu"
