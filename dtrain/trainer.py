@@ -23,6 +23,7 @@ from typing import Any
 
 import dask
 import numpy as np
+from dask.task_spec import TaskRef
 from distributed import Client, Future, wait
 
 from dtrain import checkpoint, cluster, data, device, graph
@@ -336,6 +337,8 @@ class DaskEngine:
         self.predicted_bytes = 0                    # what the graphs say crosses workers
         self.speed: dict[str, float] = {}           # calibrated samples/s, by worker address
         self.placement: Placement | None = None
+        self.live: list[Future] = []                # the windows in flight
+        self.parts: list[Future] = []               # validation and test shards
 
     def _key(self, name: str, *parts: int | str) -> str:
         return graph.key(name, *parts, run=self.run_id)
@@ -377,6 +380,13 @@ class DaskEngine:
     def data(self) -> list[Future]:
         return [f for _, f in self.items]
 
+    @property
+    def refs(self) -> list[TaskRef]:
+        """The loading tasks' keys for the graphs.  Graphs name them rather than embed the
+        futures: a scheduler in this process keeps recent messages (and so the graphs'
+        objects) for a while, and an embedded future would keep its data alive with them."""
+        return [TaskRef(f.key) for f in self.data]
+
     def _load_parts(self, placement: Placement) -> tuple[Future | None, Future | None]:
         """Validation and test shards, loaded where the updates run; surface data errors now."""
         p, cfg, c, root = self.plan, self.plan.config, self.client, placement.root
@@ -384,7 +394,8 @@ class DaskEngine:
                           key=self._key(f"load-{part}"), workers=[root],
                           allow_other_workers=True) if getattr(p.info, part) else None
                  for part in ("val", "test")]
-        loading = self.data + [f for f in parts if f is not None]
+        self.parts = [f for f in parts if f is not None]
+        loading = self.data + self.parts
         wait(loading)
         for f in loading:
             if f.status == "error":
@@ -418,6 +429,17 @@ class DaskEngine:
         return out
 
     def run(self, start: Start, recorder: Recorder) -> Outcome:
+        try:
+            return self._run(start, recorder)
+        except BaseException:
+            # a failed run leaves nothing behind on the workers: drop what it holds now, not
+            # when the traceback (which references these futures) is finally collected
+            for future in self.data + self.live + self.parts:
+                future.release()
+            self.items.clear()
+            raise
+
+    def _run(self, start: Start, recorder: Recorder) -> Outcome:
         p = self.plan
         t0 = time.perf_counter()
         placement = self._place()
@@ -430,12 +452,13 @@ class DaskEngine:
         for window in _windows(p, start.step):
             if window.start != start.step:
                 placement = self._place()
-            win = p.strategy.window([p.schedule[t] for t in window], state, self.data, val,
-                                    placement, self.run_id)
+            win = p.strategy.window([p.schedule[t] for t in window], state, self.refs,
+                                    TaskRef(val.key) if val else None, placement, self.run_id)
             located = {f.key: w for w, f in self.items} | ({val.key: placement.root} if val else {})
             self.predicted_bytes += win.transfer_bytes(located)
             futures = self._submit(win)
             ends, evals = futures[:len(win.ends)], futures[len(win.ends):]
+            self.live = futures + [f for _, f in pending]
             for epoch, fut in zip(win.evals, evals):
                 fut.add_done_callback(lambda f, e=epoch: arrived.setdefault(e, time.perf_counter()))
             self._drain(pending, metrics, arrived, began, recorder)

@@ -252,3 +252,13 @@ def test_soak_many_short_runs_and_one_long_run(client, capsys):
               f"scheduler tasks and {max(s[2] for s in samples)} worker keys")
     assert abs(objects) < 1000          # no Python objects pile up step after step
     assert abs(slope) < 2.0 and runs_growth < 20
+
+
+def test_nothing_is_left_on_the_workers_after_a_run_or_a_failed_one(client):
+    dtrain.train(dtrain.load_config(None, ["train.epochs=1"]), client=client, echo=None)
+    assert _settled(client)[:2] == (0, 0)
+    with pytest.raises(dtrain.errors.Diverged):
+        dtrain.train(dtrain.load_config(None, ["optim.lr=1e3", "model.activation=relu",
+                                               "model.dtype=float32", "graph.window=3"]),
+                     client=client, echo=None)
+    assert _settled(client)[:2] == (0, 0)
