@@ -25,6 +25,7 @@ from typing import Any
 
 from dask.task_spec import DataNode, Task, TaskRef
 
+from dtrain import live
 from dtrain.model import Network
 from dtrain.optim import Optimizer, Step, TrainState, sum_buffers, update
 
@@ -89,6 +90,15 @@ def reduce(*grads) -> Any:
     return sum_buffers(*grads)
 
 
+def update_and_report(opt: Optimizer, step: Step, run: str, state: TrainState,
+                      *grads) -> TrainState:
+    """:func:`~dtrain.optim.update`, then a ``step`` event to the scheduler (see
+    :mod:`dtrain.live`); the event is queued, not waited for."""
+    new = update(opt, step, state, *grads)
+    live.step_event(run, step, state, new)
+    return new
+
+
 def evaluate(net: Network, epoch: int, state: TrainState, part) -> dict[str, float]:
     """Loss and accuracy of the state's parameters on a held-out shard, plus train loss."""
     loss, correct, n = net.evaluate(state.vector[: net.size], part.x, part.y)
@@ -110,6 +120,11 @@ class Recipe:
     strategy: str = "allreduce"
     fan_in: int = 2
     fuse_update: bool = True
+    step_events: int = 0           # send a step event every this many steps (0: never)
+
+    def reports(self, step: Step) -> bool:
+        """Whether ``step``'s update sends a step event (always at an epoch's end)."""
+        return self.step_events > 0 and (step.last or (step.index + 1) % self.step_events == 0)
 
 
 @dataclass
@@ -157,7 +172,8 @@ def add_step(win: Window, step: Step, state: str, shards: Sequence[TaskRef],
             win.add(Task(name, reduce, *(TaskRef(g[0]) for g in group)), worker)
             level.append((name, first, worker))
     name = key("update", step.index, run=run)
-    return win.add(Task(name, update, recipe.opt, step, TaskRef(state),
+    fn, extra = (update_and_report, (run,)) if recipe.reports(step) else (update, ())
+    return win.add(Task(name, fn, recipe.opt, step, *extra, TaskRef(state),
                         *(TaskRef(g[0]) for g in level)), placement.root)
 
 

@@ -67,12 +67,14 @@ class Plan:
     opt: Optimizer
     schedule: Schedule
     recipe: Recipe = field(init=False)
+    run: str = field(init=False, default_factory=lambda: uuid.uuid4().hex[:8])  # ends every key
 
     def __post_init__(self) -> None:
         seed = self.config.data.seed if self.config.data.shuffle and \
             self.schedule.steps_per_epoch > 1 else None
         g = self.config.graph
-        self.recipe = Recipe(self.net, self.opt, seed, g.strategy, g.fan_in, g.fuse_update)
+        self.recipe = Recipe(self.net, self.opt, seed, g.strategy, g.fan_in, g.fuse_update,
+                             g.step_events)
 
     @property
     def train_samples(self) -> int:
@@ -128,12 +130,13 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
         starts where it can be known then.
     """
     the_plan = plan(config)
-    recorder = Recorder(config, out, echo)
-    with _engine(the_plan, client, recorder) as engine:
-        outcome = engine.run(recorder.epoch)
-    params = the_plan.net.named(the_plan.opt.params(outcome.state))
-    summary = _summary(the_plan, outcome)
-    recorder.finish(params, summary)
+    with Recorder(config, out, echo) as recorder:
+        recorder.start(the_plan.run, the_plan.schedule.steps_per_epoch, the_plan.train_samples)
+        with _engine(the_plan, client, recorder) as engine:
+            outcome = engine.run(recorder.epoch)
+        params = the_plan.net.named(the_plan.opt.params(outcome.state))
+        summary = _summary(the_plan, outcome)
+        recorder.finish(params, summary)
     return RunResult(outcome.metrics, summary, params, recorder.path)
 
 
@@ -144,16 +147,15 @@ def _engine(plan: Plan, client: Client | None,
     if cfg.graph.strategy == "serial":
         yield SerialEngine(plan)
     elif client is not None:
-        recorder.attach(client)
-        yield DaskEngine(plan, client)
+        with recorder.attached(client):
+            yield DaskEngine(plan, client)
     else:
         needed = 2 if cfg.graph.strategy == "parameter-server" else 1
         if not cfg.cluster.scheduler_address and cfg.cluster.workers < needed:
             raise UserError(f"graph.strategy = 'parameter-server' needs {needed} workers (a head "
                             f"and at least one trainer), found {cfg.cluster.workers}; "
                             f"use --workers 2")
-        with cluster.connect(cfg.cluster) as own:
-            recorder.attach(own)
+        with cluster.connect(cfg.cluster) as own, recorder.attached(own):
             yield DaskEngine(plan, own)
 
 
@@ -222,7 +224,7 @@ class DaskEngine:
 
     def __init__(self, plan: Plan, client: Client):
         self.plan, self.client = plan, client
-        self.run_id = uuid.uuid4().hex[:8]
+        self.run_id = plan.run
 
     def _key(self, name: str, *parts: int | str) -> str:
         return graph.key(name, *parts, run=self.run_id)
