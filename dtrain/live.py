@@ -169,6 +169,9 @@ class DtrainPlugin(SchedulerPlugin):
         if _register_prometheus():
             self.installed.append("prometheus")
 
+    async def close(self) -> None:
+        _PLUGINS.discard(self)         # no gauges from a closed scheduler
+
     def log_event(self, topic: str, msg: Any) -> None:
         if not topic.startswith(TOPIC_PREFIX) or not isinstance(msg, dict):
             return

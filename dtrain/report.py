@@ -235,9 +235,9 @@ class Recorder:
 
     def attach(self, client: Any) -> None:
         """Called with the Dask client before training starts (not for ``serial``)."""
+        info = client.scheduler_info()
         try:
-            link = client.dashboard_link if client.scheduler_info().get(
-                "services", {}).get("dashboard") else None
+            link = client.dashboard_link if info.get("services", {}).get("dashboard") else None
         except Exception:  # no dashboard configured
             link = None
         if link:
@@ -254,8 +254,7 @@ class Recorder:
             self.say(f"live page: {link[:-len('status')]}dtrain")
         self.client = client
         topic = live.topic(self.meta["run"])
-        client.log_event(topic, {**self.meta,
-                                 "workers": len(client.scheduler_info()["workers"])})
+        client.log_event(topic, {**self.meta, "workers": len(info["workers"])})
         self._start_bar()
         if self.bar is not None:
             client.subscribe_topic(topic, self._on_event)
@@ -284,7 +283,8 @@ class Recorder:
             if self.bar is not None:
                 client.unsubscribe_topic(topic)
             client.log_event(topic, {"kind": "end"})
-            self.timeline = live.fetch_timeline(client, self.meta["run"])
+            if self.run_dir is not None:                 # for timeline.json
+                self.timeline = live.fetch_timeline(client, self.meta["run"])
         except Exception:  # never hide the run's own outcome behind a reporting failure
             logger.warning("dtrain: could not close the run's live events", exc_info=True)
 
