@@ -127,18 +127,17 @@ def render(dot: graphviz.Digraph, out: str | Path) -> Path:
     """Write ``dot`` to ``out``: DOT text for ``.dot``/``.gv``, else rendered by ``dot``."""
     out = Path(out)
     fmt = out.suffix.lower().lstrip(".")
-    if fmt in ("dot", "gv"):
-        out.write_text(dot.source)
-        return out
-    if fmt not in FORMATS:
+    if fmt not in (*FORMATS, "dot", "gv"):
         raise UserError(f"--out {out}: unknown picture format '{out.suffix}'; use .svg, .png, "
                         f".pdf, or .dot for the DOT source")
     try:
-        out.write_bytes(dot.pipe(format=fmt))
+        out.write_bytes(dot.source.encode() if fmt in ("dot", "gv") else dot.pipe(format=fmt))
     except graphviz.ExecutableNotFound:
         raise UserError(f"rendering {out} needs Graphviz's `dot` program (Debian: apt-get "
                         f"install graphviz); or write the DOT source with --out "
                         f"{out.with_suffix('.dot')}") from None
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror}; pick another --out") from None
     return out
 
 

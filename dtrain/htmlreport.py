@@ -239,5 +239,9 @@ def write(runs: list[RunData], out: str | Path) -> Path:
     out = Path(out)
     page = file_html(build(runs), resources=INLINE,
                      title=f"dtrain report: {', '.join(r.name for r in runs)}")
-    atomic_write(out, page.encode())
+    try:
+        atomic_write(out, page.encode())
+    except OSError as exc:
+        raise UserError(f"cannot write the report to {out}: {exc.strerror}; pick another "
+                        f"--out") from None
     return out

@@ -80,6 +80,7 @@ def test_graph_command_writes_dot_without_graphviz(tmp_path):
     (["--set", "graph.strategy=parameter-server", "--set", "cluster.workers=1", "--out",
       "x.svg"], "needs 2 workers"),
     (["--set", "graph.fan_in=1", "--out", "x.svg"], "graph.fan_in = 1"),
+    (["--out", "no/such/dir/x.dot"], "cannot write no/such/dir/x.dot: No such file"),
 ])
 def test_graph_command_bad_input(tmp_path, args, message):
     proc = run_cli("graph", *args, cwd=tmp_path)

@@ -18,6 +18,7 @@ import dtrain
 from browser import bokeh_figures, errors, open_browser, screenshot
 from conftest import REPO, run_cli
 from dtrain import htmlreport
+from dtrain.tasktypes import task_type
 
 QUICK = ["train.epochs=3", "data.shards=4"]
 
@@ -37,8 +38,8 @@ def test_report_is_standalone_with_the_run_in_it(run_dir):
     for name in ("report-loss", "report-accuracy", "report-step-time", "report-timeline"):
         assert name in page, name
     timeline = json.loads((run_dir / "timeline.json").read_text())
-    keys = {row[0].rsplit("-", 1)[0].rstrip("-0123456789") for row in timeline["rows"]}
-    assert {"forward-backward", "reduce", "update", "load-shard", "evaluate"} <= keys
+    kinds = {task_type(row[0]) for row in timeline["rows"]}
+    assert {"forward-backward", "reduce", "update", "load-shard", "evaluate"} <= kinds
 
 
 def test_report_renders_in_chromium(run_dir):
@@ -69,6 +70,13 @@ def test_report_command_rebuilds_and_overlays(run_dir, tmp_path):
     page = out.read_text()
     assert f"{run_dir.name}: train loss" in page and "serial: train loss" in page
     assert "keys that differ" in page and "graph.strategy" in page
+
+
+def test_report_command_needs_a_writable_out(run_dir, tmp_path):
+    proc = run_cli("report", str(run_dir), "--out", str(tmp_path / "no" / "r.html"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"dtrain: error: cannot write the report to {tmp_path}/no/")
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_report_command_rejects_a_directory_that_is_no_run(tmp_path):
