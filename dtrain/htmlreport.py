@@ -157,7 +157,7 @@ def _step_figure(run: RunData) -> Any:
     fig.add_tools(HoverTool(tooltips=[("step", "@step"), ("wall", "@wall{0.00} ms"),
                                       ("compute", "@compute{0.00} ms"),
                                       ("overhead", "@overhead{0.00} ms")]))
-    fig.legend.location = "top_right"
+    fig.add_layout(fig.legend[0], "right")
     return fig
 
 
