@@ -126,6 +126,8 @@ class GraphConfig:
     slices: int = at_least(2, 1, "model-parallel: slices each hidden layer is split into")
     window: int = at_least(100, 1, "steps per submitted graph")
     fuse_update: bool = free(True, "apply the update inside the root reduce task")
+    step_events: int = at_least(1, 0, "steps between live metrics events from the update "
+                                "task to the scheduler (0: none)")
 
 
 @dataclass(frozen=True)

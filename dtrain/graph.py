@@ -19,6 +19,7 @@ window after a worker loss, and forgets it once the window is done.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 from dask.sizeof import sizeof
 from dask.task_spec import DataNode, Task, TaskRef
 
+from dtrain import live
 from dtrain.data import load_shard
 from dtrain.device import like, to_host
 from dtrain.model import Network
@@ -121,6 +123,23 @@ def local_steps(opt: Optimizer, shuffle_seed: int | None, steps: tuple[Step, ...
     return to_host(out) if host else out
 
 
+def update_and_report(opt: Optimizer, step: Step, run: str, host: bool, state: TrainState,
+                      *grads) -> TrainState:
+    """:func:`~dtrain.optim.update`, then a ``step`` event to the scheduler (see
+    :mod:`dtrain.live`); the event is queued, not waited for."""
+    new = update(opt, step, host, state, *grads)
+    live.step_event(run, step, state, new)
+    return new
+
+
+def average_and_report(opt: Optimizer, step: Step, run: str, host: bool, state: TrainState,
+                       *buffers) -> TrainState:
+    """:func:`~dtrain.optim.average` (a local SGD round's end), then a ``step`` event."""
+    new = average(opt, step, host, state, *buffers)
+    live.step_event(run, step, state, new)
+    return new
+
+
 def evaluate(net: Network, epoch: int, state: TrainState, part) -> dict[str, float]:
     """Loss and accuracy of the state's parameters on a held-out shard (None: there is no
     held-out data), plus the epoch's train loss."""
@@ -156,6 +175,11 @@ class Recipe:
     fan_in: int = 2
     fuse_update: bool = True
     sync_every: int = 1
+    step_events: int = 0           # send a step event every this many steps (0: never)
+
+    def reports(self, step: Step) -> bool:
+        """Whether ``step``'s update sends a step event (always at an epoch's end)."""
+        return self.step_events > 0 and (step.last or (step.index + 1) % self.step_events == 0)
 
     @property
     def state_bytes(self) -> int:
@@ -279,7 +303,8 @@ def add_step(win: Window, step: Step, state: str, shards: Sequence[TaskRef],
         win.add(Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch, lo, hi,
                      consumer[name] != worker, TaskRef(state), shards[i]), worker,
                 recipe.leaf_bytes)
-    return win.add(Task(key("update", step.index, run=run), update, recipe.opt, step, host,
+    fn, extra = (update_and_report, (run,)) if recipe.reports(step) else (update, ())
+    return win.add(Task(key("update", step.index, run=run), fn, recipe.opt, step, *extra, host,
                         TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
                    recipe.state_bytes)
 
@@ -295,7 +320,10 @@ def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[T
         win.add(Task(name, local_steps, recipe.opt, recipe.shuffle_seed, tuple(steps), i,
                      consumer[name] != worker, TaskRef(state), shards[i]), worker,
                 recipe.leaf_bytes)
-    return win.add(Task(key("update", last, run=run), average, recipe.opt, steps[0], host,
+    # the round is reported as its last step (its epoch sums restart with its first)
+    report = dataclasses.replace(steps[0], index=last)
+    fn, extra = (average_and_report, (run,)) if recipe.reports(steps[-1]) else (average, ())
+    return win.add(Task(key("update", last, run=run), fn, recipe.opt, report, *extra, host,
                         TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
                    recipe.state_bytes)
 

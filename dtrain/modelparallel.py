@@ -34,6 +34,7 @@ from dask.sizeof import sizeof
 from dask.task_spec import DataNode, Task, TaskRef
 
 from dtrain.data import Shard
+from dtrain import live
 from dtrain.data import load_shards
 from dtrain.graph import DataItem, Placement, Recipe, Window, Worker, evaluate, key, tree
 from dtrain.model import ACTIVATIONS, LOSSES, Layout, Network, align_on_unpickle, array_module
@@ -188,6 +189,8 @@ class Spec:
     slicing: Slicing
     opt: Optimizer
     shuffle_seed: int | None
+    recipe: Recipe
+    run: str
 
     def dims(self, j: int, m: int) -> tuple[int, int, int]:
         u0, u1 = self.slicing.units(j)[m]
@@ -279,7 +282,10 @@ def root_update(spec: Spec, step: Step, root: TrainState, last: Signal, *earlier
     parts = [grads[j][: spec.net.layers[2 * j + 2]] for j in range(spec.slicing.blocks)]
     buf = xp.concatenate([*parts, head, xp.asarray([last.loss], dtype=root.vector.dtype)])
     opt = Optimizer(spec.opt.cfg, spec.slicing.root_layout, spec.opt.l2)
-    return update(opt, step, True, root, buf)
+    new = update(opt, step, True, root, buf)
+    if spec.recipe.reports(step):
+        live.step_event(spec.run, step, root, new)
+    return new
 
 
 def evaluate_joined(spec: Spec, epoch: int, root: TrainState, part, *outs: SliceOut):
@@ -316,8 +322,10 @@ class ModelParallel:
 
     min_workers = 1
 
-    def __init__(self, recipe: Recipe, slices: int, data_cfg, ranges, n_train: int, dtype: str):
-        self.spec = Spec(recipe.net, Slicing(recipe.net, slices), recipe.opt, recipe.shuffle_seed)
+    def __init__(self, recipe: Recipe, slices: int, run: str, data_cfg, ranges, n_train: int,
+                 dtype: str):
+        self.spec = Spec(recipe.net, Slicing(recipe.net, slices), recipe.opt, recipe.shuffle_seed,
+                         recipe, run)
         self.recipe, self.load = recipe, (data_cfg, tuple(ranges), n_train, dtype)
         self.item = np.dtype(recipe.net.dtype).itemsize
 

@@ -1,24 +1,36 @@
-"""Run output: the run directory's files and the console lines.
+"""Run output: the run directory's files, the console, the live events.
 
 A run directory holds ``config.toml`` (written first), ``metrics.jsonl``
 (one line per epoch, appended as epochs finish), and, only when the run
-succeeds, ``params.npz`` and then ``summary.json``: a directory without
+succeeds, ``params.npz``, ``timeline.json`` (the task records of a Dask
+run), ``report.html`` and then ``summary.json``: a directory without
 ``summary.json`` is not a finished run.  Files that must not be seen half
 written go through a temporary file and a rename.
+
+On a terminal the console shows a progress bar (epoch, step, loss,
+accuracy, samples/s) under the epoch lines; elsewhere (CI, mpirun logs)
+only the epoch lines.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import shutil
+import sys
+import threading
 import time
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from dtrain import checkpoint
+from dtrain import checkpoint, live
 from dtrain.config import Config
+
+logger = logging.getLogger(__name__)
 
 Echo = Callable[[str], None]
 
@@ -58,7 +70,8 @@ class RunDir:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         if keep_epochs is None:
-            for stale in ("summary.json", "params.npz", "metrics.jsonl", checkpoint.FILE):
+            for stale in ("summary.json", "report.html", "timeline.json", "params.npz",
+                          "metrics.jsonl", checkpoint.FILE):
                 (self.path / stale).unlink(missing_ok=True)
             atomic_write(self.path / "config.toml", config.to_toml().encode())
         else:
@@ -77,13 +90,20 @@ class RunDir:
         with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
 
-    def finish(self, params: dict[str, np.ndarray], summary: dict[str, Any]) -> None:
-        """Write ``params.npz``, then ``summary.json`` (the mark of a finished run), then drop
-        the checkpoint, which a finished run no longer needs."""
+    def finish(self, params: dict[str, np.ndarray], summary: dict[str, Any],
+               timeline: dict[str, Any] | None = None) -> None:
+        """Write ``params.npz``, ``timeline.json``, ``report.html`` and then ``summary.json``,
+        the mark of a finished run; then drop the checkpoint, which it no longer needs."""
+        from dtrain import htmlreport
+
         tmp = self.path / ".params.npz.tmp"
         with open(tmp, "wb") as f:
             np.savez(f, **params)
         os.replace(tmp, self.path / "params.npz")
+        if timeline is not None:
+            atomic_write(self.path / "timeline.json", json.dumps(timeline).encode())
+        run = htmlreport.RunData.read(self.path, summary=summary, timeline=timeline)
+        htmlreport.write([run], self.path / "report.html")
         atomic_write(self.path / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
         (self.path / checkpoint.FILE).unlink(missing_ok=True)
 
@@ -121,41 +141,190 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
 
 
-class Recorder:
-    """Everything a run reports, in one place: console lines and the run directory.
+class Progress:
+    """A tqdm bar over the run's steps, with epoch, step, loss, accuracy and samples/s."""
 
-    The trainer calls :meth:`attach` once a cluster is up, :meth:`epoch` as
-    each epoch's evaluation arrives, :meth:`checkpoint` at window edges, and
-    :meth:`finish` after training.  ``resume_epochs`` reopens an interrupted
-    run's directory instead of starting a new one.
+    def __init__(self, epochs: int, steps_per_epoch: int, train_samples: int):
+        from tqdm import tqdm
+
+        self.epochs, self.per_epoch = epochs, steps_per_epoch
+        size = shutil.get_terminal_size((100, 20))   # tqdm hides its bar on a 0-row terminal
+        self.bar = tqdm(total=epochs * steps_per_epoch, unit="step", file=sys.stdout,
+                        ncols=size.columns, nrows=size.lines, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} steps "
+                        "[{elapsed}<{remaining}{postfix}]")
+        self.rate = live.StepRate(train_samples)
+        self.stepped = False                # step events seen: they are ahead of epoch rows
+        self.info: dict[str, str] = {}
+        self.lock = threading.Lock()       # step events arrive on the client's event loop
+
+    def _show(self, done: int) -> None:
+        with self.lock:
+            if done > self.bar.n:
+                self.bar.update(done - self.bar.n)
+            self.bar.set_postfix_str(", ".join(f"{k} {v}" for k, v in self.info.items()),
+                                     refresh=False)
+
+    def step(self, msg: dict[str, Any]) -> None:
+        """A ``step`` event (see :mod:`dtrain.live`)."""
+        rate = self.rate.add(msg)
+        self.stepped = True
+        self.info.update(epoch=f"{msg['epoch']}/{self.epochs}", loss=f"{msg['epoch_loss']:.4f}")
+        if rate is not None:
+            self.info["samples/s"] = f"{rate:,.0f}"
+        self._show(msg["step"])
+
+    def epoch(self, row: dict[str, Any]) -> None:
+        """An epoch row; its validation accuracy, and the rest where no step events come."""
+        if not self.stepped:
+            self.info["epoch"] = f"{row['epoch']}/{self.epochs}"
+            if row.get("train_loss") is not None:
+                self.info["loss"] = f"{row['train_loss']:.4f}"
+            if row.get("samples_per_second") is not None:
+                self.info["samples/s"] = f"{row['samples_per_second']:,.0f}"
+        if row.get("val_accuracy") is not None:
+            self.info["val_acc"] = f"{row['val_accuracy']:.4f}"
+        self._show(row["epoch"] * self.per_epoch)
+
+    def write(self, line: str) -> None:
+        with self.lock:
+            self.bar.write(line, file=sys.stdout)
+
+    def close(self) -> None:
+        with self.lock:
+            self.bar.close()
+
+
+class Recorder:
+    """Everything a run reports, in one place: console, run directory, live events.
+
+    The trainer calls :meth:`start` with the run's shape, :meth:`attach` once
+    a cluster is up and :meth:`detach` before it goes (both through
+    :meth:`attached`), :meth:`epoch` as each epoch's evaluation arrives,
+    :meth:`checkpoint` at window edges, and :meth:`finish` after training.
+    Use it as a context manager so the progress bar is closed whatever happens.
+
+    Parameters
+    ----------
+    config
+        The run's config.
+    out
+        Run directory, or None for no files.
+    echo
+        Called with each console line; None for silence.
+    progress
+        Show a progress bar; by default when ``echo`` is ``print`` and
+        standard output is a terminal.
+    resume_epochs
+        Reopen an interrupted run's directory, keeping this many epoch rows.
     """
 
     def __init__(self, config: Config, out: str | Path | None, echo: Echo | None = print,
-                 resume_epochs: int | None = None):
+                 progress: bool | None = None, resume_epochs: int | None = None):
         self.config = config
         self.echo = echo
         self.run_dir = RunDir(Path(out), config, resume_epochs) if out is not None else None
         self.metrics: list[dict[str, Any]] = self.run_dir.epochs() if self.run_dir else []
         self.saved: checkpoint.Checkpoint | None = None
+        self.progress = (echo is print and sys.stdout.isatty()) if progress is None else progress
+        self.bar: Progress | None = None
+        self.client: Any = None
+        self.meta: dict[str, Any] = {}
+        self.timeline: dict[str, Any] | None = None
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     @property
     def path(self) -> Path | None:
         return self.run_dir.path if self.run_dir else None
 
     def say(self, line: str) -> None:
-        if self.echo is not None:
+        if self.bar is not None:
+            self.bar.write(line)
+        elif self.echo is not None:
             self.echo(line)
+
+    def start(self, run: str, steps_per_epoch: int, train_samples: int) -> None:
+        """The run's id (the end of its task keys) and shape, before any step."""
+        cfg = self.config
+        self.meta = {"kind": "start", "run": run, "dataset": cfg.data.dataset,
+                     "strategy": cfg.graph.strategy, "epochs": cfg.train.epochs,
+                     "steps_per_epoch": steps_per_epoch, "train_samples": train_samples}
+
+    def _start_bar(self) -> None:
+        """The progress bar starts with the training, not with the cluster."""
+        if self.progress and self.bar is None and self.meta:
+            self.bar = Progress(self.meta["epochs"], self.meta["steps_per_epoch"],
+                                self.meta["train_samples"])
 
     def attach(self, client: Any) -> None:
         """Called with the Dask client before training starts (not for ``serial``)."""
-        cfg = self.config.cluster
-        if cfg.dashboard_address or cfg.scheduler_address:
-            if client.scheduler_info().get("services", {}).get("dashboard"):
-                self.say(f"dashboard: {client.dashboard_link}")
+        info, cfg = client.scheduler_info(), self.config.cluster
+        link = None
+        if (cfg.dashboard_address or cfg.scheduler_address) and \
+                info.get("services", {}).get("dashboard"):
+            link = client.dashboard_link
+        if link:
+            self.say(f"dashboard: {link}")
+        if not self.meta:
+            return
+        try:
+            live.install(client)
+        except Exception as exc:      # e.g. a scheduler that cannot import dtrain
+            self.say(f"live metrics off: the scheduler refused dtrain's plugin "
+                     f"({type(exc).__name__}: {exc})")
+            return
+        if link and link.endswith("/status"):
+            self.say(f"live page: {link[:-len('status')]}dtrain")
+        self.client = client
+        topic = live.topic(self.meta["run"])
+        client.log_event(topic, {**self.meta, "workers": len(info["workers"])})
+        self._start_bar()
+        if self.bar is not None:
+            client.subscribe_topic(topic, self._on_event)
+
+    @contextlib.contextmanager
+    def attached(self, client: Any) -> Iterator[None]:
+        """:meth:`attach` on entry, :meth:`detach` on exit (before the cluster closes)."""
+        self.attach(client)
+        try:
+            yield
+        finally:
+            self.detach()
+
+    def _on_event(self, event: tuple[float, Any]) -> None:
+        msg = event[1]
+        if self.bar is not None and isinstance(msg, dict) and msg.get("kind") == "step":
+            self.bar.step(msg)
+
+    def detach(self) -> None:
+        """Say the run has ended and fetch its task records, while the client is still up."""
+        client, self.client = self.client, None
+        if client is None:
+            return
+        topic = live.topic(self.meta["run"])
+        try:
+            if self.bar is not None:
+                client.unsubscribe_topic(topic)
+            client.log_event(topic, {"kind": "end"})
+            if self.run_dir is not None:                 # for timeline.json
+                self.timeline = live.fetch_timeline(client, self.meta["run"])
+        except Exception:  # never hide the run's own outcome behind a reporting failure
+            logger.warning("dtrain: could not close the run's live events", exc_info=True)
 
     def epoch(self, row: dict[str, Any]) -> None:
         if self.run_dir is not None:
             self.run_dir.add_epoch(row)
+        if self.client is not None:
+            self.client.log_event(live.topic(self.meta["run"]), {"kind": "epoch", **row})
+        self._start_bar()
+        if self.bar is not None:
+            self.bar.epoch(row)
         self.say(epoch_line(row, self.config.train.epochs))
 
     def checkpoint(self, ckpt: checkpoint.Checkpoint) -> None:
@@ -171,7 +340,8 @@ class Recorder:
                 f"{self.run_dir.path / checkpoint.FILE}")
 
     def finish(self, params: dict[str, np.ndarray], summary: dict[str, Any]) -> None:
+        self.__exit__()
         if self.run_dir is not None:
-            self.run_dir.finish(params, summary)
+            self.run_dir.finish(params, summary, self.timeline)
         for line in summary_lines(summary):
             self.say(line)

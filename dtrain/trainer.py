@@ -72,15 +72,16 @@ class Plan:
     schedule: Schedule
     recipe: Recipe = field(init=False)
     strategy: graph.DataParallel | ModelParallel = field(init=False)
+    run: str = field(init=False, default_factory=lambda: uuid.uuid4().hex[:8])  # ends every key
 
     def __post_init__(self) -> None:
         cfg = self.config
         seed = cfg.data.seed if cfg.data.shuffle and self.schedule.steps_per_epoch > 1 else None
         g = cfg.graph
         self.recipe = Recipe(self.net, self.opt, seed, g.strategy, g.fan_in, g.fuse_update,
-                             g.sync_every)
+                             g.sync_every, g.step_events)
         load = (cfg.data, self.ranges, self.info.train, cfg.model.dtype)
-        self.strategy = ModelParallel(self.recipe, g.slices, *load) \
+        self.strategy = ModelParallel(self.recipe, g.slices, self.run, *load) \
             if g.strategy == "model-parallel" else graph.DataParallel(self.recipe, *load)
 
     @property
@@ -183,15 +184,17 @@ def resume(run_dir: str | Path, *, config: Config | None = None, client: Client 
 
 
 def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None) -> RunResult:
-    try:
-        with _engine(the_plan, client, recorder) as engine:
-            outcome = engine.run(start, recorder)
-    except Diverged as exc:
-        exc.note = recorder.checkpoint_note()
-        raise
-    params = the_plan.net.named(the_plan.opt.params(outcome.state))
-    summary = _summary(the_plan, outcome)
-    recorder.finish(params, summary)
+    with recorder:
+        recorder.start(the_plan.run, the_plan.schedule.steps_per_epoch, the_plan.train_samples)
+        try:
+            with _engine(the_plan, client, recorder) as engine:
+                outcome = engine.run(start, recorder)
+        except Diverged as exc:
+            exc.note = recorder.checkpoint_note()
+            raise
+        params = the_plan.net.named(the_plan.opt.params(outcome.state))
+        summary = _summary(the_plan, outcome)
+        recorder.finish(params, summary)
     return RunResult(outcome.metrics, summary, params, recorder.path)
 
 
@@ -202,16 +205,15 @@ def _engine(plan: Plan, client: Client | None,
     if cfg.graph.strategy == "serial":
         yield SerialEngine(plan)
     elif client is not None:
-        recorder.attach(client)
-        yield DaskEngine(plan, client)
+        with recorder.attached(client):
+            yield DaskEngine(plan, client)
     else:
         needed = 2 if cfg.graph.strategy == "parameter-server" else 1
         if not cfg.cluster.scheduler_address and cfg.cluster.workers < needed:
             raise UserError(f"graph.strategy = 'parameter-server' needs {needed} workers (a head "
                             f"and at least one trainer), found {cfg.cluster.workers}; "
                             f"use --workers 2")
-        with cluster.connect(cfg.cluster) as own:
-            recorder.attach(own)
+        with cluster.connect(cfg.cluster) as own, recorder.attached(own):
             yield DaskEngine(plan, own)
 
 
@@ -326,7 +328,7 @@ class DaskEngine:
 
     def __init__(self, plan: Plan, client: Client):
         self.plan, self.client = plan, client
-        self.run_id = uuid.uuid4().hex[:8]
+        self.run_id = plan.run
         client.register_plugin(cluster.QuietUserErrors())
         client.register_plugin(dtrain_metrics.StepTimer())
         client.register_plugin(dtrain_metrics.TransferCounter())

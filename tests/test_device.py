@@ -31,16 +31,22 @@ def test_values_leave_the_gpu_only_to_cross_workers():
     placement = graph.place([graph.Worker("g", True), graph.Worker("c", False)], 4, "allreduce")
     win = graph.window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
                              [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
-    host = lambda k: win.dsk[k].args[5] if k.startswith("forward") else win.dsk[k].args[0]  # noqa: E731
+    def host(key: str) -> bool:                        # the flag each task was given
+        task = win.dsk[key]
+        if key.startswith("forward"):
+            return task.args[5]
+        if key.startswith("update"):                   # update(opt, step, [run,] host, ...)
+            return task.args[3 if task.func is graph.update_and_report else 2]
+        return task.args[0]
     assert [host(f"forward-backward-0-{i}-r") for i in range(4)] == [False, False, False, False]
     assert host("reduce-0-1-0-r") is False                # summed on g, consumed on g
     assert host("reduce-0-1-2-r") is True                 # made on c, consumed by g's update
-    assert win.dsk["update-0-r"].args[2] is True          # the state goes to worker c too
+    assert host("update-0-r") is True                     # the state goes to worker c too
     single = graph.place([graph.Worker("g", True)], 4, "allreduce")
     win = graph.window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
                              [TaskRef(f"s{i}") for i in range(4)], None, single, p.recipe, "r")
-    assert win.dsk["update-0-r"].args[2] is False         # one GPU: the state stays on it
-    assert win.dsk["update-1-r"].args[2] is True          # but the driver takes the last one
+    assert host("update-0-r") is False                    # one GPU: the state stays on it
+    assert host("update-1-r") is True                     # but the driver takes the last one
 
 
 def test_no_gpu_is_one_clear_error():

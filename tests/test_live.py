@@ -1,0 +1,279 @@
+"""Watching a run: readable task names, step events, the /dtrain page, Prometheus gauges.
+
+Everything runs on real clusters: the page is fetched over HTTP and rendered
+in headless Chromium while a real ``python -m dtrain`` trains.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import dask
+import pytest
+from dask.task_spec import DataNode, TaskRef
+from distributed import Client
+
+import dtrain
+from browser import bokeh_figures, errors, open_browser, screenshot
+from conftest import REPO
+from dtrain import data, graph, live, readable
+from dtrain.tasktypes import numbers, run_of, task_type
+from dtrain.trainer import plan
+
+
+# --- names --------------------------------------------------------------------------------
+
+def test_every_key_the_graph_builds_reads_back():
+    p = plan(dtrain.load_config(None, ["data.shards=5", "graph.fuse_update=false",
+                                       "train.batch_size=1000"]))
+    where = graph.place(["a", "b"], 5, "allreduce")
+    shards = [TaskRef(graph.key("load-shard", i, run="12345678")) for i in range(5)]
+    val = TaskRef(graph.key("load-val", run="12345678"))
+    win = graph.window_graph([p.schedule[0]], p.initial_state(), shards, val, where, p.recipe,
+                             "12345678")       # an all-digit run id must not look like a number
+    seen = {k: (task_type(k), numbers(k), run_of(k)) for k in [*win.dsk, val.key, shards[3].key]}
+    assert seen["forward-backward-0-4-12345678"] == ("forward-backward", [0, 4], "12345678")
+    assert seen["reduce-0-3-0-12345678"] == ("reduce", [0, 3, 0], "12345678")
+    assert seen["update-0-12345678"] == ("update", [0], "12345678")
+    assert seen["evaluate-1-12345678"] == ("evaluate", [1], "12345678")
+    assert seen["load-val-12345678"] == ("load-val", [], "12345678")
+    assert seen["load-shard-3-12345678"] == ("load-shard", [3], "12345678")
+    assert task_type("frobnicate-3") is None and task_type(("x", 1)) is None
+    assert task_type("forward-3-0-1-r") == "forward"                # model-parallel keys too
+    assert task_type("back-combine-3-0-r") == "back-combine"
+
+
+def test_key_split_keeps_forward_backward_whole():
+    """dask's key_split drops "backward" (8 letters starting a-f look like hex); the wrapped
+    one keeps dtrain's type names and leaves every other key as dask names it."""
+    original = dask.utils.key_split
+    assert original("forward-backward-3-1-ab12cd34") == "forward"      # the quirk
+    wrapped = readable.readable_key_split(original)
+    assert wrapped("forward-backward-3-1-ab12cd34") == "forward-backward"
+    assert wrapped("load-shard-2-ab12cd34") == "load-shard"
+    assert wrapped("evaluate-test-ab12cd34") == "evaluate-test"
+    for key in ("x-1", ("x-2", 1), b"hello-world-1", "ae05086432ca935f6eba409a8ecd4896",
+                "forward-backwards", "reduce", None):
+        assert wrapped(key) == original(key), key
+
+
+def _task_names(dask_scheduler) -> dict:
+    """On the scheduler: its task prefixes, and the task stream's labels and colours."""
+    from distributed.diagnostics.task_stream import rectangles
+
+    rects = rectangles(dask_scheduler.get_task_stream())
+    return {"prefixes": sorted(dask_scheduler.task_prefixes),
+            "stream": sorted(set(zip(rects["name"], rects["color"])))}
+
+
+def _train_and_read_names(client: Client, sets: list[str]) -> dict:
+    client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.get_task_stream_index())
+    dtrain.train(dtrain.load_config(None, sets), client=client, echo=None)
+    return client.run_on_scheduler(_task_names)
+
+
+def test_task_stream_and_prefixes_say_forward_backward(client):
+    names = _train_and_read_names(client, ["train.epochs=1"])
+    assert {"forward-backward", "reduce", "update", "load-shard", "evaluate"} <= \
+        set(names["prefixes"])
+    assert "forward" not in names["prefixes"]
+    stream = dict(names["stream"])
+    assert stream["forward-backward"] == "#0072B2" and stream["update"] == "#D55E00"
+    assert stream["reduce"] == "#E69F00"
+
+
+# --- events -------------------------------------------------------------------------------
+
+def _run_topics(client: Client) -> set[str]:
+    return {t for t in client.get_events() if t.startswith(live.TOPIC_PREFIX)}
+
+
+@pytest.mark.parametrize("every, expected_steps", [(3, [3, 6, 7, 9, 12, 14]), (0, [])])
+def test_update_tasks_send_step_events(client, every, expected_steps):
+    """Every ``every`` steps and at each epoch's end (7 steps per epoch here); the driver
+    adds start, one row per epoch, and end."""
+    before = _run_topics(client)
+    result = dtrain.train(dtrain.load_config(None, ["train.epochs=2", f"graph.step_events={every}",
+                                                    "graph.window=4"]), client=client, echo=None)
+    (topic,) = _run_topics(client) - before
+    msgs = [m for _, m in client.get_events(topic)]
+    kinds = [m["kind"] for m in msgs]
+    assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("epoch") == 2
+    steps = [m for m in msgs if m["kind"] == "step"]
+    assert [m["step"] for m in steps] == expected_steps
+    if steps:
+        last = steps[-1]
+        assert last["epoch"] == 2 and last["seen"] == 105
+        assert last["epoch_loss"] == pytest.approx(result.metrics[-1]["train_loss"], rel=1e-12)
+
+
+def test_update_outside_a_worker_sends_nothing():
+    """The reporting update is the plain update wherever no worker runs it (dask.get)."""
+    states = []
+    for every in (1, 0):
+        p = plan(dtrain.load_config(None, [f"graph.step_events={every}", "data.shards=2"]))
+        cfg, run = p.config, f"run{every}"
+        shards = [DataNode(graph.key("load-shard", i, run=run), data.load_shard(
+            cfg.data, i, a, b, p.info.train, cfg.model.dtype)) for i, (a, b) in enumerate(p.ranges)]
+        win = graph.window_graph([p.schedule[t] for t in range(3)], p.initial_state(),
+                                 [TaskRef(s.key) for s in shards], None,
+                                 graph.place(["w"], 2, "allreduce"), p.recipe, run)
+        assert (win.dsk[win.ends[0]].func is graph.update_and_report) == bool(every)
+        states.append(dask.get({**win.dsk, **{s.key: s for s in shards}}, win.ends[0]))
+    assert (states[0].vector == states[1].vector).all()
+
+
+def test_busy_shares_from_task_records():
+    log = live.RunLog("r")
+    now = 100.0
+    log.tasks.extend([("forward-backward-0-0-r", "w0", 1, "compute", 91.0, 93.0),
+                      ("update-0-r", "w0", 1, "compute", 93.0, 94.0),
+                      ("update-0-r", "w0", 1, "transfer", 92.5, 93.0),
+                      ("forward-backward-0-1-r", "w1", 1, "compute", 85.0, 95.0)])
+    shares = log.busy(now, {"w0": 1, "w1": 2}, window=10.0)
+    assert shares["w0"] == pytest.approx({"forward-backward": 0.2, "update": 0.1,
+                                          "transfer": 0.05, "idle": 0.65})
+    assert shares["w1"] == pytest.approx({"forward-backward": 0.25, "idle": 0.75})
+
+
+# --- the page, while a real run trains ----------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def _gauge(text: str, name: str) -> float | None:
+    m = re.search(rf"^dtrain_{name}\{{[^}}]*\}} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Interrupt a process we started (Ctrl-C), then kill its group if it lingers."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def training(tmp_path_factory):
+    """``python -m dtrain`` on an embedded LocalCluster, long enough to be watched; yields
+    the dashboard's base URL once /dtrain answers and steps are flowing."""
+    port, tmp = _free_port(), tmp_path_factory.mktemp("live")
+    log = open(tmp / "stdout.txt", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain", "--set", "train.epochs=5000",
+                             "--out", str(tmp / "run"), "--dashboard-address",
+                             f"127.0.0.1:{port}"], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while not _gauge(_get(f"{base}/metrics")[1], "step"):
+            assert proc.poll() is None, (tmp / "stdout.txt").read_text()
+            assert time.monotonic() < deadline, "no steps reported within 90 s"
+            time.sleep(0.5)
+        yield base
+        assert proc.poll() is None, "the run should still be training"
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def test_curl_dtrain_while_training(training):
+    status, page = _get(f"{training}/dtrain")
+    assert status == 200
+    assert "dtrain live training page" in page and "static/js/bokeh.min.js" in page
+    assert re.search(r'"token": ?"[\w.-]+"', page)                  # a Bokeh server session
+    assert 'href="dtrain"' in _get(f"{training}/status")[1]          # in the navigation bar
+
+
+def test_prometheus_gauges_next_to_dask_metrics(training):
+    first = _get(f"{training}/metrics")[1]
+    assert "dask_scheduler_workers" in first                         # distributed's own
+    deadline = time.monotonic() + 60
+    while True:
+        later = _get(f"{training}/metrics")[1]
+        if _gauge(later, "val_accuracy") is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert _gauge(later, "step") > _gauge(first, "step")
+    assert 0 <= _gauge(later, "val_accuracy") <= 1
+    assert _gauge(later, "samples_per_second") > 0 and _gauge(later, "train_loss") > 0
+    assert re.search(r'^dtrain_worker_busy_fraction\{run="\w+",worker="1"\} ', later, re.M)
+
+
+def test_live_page_renders_and_updates_in_chromium(training):
+    with open_browser() as browser:
+        browser.get(f"{training}/dtrain")
+        figs = bokeh_figures(browser, 4)
+        time.sleep(3)
+        later = bokeh_figures(browser, 4)
+        screenshot(browser, "live-page.png")
+        header = browser.execute_script(
+            "return Bokeh.documents[0].get_model_by_name('dtrain-header').text")
+        assert errors(browser) == []
+    drawn = {f["name"]: f for f in later if f["width"] > 100 and f["height"] > 100}
+    assert set(drawn) == {"dtrain-loss", "dtrain-accuracy", "dtrain-rate", "dtrain-busy"}
+    steps = {f["name"]: f["rows"][0] for f in figs}["dtrain-loss"]
+    assert drawn["dtrain-loss"]["rows"][0] > steps > 0                 # points keep coming
+    assert drawn["dtrain-busy"]["rows"][0] == 2                        # one bar per worker
+    assert "training" in header and "iris, allreduce on 2 worker(s)" in header
+
+
+# --- a scheduler in another process -------------------------------------------------------
+
+@pytest.mark.slow
+def test_plugin_reaches_a_scheduler_in_another_process(tmp_path):
+    """``dask scheduler`` + ``dask worker`` processes; the driver registers the plugin, which
+    then serves /dtrain and /metrics there and names the tasks readably."""
+    port, info = _free_port(), tmp_path / "scheduler.json"
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler",
+                               "--host", "127.0.0.1", "--port", "0", "--scheduler-file",
+                               str(info), "--dashboard-address", f"127.0.0.1:{port}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True,      # _task_names runs there:
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})]
+    try:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(info),
+             "--nworkers", "2", "--nthreads", "1", "--no-dashboard"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        deadline = time.monotonic() + 60
+        while not info.exists():
+            assert time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.2)
+        address = json.loads(info.read_text())["address"]
+        with Client(address, timeout=30) as client:
+            client.wait_for_workers(2, timeout=60)
+            names = _train_and_read_names(client, ["train.epochs=3"])
+            pid = client.run_on_scheduler(os.getpid)
+        assert pid != os.getpid()
+        assert "forward-backward" in names["prefixes"] and "forward" not in names["prefixes"]
+        status, page = _get(f"http://127.0.0.1:{port}/dtrain")
+        assert status == 200 and "dtrain live training page" in page
+        metrics = _get(f"http://127.0.0.1:{port}/metrics")[1]
+        assert _gauge(metrics, "step") == 21 and _gauge(metrics, "epoch") == 3
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)

@@ -1,0 +1,145 @@
+"""What a run leaves to read: report.html (checked in a real browser), the report
+subcommand, the step-time split, the console progress on a terminal and off it."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+
+import pytest
+
+import dtrain
+from browser import bokeh_figures, errors, open_browser, screenshot
+from conftest import REPO, run_cli
+from dtrain import htmlreport
+from dtrain.tasktypes import task_type
+
+QUICK = ["train.epochs=3", "data.shards=4"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(client, tmp_path_factory):
+    """A finished Dask run's directory."""
+    out = tmp_path_factory.mktemp("run") / "iris-ar"
+    dtrain.train(dtrain.load_config(None, QUICK), client=client, out=out, echo=None)
+    return out
+
+
+def test_report_is_standalone_with_the_run_in_it(run_dir):
+    page = (run_dir / "report.html").read_text()
+    assert not re.search(r"<script[^>]+src=", page), "report.html must not load scripts"
+    assert "cdn.bokeh.org" not in page
+    for name in ("report-loss", "report-accuracy", "report-step-time", "report-timeline"):
+        assert name in page, name
+    timeline = json.loads((run_dir / "timeline.json").read_text())
+    kinds = {task_type(row[0]) for row in timeline["rows"]}
+    assert {"forward-backward", "reduce", "update", "load-shard", "evaluate"} <= kinds
+
+
+def test_report_renders_in_chromium(run_dir):
+    with open_browser() as browser:
+        browser.get((run_dir / "report.html").as_uri())
+        figs = bokeh_figures(browser, 5)
+        screenshot(browser, "report.png")
+        assert errors(browser) == []
+    drawn = {f["name"]: f for f in figs if f["width"] > 100 and f["height"] > 100}
+    assert set(drawn) == {"report-loss", "report-accuracy", "report-rate", "report-step-time",
+                          "report-timeline"}
+    assert all(sum(f["rows"]) > 0 for f in drawn.values()), drawn
+    assert drawn["report-loss"]["rows"][0] == 3          # three epochs on the loss curve
+
+
+def test_report_command_rebuilds_and_overlays(run_dir, tmp_path):
+    serial = tmp_path / "serial"
+    dtrain.train(dtrain.load_config(None, QUICK + ["graph.strategy=serial"]), out=serial,
+                 echo=None)
+    assert not (serial / "timeline.json").exists()       # no task stream without Dask
+    (serial / "report.html").unlink()
+    proc = run_cli("report", str(serial))
+    assert proc.returncode == 0, proc.stderr
+    assert "No task records" in (serial / "report.html").read_text()
+    out = tmp_path / "both.html"
+    proc = run_cli("report", str(run_dir), str(serial), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    page = out.read_text()
+    assert f"{run_dir.name}: train loss" in page and "serial: train loss" in page
+    assert "keys that differ" in page and "graph.strategy" in page
+
+
+def test_report_command_needs_a_writable_out(run_dir, tmp_path):
+    proc = run_cli("report", str(run_dir), "--out", str(tmp_path / "no" / "r.html"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"dtrain: error: cannot write the report to {tmp_path}/no/")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_report_command_rejects_a_directory_that_is_no_run(tmp_path):
+    proc = run_cli("report", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"dtrain: error: {tmp_path} is not a dtrain run directory "
+                                   "(it needs config.toml and metrics.jsonl); pass a directory "
+                                   "written by python -m dtrain")
+
+
+def test_step_time_split():
+    """Compute is the critical path: slowest forward-backward + slowest reduce per level +
+    update; wall is update end to update end; overhead the rest."""
+    rows = []
+    for step, t in ((0, 10.0), (1, 10.1)):
+        rows += [[f"forward-backward-{step}-{i}-r", "w", 1, "compute", t, t + d]
+                 for i, d in enumerate((0.010, 0.030, 0.020, 0.010))]
+        rows += [[f"reduce-{step}-1-{i}-r", "w", 1, "compute", t + 0.04, t + 0.04 + d]
+                 for i, d in ((0, 0.002), (2, 0.005))]
+        rows += [[f"update-{step}-r", "w", 1, "compute", t + 0.05, t + 0.054],
+                 [f"update-{step}-r", "w", 1, "transfer", t + 0.045, t + 0.049]]
+    times = htmlreport.step_times({"columns": ["key", "worker", "thread", "action", "start",
+                                               "stop"], "rows": rows})
+    assert times["step"] == [0, 1]
+    assert times["compute"] == pytest.approx([39.0, 39.0])
+    assert times["wall"] == pytest.approx([54.0, 100.0])
+    assert times["overhead"] == pytest.approx([15.0, 61.0])
+
+
+def test_console_without_a_terminal_is_plain_lines(tmp_path):
+    proc = run_cli("--set", "train.epochs=2", "--out", str(tmp_path / "r"),
+                   "--dashboard-address", "127.0.0.1:0")
+    assert proc.returncode == 0, proc.stderr
+    assert "\r" not in proc.stdout and not re.search(r"\d+/\d+ steps", proc.stdout)
+    assert re.search(r"^epoch 2/2  train_loss [\d.]+  val_loss", proc.stdout, re.M)
+
+
+def test_console_on_a_terminal_shows_a_progress_bar(tmp_path):
+    """Under a real pseudo-terminal: a tqdm bar over the steps, with epoch, loss, val_acc
+    and samples/s, under the epoch lines."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 160 columns
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain", "--set", "train.epochs=4",
+                             "--out", str(tmp_path / "r"), "--dashboard-address", "127.0.0.1:0"],
+                            cwd=REPO, stdout=follower, stderr=subprocess.PIPE,
+                            env={k: v for k, v in os.environ.items() if k not in ("COLUMNS",
+                                                                                 "LINES")})
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:          # the terminal closed: the process is done
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()
+    proc.stderr.close()
+    screen = b"".join(chunks).decode(errors="replace")
+    assert "28/28 steps" in screen                  # 4 epochs x 7 steps, all counted
+    bar = [line for line in re.split(r"[\r\n]", screen) if "28/28 steps" in line][-1]
+    for part in ("epoch 4/4", "loss ", "val_acc ", "samples/s"):
+        assert part in bar, bar
+    assert "epoch 4/4  train_loss" in screen and "test_accuracy" in screen
