@@ -1,11 +1,14 @@
-"""Getting a Dask cluster: an embedded LocalCluster, or a running scheduler."""
+"""Getting a Dask cluster: an embedded LocalCluster, batch jobs, or a running scheduler.
+
+(The MPI deployment, where the ranks are the cluster, is :mod:`dtrain.mpi`.)
+"""
 from __future__ import annotations
 
 import contextlib
 import logging
 from collections.abc import Iterator
 
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Security
 
 from dtrain.config import ClusterConfig
 from dtrain.errors import UserError
@@ -29,11 +32,34 @@ def connect(cfg: ClusterConfig) -> Iterator[Client]:
             wait_for_workers(client, 1, cfg.timeout)
             yield client
         return
+    if cfg.kind != "local":
+        from dtrain import batch
+        with batch.connect(cfg, security_for(cfg, deployed=True)) as client:
+            yield client
+        return
+    security = security_for(cfg, deployed=False)
     cluster = LocalCluster(n_workers=cfg.workers, threads_per_worker=cfg.threads_per_worker,
                            processes=True, dashboard_address=cfg.dashboard_address or None,
-                           silence_logs=logging.ERROR)
-    with cluster, Client(cluster) as client:
+                           silence_logs=logging.ERROR, security=security)
+    with cluster, Client(cluster, security=security) as client:
         yield client
+
+
+def security_for(cfg: ClusterConfig, deployed: bool) -> Security | None:
+    """A per-run TLS :class:`~distributed.Security` (self-signed, in memory), or None.
+
+    ``cluster.tls = 'auto'`` means on for clusters that other users of the
+    machines could reach (``deployed``: MPI, SLURM, PBS) and off for the
+    LocalCluster, which listens on 127.0.0.1 only.
+    """
+    if cfg.tls == "off" or (cfg.tls == "auto" and not deployed):
+        return None
+    try:
+        return Security.temporary()
+    except ImportError:
+        raise UserError("cluster.tls needs the 'cryptography' package for its per-run "
+                        "certificate; pip install 'dtrain[mpi]', or set cluster.tls = 'off'"
+                        ) from None
 
 
 def wait_for_workers(client: Client, n: int, timeout: float) -> None:
