@@ -8,6 +8,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
+import dask
 from distributed import Client, LocalCluster, Security
 
 from dtrain.config import ClusterConfig
@@ -82,3 +83,15 @@ def worker_addresses(client: Client) -> list[str]:
     LocalCluster and dask-mpi ranks)."""
     workers = client.scheduler_info()["workers"]
     return sorted(workers, key=lambda addr: _natural(workers[addr].get("name", addr)))
+
+
+def show_dashboard_host(address: str) -> None:
+    """Make ``Client.dashboard_link`` name the host the dashboard listens on.
+
+    The link is built from the scheduler's host, which for a deployed
+    cluster is the machine's network address, while the dashboard binds to
+    ``127.0.0.1`` unless told otherwise (``cluster.dashboard_address``).
+    """
+    host = address.rpartition(":")[0]
+    if host and host not in ("0.0.0.0", "[::]", "::"):
+        dask.config.set({"distributed.dashboard.link": "{scheme}://" + host + ":{port}/status"})

@@ -40,6 +40,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from dtrain import cluster
 from dtrain.config import ClusterConfig, Config
 from dtrain.errors import UserError
+from dtrain.trainer import plan, train
 
 RANKS_NEEDED = {"serial": 1, "allreduce": 2, "parameter-server": 3}
 _WHY = {1: "the head", 2: "the head + 1 worker",
@@ -172,6 +173,7 @@ def _head(comm: Any, size: int, prepare: Prepare) -> int:
     try:
         config, make_out = prepare()
         check_ranks(config, size)
+        plan(config)               # the data and the model sizes, before anything starts
         security = cluster.security_for(config.cluster, deployed=True)
     except BaseException as exc:
         _bcast(comm, _Stop(_exit_code(exc)), rank)
@@ -218,7 +220,6 @@ def _drive(comm: Any, config: Config, make_out: Callable[[], Path], address: str
 
 
 def _train(config: Config, client: Client, out: Path) -> Any:
-    from dtrain.trainer import train
     return train(config, client=client, out=out)
 
 
@@ -267,7 +268,7 @@ class SchedulerThread:
 
     def start(self) -> str:
         """Start the scheduler and return its address."""
-        _dashboard_link(self.cfg.dashboard_address)
+        cluster.show_dashboard_host(self.cfg.dashboard_address)
         self._thread.start()
         if not self._ready.wait(self.cfg.timeout):
             raise UserError(f"the Dask scheduler did not start within {self.cfg.timeout:g} s "
@@ -318,17 +319,6 @@ class SchedulerThread:
             return False
         self._thread.join(timeout)
         return not self._thread.is_alive()
-
-
-def _dashboard_link(address: str) -> None:
-    """Make ``Client.dashboard_link`` name the host the dashboard listens on.
-
-    The link is built from the scheduler's host, which is the machine's
-    network address, while the dashboard binds to ``127.0.0.1`` by default.
-    """
-    host = address.rpartition(":")[0]
-    if host and host not in ("0.0.0.0", "[::]", "::"):
-        dask.config.set({"distributed.dashboard.link": "{scheme}://" + host + ":{port}/status"})
 
 
 # --- worker ranks ------------------------------------------------------------------------
