@@ -213,6 +213,8 @@ def _drive(comm: Any, config: Config, make_out: Callable[[], Path], address: str
         print(f"run directory: {result.out}")
     except UserError as exc:
         return exc
+    except KeyboardInterrupt:      # mpiexec passes Ctrl-C on to every rank
+        _abort(comm, "interrupted", 130)
     except BaseException:
         traceback.print_exc()
         _abort(comm, None, 1)
@@ -336,6 +338,8 @@ def _worker(comm: Any, rank: int, head: int) -> int:
         asyncio.run(_serve_worker(address, go.config.cluster, go.security, rank))
     except (OSError, TimeoutError) as exc:        # e.g. the scheduler is unreachable
         _abort(comm, f"MPI rank {rank}: the Dask worker stopped: {type(exc).__name__}: {exc}", 1)
+    except KeyboardInterrupt:                     # the head reports it
+        _abort(comm, None, 130)
     except BaseException:
         traceback.print_exc()
         _abort(comm, None, 1)

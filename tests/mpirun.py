@@ -83,11 +83,10 @@ def rank_processes(pid: int) -> dict[int, psutil.Process]:
     return ranks
 
 
-def leftovers(marker: str) -> list[psutil.Process]:
-    """Processes still alive whose command line mentions ``marker`` (e.g. a run directory)."""
-    alive = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and \
-                any(marker in part for part in proc.info["cmdline"] or ()):
-            alive.append(proc)
-    return alive
+def leftovers(marker: str, grace: float = 5.0) -> list[psutil.Process]:
+    """Processes whose command line mentions ``marker`` (e.g. a run directory) and that are
+    still alive ``grace`` seconds from now (mpiexec may return while its ranks are dying)."""
+    found = [proc for proc in psutil.process_iter(["cmdline"])
+             if any(marker in part for part in proc.info["cmdline"] or ())]
+    _, alive = psutil.wait_procs(found, timeout=grace)
+    return [proc for proc in alive if proc.status() != psutil.STATUS_ZOMBIE]

@@ -23,6 +23,11 @@ QUIET = ["--dashboard-address", "127.0.0.1:0"]     # 8787 may be taken on a shar
 FAULT = REPO / "tests" / "mpi_fault.py"
 
 
+def _log_noise(stderr: str) -> list[str]:
+    """stderr lines, less distributed's warning that a loaded machine stalled an event loop."""
+    return [line for line in stderr.splitlines() if "Event loop was unresponsive" not in line]
+
+
 def _sets(sets: list[str]) -> list[str]:
     return [arg for s in sets for arg in ("--set", s)]
 
@@ -34,7 +39,7 @@ def test_mpi_run_equals_the_localcluster_run(client, tmp_path, ranks, extra):
     """Same config and shards: params.npz byte for byte equal; N-1 workers; a clean log."""
     job = mpirun.run(ranks, *_sets(QUICK + extra), "--out", str(tmp_path / "mpi"), *QUIET)
     assert job.returncode == 0, job.stdout + job.stderr
-    assert job.stderr == "", job.stderr                      # no tracebacks, no shutdown noise
+    assert _log_noise(job.stderr) == [], job.stderr          # no tracebacks, no shutdown noise
     local = dtrain.train(dtrain.load_config(None, QUICK + extra), client=client,
                          out=tmp_path / "local", echo=None)
     assert (tmp_path / "mpi" / "params.npz").read_bytes() == \
@@ -166,12 +171,14 @@ def test_tls_keeps_strangers_out(tmp_path):
 
 
 LOCAL_RANKS = """
-import os
 from mpi4py import MPI
 from dtrain import mpi
 comm = MPI.COMM_WORLD
 index = mpi.local_worker_index(comm, is_worker=comm.rank != 0)
-print(comm.rank, mpi.local_rank(), index, mpi.pin_gpu("gpu", index), mpi.pin_gpu("cpu", index))
+row = [comm.rank, mpi.local_rank(), index, mpi.pin_gpu("gpu", index), mpi.pin_gpu("cpu", index)]
+rows = comm.gather(row)
+if comm.rank == 0:
+    print(rows)
 """
 
 
@@ -183,6 +190,5 @@ def test_each_worker_rank_gets_its_own_gpu():
                           capture_output=True, timeout=60,
                           env=mpirun.environment(CUDA_VISIBLE_DEVICES="5,7"))
     assert proc.returncode == 0, proc.stderr
-    rows = sorted(line.split() for line in proc.stdout.strip().splitlines())
-    assert rows == [["0", "0", "None", "None", "None"], ["1", "1", "0", "5", "None"],
-                    ["2", "2", "1", "7", "None"], ["3", "3", "2", "5", "None"]]
+    assert proc.stdout.strip() == str([[0, 0, None, None, None], [1, 1, 0, "5", None],
+                                       [2, 2, 1, "7", None], [3, 3, 2, "5", None]])
