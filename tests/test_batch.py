@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
 import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,83 @@ def test_batch_script_runs_the_mpirun_form(tmp_path, system):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "2 worker rank(s)" in proc.stdout and (out / "summary.json").exists()
+
+
+# --- against a real SLURM (.ci/slurm.sh starts a single-node one; skipped without) ------------
+
+@pytest.fixture(scope="module")
+def slurm():
+    try:
+        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
+                                timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        states = ""
+    if not re.search(r"idle|mixed", states):
+        pytest.skip("no SLURM with an idle node here (.ci/slurm.sh starts one)")
+
+
+def _wait_for_job(job_id: str, timeout: float = 180) -> str:
+    """Poll until the job leaves the queue; its final state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
+                              text=True).stdout
+        state = re.search(r"JobState=(\w+)", info)
+        if state and state.group(1) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            return state.group(1)
+        time.sleep(0.5)
+    subprocess.run(["scancel", job_id])
+    raise AssertionError(f"SLURM job {job_id} did not finish in {timeout} s")
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_sbatch_runs_the_mpirun_form(slurm, client, tmp_path):
+    """jobqueue/slurm.sh submitted for real (one node, 3 tasks): same params as LocalCluster."""
+    exe, _ = mpirun.launcher()
+    out = tmp_path / "run"
+    submit = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=1", "--ntasks=3", f"--output={tmp_path}/job.log",
+         f"--export=ALL,DTRAIN_VENV={Path(sys.executable).parent.parent},"
+         f"DTRAIN_MPIEXEC={' '.join(exe)}",
+         str(REPO / "jobqueue" / "slurm.sh"), "--set", "train.epochs=2", "--out", str(out),
+         "--dashboard-address", "127.0.0.1:0"],
+        cwd=tmp_path, capture_output=True, text=True, check=True)
+    state = _wait_for_job(submit.stdout.strip().split(";")[0])
+    log = (tmp_path / "job.log").read_text()
+    assert state == "COMPLETED", log
+    assert "2 worker rank(s)" in log and "Traceback" not in log
+    local = dtrain.train(dtrain.load_config(None, ["train.epochs=2"]), client=client,
+                         out=tmp_path / "local", echo=None)
+    assert (out / "params.npz").read_bytes() == (tmp_path / "local" / "params.npz").read_bytes()
+    assert local.summary["workers"] == 2
+
+
+@pytest.mark.slow
+def test_cluster_slurm_trains_on_worker_jobs(slurm, site, tmp_path):
+    """python -m dtrain --cluster slurm: two worker jobs over TLS, cancelled at the end."""
+    data = yaml.safe_load(site.read_text())
+    data["jobqueue"]["slurm"].update({"memory": "1GB", "job-cpu": 1, "walltime": "00:10:00",
+                                      "local-directory": str(tmp_path),
+                                      "log-directory": str(tmp_path / "logs")})
+    site.write_text(yaml.safe_dump(data))
+    out = tmp_path / "run"
+    proc = run_cli("--cluster", "slurm", "--workers", "2", "--set", f"cluster.jobqueue_file={site}",
+                   "--set", "cluster.timeout=120", "--set", "train.epochs=2", "--out", str(out),
+                   "--dashboard-address", "127.0.0.1:0", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["workers"] == 2
+    logs = sorted((tmp_path / "logs").glob("*.err"))
+    assert len(logs) == 2 and all("Start worker at:      tls://" in p.read_text() for p in logs)
+    assert list((tmp_path / "shared").iterdir()) == []          # the key is gone
+    jobs = {p.stem for p in logs}                               # dtrain-worker-<job id>
+    deadline = time.monotonic() + 30                            # and so are the jobs
+    while _queued() & jobs and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _queued() & jobs
+
+
+def _queued() -> set[str]:
+    return set(subprocess.run(["squeue", "-h", "-o", "%j-%i"], capture_output=True,
+                              text=True).stdout.split())
