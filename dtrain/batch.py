@@ -40,7 +40,7 @@ def settings_path(cfg: ClusterConfig) -> Path:
 
 
 def read_settings(path: Path, kind: str) -> dict[str, Any]:
-    """The ``jobqueue.<kind>`` table of a jobqueue YAML file, as one-line user errors if unusable."""
+    """The ``jobqueue.<kind>`` table of a jobqueue YAML file; one-line user errors if unusable."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -67,10 +67,12 @@ def _jobqueue(kind: str) -> Any:
 
 @contextlib.contextmanager
 def settings(cfg: ClusterConfig) -> Iterator[None]:
-    """``jobqueue.<kind>.*`` from the run's jobqueue file, set in dask.config meanwhile."""
+    """``jobqueue.<kind>.*`` from the run's jobqueue file (and the dashboard link) set in
+    dask.config meanwhile."""
     _jobqueue(cfg.kind)     # its defaults must be in dask.config before ours go on top
     section = read_settings(settings_path(cfg), cfg.kind)
-    with dask.config.set({f"jobqueue.{cfg.kind}.{key}": value for key, value in section.items()}):
+    values = {f"jobqueue.{cfg.kind}.{key}": value for key, value in section.items()}
+    with dask.config.set({**values, **cluster.dashboard_link_config(cfg.dashboard_address)}):
         yield
 
 
@@ -88,7 +90,6 @@ def make_cluster(cfg: ClusterConfig, security: Security | None) -> Any:
                               "security": security, "scheduler_options": options}
     if cfg.interface:
         kwargs["interface"] = cfg.interface
-    cluster.show_dashboard_host(cfg.dashboard_address)
     return getattr(_jobqueue(cfg.kind), CLUSTERS[cfg.kind][0])(**kwargs)
 
 

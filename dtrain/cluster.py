@@ -8,7 +8,6 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-import dask
 from distributed import Client, LocalCluster, Security
 
 from dtrain.config import ClusterConfig
@@ -85,13 +84,14 @@ def worker_addresses(client: Client) -> list[str]:
     return sorted(workers, key=lambda addr: _natural(workers[addr].get("name", addr)))
 
 
-def show_dashboard_host(address: str) -> None:
-    """Make ``Client.dashboard_link`` name the host the dashboard listens on.
+def dashboard_link_config(address: str) -> dict[str, str]:
+    """Dask config that makes ``Client.dashboard_link`` name the host the dashboard listens on.
 
     The link is built from the scheduler's host, which for a deployed
     cluster is the machine's network address, while the dashboard binds to
     ``127.0.0.1`` unless told otherwise (``cluster.dashboard_address``).
     """
     host = address.rpartition(":")[0]
-    if host and host not in ("0.0.0.0", "[::]", "::"):
-        dask.config.set({"distributed.dashboard.link": "{scheme}://" + host + ":{port}/status"})
+    if not host or host in ("0.0.0.0", "[::]", "::"):
+        return {}
+    return {"distributed.dashboard.link": "{scheme}://" + host + ":{port}/status"}

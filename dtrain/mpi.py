@@ -42,7 +42,7 @@ from dtrain.config import ClusterConfig, Config
 from dtrain.errors import UserError
 from dtrain.trainer import plan, train
 
-RANKS_NEEDED = {"serial": 1, "allreduce": 2, "parameter-server": 3}
+RANKS_NEEDED = {"serial": 1, "allreduce": 2, "parameter-server": 3}   # the head + workers
 _WHY = {1: "the head", 2: "the head + 1 worker",
         3: "the head + a parameter-server worker + 1 trainer"}
 POLL_S = 0.01            # how often a waiting rank looks for the head's next message
@@ -108,14 +108,9 @@ def _head_rank(text: str, size: int, quiet: bool) -> int | None:
                     f"{size - 1} (mpirun started {size})")
 
 
-def ranks_needed(strategy: str) -> int:
-    """MPI ranks a strategy needs: the head plus the workers it cannot do without."""
-    return RANKS_NEEDED[strategy]
-
-
 def check_ranks(config: Config, size: int) -> None:
     """Raise a UserError naming both numbers when ``size`` ranks are too few."""
-    needed = ranks_needed(config.graph.strategy)
+    needed = RANKS_NEEDED[config.graph.strategy]
     if size < needed:
         raise UserError(f"graph.strategy = '{config.graph.strategy}' needs {needed} MPI ranks "
                         f"({_WHY[needed]}), found {size}; start it with mpirun -n {needed} "
@@ -206,10 +201,11 @@ def _drive(comm: Any, config: Config, make_out: Callable[[], Path], address: str
            security: Any, workers: int) -> UserError | None:
     """Train as the driver; return the user error that stopped it, or abort on any other."""
     try:
-        with Client(address, security=security, timeout=config.cluster.timeout) as client:
+        with dask.config.set(cluster.dashboard_link_config(config.cluster.dashboard_address)), \
+                Client(address, security=security, timeout=config.cluster.timeout) as client:
             if workers:    # none with one rank (the serial strategy)
                 cluster.wait_for_workers(client, workers, config.cluster.timeout)
-            result = _train(config, client, make_out())
+            result = train(config, client=client, out=make_out())
         print(f"run directory: {result.out}")
     except UserError as exc:
         return exc
@@ -219,10 +215,6 @@ def _drive(comm: Any, config: Config, make_out: Callable[[], Path], address: str
         traceback.print_exc()
         _abort(comm, None, 1)
     return None
-
-
-def _train(config: Config, client: Client, out: Path) -> Any:
-    return train(config, client=client, out=out)
 
 
 class _LostRank(SchedulerPlugin):
@@ -255,7 +247,7 @@ class SchedulerThread:
     security
         A :class:`distributed.Security` for TLS, or None for plain TCP.
     on_lost
-        Called with a message if a worker leaves before :meth:`close`.
+        Called with a message if a worker leaves before :meth:`close_workers`.
     """
 
     def __init__(self, cfg: ClusterConfig, security: Any, on_lost: Callable[[str], None]):
@@ -270,7 +262,6 @@ class SchedulerThread:
 
     def start(self) -> str:
         """Start the scheduler and return its address."""
-        cluster.show_dashboard_host(self.cfg.dashboard_address)
         self._thread.start()
         if not self._ready.wait(self.cfg.timeout):
             raise UserError(f"the Dask scheduler did not start within {self.cfg.timeout:g} s "
@@ -384,7 +375,7 @@ def visible_gpus() -> list[str]:
     """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` if set, else the node's GPUs."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
-        return [g for g in listed.split(",") if g.strip()]
+        return [g.strip() for g in listed.split(",") if g.strip()]
     with contextlib.suppress(OSError):
         return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
     return []

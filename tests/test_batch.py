@@ -214,6 +214,7 @@ def test_cluster_slurm_trains_on_worker_jobs(slurm, site, tmp_path):
                    "--set", "cluster.timeout=120", "--set", "train.epochs=2", "--out", str(out),
                    "--dashboard-address", "127.0.0.1:0", timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert "dashboard: http://127.0.0.1:" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["workers"] == 2
     logs = sorted((tmp_path / "logs").glob("*.err"))

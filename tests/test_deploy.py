@@ -1,4 +1,4 @@
-"""Deployment settings without mpiexec: [cluster] keys, TLS on a LocalCluster, rank and GPU rules."""
+"""Deployment without mpiexec: [cluster] keys, TLS on a LocalCluster, rank and GPU rules."""
 from __future__ import annotations
 
 import os
