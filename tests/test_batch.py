@@ -202,8 +202,9 @@ def test_sbatch_runs_the_mpirun_form(slurm, client, tmp_path):
 
 
 @pytest.mark.slow
-def test_cluster_slurm_trains_on_worker_jobs(slurm, site, tmp_path):
-    """python -m dtrain --cluster slurm: two worker jobs over TLS, cancelled at the end."""
+def test_cluster_slurm_trains_on_worker_jobs(slurm, client, site, tmp_path):
+    """python -m dtrain --cluster slurm: two worker jobs over TLS, cancelled at the end, and the
+    LocalCluster's params."""
     data = yaml.safe_load(site.read_text())
     data["jobqueue"]["slurm"].update({"memory": "1GB", "job-cpu": 1, "walltime": "00:10:00",
                                       "local-directory": str(tmp_path),
@@ -217,6 +218,9 @@ def test_cluster_slurm_trains_on_worker_jobs(slurm, site, tmp_path):
     assert "dashboard: http://127.0.0.1:" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["workers"] == 2
+    dtrain.train(dtrain.load_config(None, ["train.epochs=2"]), client=client,
+                 out=tmp_path / "local", echo=None)
+    assert (out / "params.npz").read_bytes() == (tmp_path / "local" / "params.npz").read_bytes()
     logs = sorted((tmp_path / "logs").glob("*.err"))
     assert len(logs) == 2 and all("Start worker at:      tls://" in p.read_text() for p in logs)
     assert list((tmp_path / "shared").iterdir()) == []          # the key is gone
