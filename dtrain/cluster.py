@@ -1,4 +1,7 @@
-"""Getting a Dask cluster: an embedded LocalCluster, or a running scheduler."""
+"""Getting a Dask cluster: an embedded LocalCluster, batch jobs, or a running scheduler.
+
+(The MPI deployment, where the ranks are the cluster, is :mod:`dtrain.mpi`.)
+"""
 from __future__ import annotations
 
 import contextlib
@@ -6,8 +9,8 @@ import logging
 import os
 from collections.abc import Iterator
 
-from distributed import (Client, LocalCluster, Nanny, Scheduler, SchedulerPlugin, SpecCluster,
-                         WorkerPlugin)
+from distributed import (Client, LocalCluster, Nanny, Scheduler, SchedulerPlugin, Security,
+                         SpecCluster, WorkerPlugin)
 
 from dtrain import device
 from dtrain.config import ClusterConfig
@@ -32,37 +35,63 @@ def connect(cfg: ClusterConfig) -> Iterator[Client]:
             wait_for_workers(client, 1, cfg.timeout)
             yield client
         return
+    if cfg.kind != "local":
+        from dtrain import batch
+        with batch.connect(cfg, security_for(cfg, deployed=True)) as client:
+            yield client
+        return
+    security = security_for(cfg, deployed=False)
     gpus = device.gpu_count() if cfg.device != "cpu" else 0
     if cfg.device == "gpu":
         device.require_gpu("cluster.device = 'gpu'")
-    cluster = local_gpu_cluster(cfg, gpus) if gpus else local_cluster(cfg)
-    with cluster, Client(cluster) as client:
+    cluster = local_gpu_cluster(cfg, gpus, security) if gpus else local_cluster(cfg, security)
+    with cluster, Client(cluster, security=security) as client:
         yield client
 
 
-def local_cluster(cfg: ClusterConfig) -> LocalCluster:
+def security_for(cfg: ClusterConfig, deployed: bool) -> Security | None:
+    """A per-run TLS :class:`~distributed.Security` (self-signed, in memory), or None.
+
+    ``cluster.tls = 'auto'`` means on for clusters that other users of the
+    machines could reach (``deployed``: MPI, SLURM, PBS) and off for the
+    LocalCluster, which listens on 127.0.0.1 only.
+    """
+    if cfg.tls == "off" or (cfg.tls == "auto" and not deployed):
+        return None
+    try:
+        return Security.temporary()
+    except ImportError:
+        raise UserError("cluster.tls needs the 'cryptography' package for its per-run "
+                        "certificate; pip install 'dtrain[mpi]', or set cluster.tls = 'off'"
+                        ) from None
+
+
+def local_cluster(cfg: ClusterConfig, security: Security | None = None) -> LocalCluster:
     """``cfg.workers`` worker processes on this machine."""
     # without a dashboard the scheduler still serves /health and /metrics: on any free port
     http = {} if cfg.dashboard_address else {"scheduler_kwargs": {"dashboard_address": ":0"}}
     return LocalCluster(n_workers=cfg.workers, threads_per_worker=cfg.threads_per_worker,
                         processes=True, dashboard_address=cfg.dashboard_address or None,
-                        silence_logs=logging.ERROR, **http)
+                        silence_logs=logging.ERROR, security=security, **http)
 
 
-def local_gpu_cluster(cfg: ClusterConfig, gpus: int) -> SpecCluster:
+def local_gpu_cluster(cfg: ClusterConfig, gpus: int,
+                      security: Security | None = None) -> SpecCluster:
     """One worker per visible GPU (each sees only its own device and advertises a ``GPU``
     resource), plus, with ``device = "auto"``, CPU workers up to ``cfg.workers``."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
     cpus = max(0, cfg.workers - gpus) if cfg.device == "auto" else 0
+    protocol = {"security": security, "protocol": "tls://"} if security else {}
     workers = {i: {"cls": Nanny, "options": {
-        "name": i, "nthreads": cfg.threads_per_worker, "silence_logs": logging.ERROR,
+        "name": i, "nthreads": cfg.threads_per_worker, "silence_logs": logging.ERROR, **protocol,
         **({"resources": {device.GPU: 1}, "env": {"CUDA_VISIBLE_DEVICES": ids[i]}}
            if i < gpus else {})}} for i in range(gpus + cpus)}
     scheduler = {"cls": Scheduler, "options": {
-        "dashboard": bool(cfg.dashboard_address),
+        "dashboard": bool(cfg.dashboard_address), **protocol,
         "dashboard_address": cfg.dashboard_address or ":0"}}
-    return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR)
+    return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR,
+                       security=security)
 
 
 def wait_for_workers(client: Client, n: int, timeout: float) -> None:
@@ -189,3 +218,16 @@ def stream_intervals(client: Client) -> dict[str, float | None]:
                               for s in dask_scheduler.client_comms.values()})})
     return {"client": getattr(client.scheduler_comm, "interval", None),
             "workers": sorted(set(workers.values())), **schedulers}
+
+
+def dashboard_link_config(address: str) -> dict[str, str]:
+    """Dask config that makes ``Client.dashboard_link`` name the host the dashboard listens on.
+
+    The link is built from the scheduler's host, which for a deployed
+    cluster is the machine's network address, while the dashboard binds to
+    ``127.0.0.1`` unless told otherwise (``cluster.dashboard_address``).
+    """
+    host = address.rpartition(":")[0]
+    if not host or host in ("0.0.0.0", "[::]", "::"):
+        return {}
+    return {"distributed.dashboard.link": "{scheme}://" + host + ":{port}/status"}

@@ -132,7 +132,7 @@ class GraphConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    workers: int = at_least(2, 1, "worker processes of the embedded LocalCluster")
+    workers: int = at_least(2, 1, "worker processes (LocalCluster) or worker jobs (slurm, pbs)")
     threads_per_worker: int = at_least(1, 1)
     scheduler_address: str = free("", "use this running Dask scheduler instead")
     dashboard_address: str = free("127.0.0.1:8787", "'' disables the dashboard")
@@ -140,6 +140,12 @@ class ClusterConfig:
                          doc="gpu: every shard on a GPU; auto: GPUs where workers have them")
     low_latency: bool = free(True, "send Dask's control messages without batching delays")
     timeout: float = positive(20.0, "seconds to wait for a scheduler and its workers")
+    kind: str = choice("local", "local", "slurm", "pbs",
+                       doc="who starts the workers: a LocalCluster, or dask-jobqueue batch jobs")
+    tls: str = choice("auto", "auto", "on", "off",
+                      doc="per-run TLS certificate; auto = on under MPI, SLURM and PBS")
+    interface: str = free("", "network interface for the scheduler and workers, e.g. 'ib0'")
+    jobqueue_file: str = free("", "dask-jobqueue YAML ('' = the jobqueue.yaml shipped with dtrain)")
 
 
 SECTIONS: dict[str, type] = {
@@ -291,6 +297,14 @@ def _check_consistency(cfg: Config, source: str) -> None:
         raise ConfigError(f"graph.strategy = 'model-parallel' runs on CPU workers only, but "
                           f"cluster.device = 'gpu' in {source}; use cluster.device = 'cpu' or "
                           f"a data-parallel strategy")
+    c = cfg.cluster
+    if c.scheduler_address and c.kind != "local":
+        raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own scheduler; "
+                          f"drop cluster.scheduler_address ({c.scheduler_address}) or the kind")
+    if c.scheduler_address and c.tls == "on":
+        raise ConfigError(f"cluster.tls = 'on' in {source} makes a per-run certificate for a "
+                          f"cluster dtrain starts; a running scheduler ({c.scheduler_address}) "
+                          f"takes its TLS files from the Dask config (distributed.comm.tls.*)")
     if cfg.data.dataset == "image-folder" and not cfg.data.image_size:
         raise ConfigError(f"data.image_size is empty in {source}: image-folder needs "
                           f"[height, width] to resize every image to")
@@ -350,8 +364,9 @@ def load_config(path: str | Path | Mapping[str, Any] | None = None,
     Returns
     -------
     Config
-        With relative ``data.path`` made absolute (against the current
-        directory), so workers elsewhere find the same files.
+        With relative ``data.path`` and ``cluster.jobqueue_file`` made
+        absolute (against the current directory), so workers elsewhere find
+        the same files.
     """
     if path is None:
         path = DEFAULT_CONFIG
@@ -365,7 +380,10 @@ def load_config(path: str | Path | Mapping[str, Any] | None = None,
         source += " (with --set overrides)"
     apply_overrides(data, overrides)
     cfg = from_dict(data, source)
-    if cfg.data.path and not Path(cfg.data.path).is_absolute():
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(
-            cfg.data, path=str(Path(cfg.data.path).resolve())))
+    for section, key in (("data", "path"), ("cluster", "jobqueue_file")):
+        part = getattr(cfg, section)
+        value = getattr(part, key)
+        if value and not Path(value).is_absolute():
+            cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(
+                part, **{key: str(Path(value).resolve())})})
     return cfg

@@ -1,0 +1,410 @@
+"""MPI deployment: ``mpirun -n N python -m dtrain --scheduler-rank R``.
+
+Rank ``R`` is the *head*: it checks the run, runs the Dask scheduler and the
+training driver.  Every other rank is one Dask worker, named by its rank.  The
+ranks speak MPI only around the cluster's life, in three broadcasts from the
+head:
+
+1. **go or stop.**  The head parses the command line, loads the config and
+   plans the run (data files, layer sizes, ranks needed) before anything
+   starts, then sends either the config and the run's TLS certificate, or an
+   exit code.  On a mistake only the head prints its one line.
+2. **address.**  The scheduler's address, or None if it could not start.
+3. **exit code.**  Sent after the head has closed the workers and then the
+   scheduler, so a successful run ends with a clean log on every rank.
+
+Failures that leave no orderly way out end the job with ``MPI_Abort``: an
+exception in the driver (its traceback printed once, by the head), a worker
+rank that leaves the run early, or a shutdown that misses its deadline.
+Waiting ranks sleep between polls instead of spinning in MPI calls.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+from distributed import Client, Scheduler, Worker
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from dtrain import cluster, device
+from dtrain.cli import exit_code
+from dtrain.config import ClusterConfig, Config
+from dtrain.errors import Diverged, UserError
+from dtrain.trainer import plan
+
+RANKS_NEEDED = {"serial": 1, "allreduce": 2, "local-sgd": 2, "model-parallel": 2,
+                "parameter-server": 3}                                  # the head + workers
+_WHY = {1: "the head", 2: "the head + 1 worker",
+        3: "the head + a parameter-server worker + 1 trainer"}
+POLL_S = 0.01            # how often a waiting rank looks for the head's next message
+SHUTDOWN_S = 10.0        # how long an orderly shutdown may take before MPI_Abort
+ABORT_GRACE_S = 0.2      # lets mpiexec pass on the last words before MPI_Abort kills the ranks
+
+Prepare = Callable[[], tuple[Config, Callable[[Client], Any]]]   # config, job(client)
+
+
+def _comm() -> Any:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise UserError("--scheduler-rank runs under MPI and needs mpi4py; install it with "
+                        "pip install 'dtrain[mpi]' (or see 'On a cluster' in the README)") from None
+    return MPI.COMM_WORLD
+
+
+def main(rank_text: str, prepare: Prepare) -> int:
+    """Run this MPI rank's part of the job and return its exit code.
+
+    Parameters
+    ----------
+    rank_text
+        The ``--scheduler-rank`` value as typed: the rank of the head.
+    prepare
+        Called on the head only: parses the command line and loads the
+        config; returns it with the job, which trains (or resumes) on a
+        client.  It raises :class:`~dtrain.errors.UserError` for bad input.
+
+    Raises
+    ------
+    UserError
+        On the head (or on rank 0 if the head rank itself is invalid) for a
+        mistake in the input; the other ranks return the exit code silently.
+    """
+    comm = _comm()
+    quiet_logs()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    head = _head_rank(rank_text, size, quiet=rank != 0)
+    if head is None:
+        return 2
+    is_head = rank == head
+    is_worker = not is_head
+    if is_worker:
+        return _worker(comm, rank, head)
+    sys.stdout.reconfigure(line_buffering=True)   # epoch lines reach the job's log as they come
+    return _head(comm, size, prepare)
+
+
+def _head_rank(text: str, size: int, quiet: bool) -> int | None:
+    """The head's rank from ``--scheduler-rank``; every rank agrees, rank 0 reports a bad one."""
+    try:
+        head = int(text)
+    except ValueError:
+        head = -1
+    if 0 <= head < size:
+        return head
+    if quiet:
+        return None
+    given = f"--scheduler-rank {text}" if text else "--scheduler-rank needs a value"
+    raise UserError(f"{given}: the head's rank must be one of this job's ranks, 0 to "
+                    f"{size - 1} (mpirun started {size})")
+
+
+def check_ranks(config: Config, size: int) -> None:
+    """Raise a UserError naming both numbers when ``size`` ranks are too few."""
+    needed = RANKS_NEEDED[config.graph.strategy]
+    if size < needed:
+        raise UserError(f"graph.strategy = '{config.graph.strategy}' needs {needed} MPI ranks "
+                        f"({_WHY[needed]}), found {size}; start it with mpirun -n {needed} "
+                        f"or more")
+
+
+# --- messages between ranks --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Go:
+    config: Config
+    security: Any           # distributed.Security, or None for plain TCP
+
+
+@dataclass(frozen=True)
+class _Stop:
+    code: int
+
+
+def _bcast(comm: Any, obj: Any, root: int, late: str = "") -> Any:
+    """``comm.bcast``, entered only once every rank is there; waiting ranks sleep between polls.
+
+    With ``late``, abort the job with that message if the others take over
+    :data:`SHUTDOWN_S` seconds to arrive.
+    """
+    deadline = time.monotonic() + SHUTDOWN_S
+    request = comm.Ibarrier()
+    while not request.Test():
+        if late and time.monotonic() > deadline:
+            _abort(comm, f"{late} within {SHUTDOWN_S:g} s", 1)
+        time.sleep(POLL_S)
+    return comm.bcast(obj, root=root)
+
+
+def _abort(comm: Any, message: str | None, code: int) -> None:
+    """Print ``message`` (if any), then end every rank of the job."""
+    if message:
+        print(f"dtrain: error: {message}; ending all MPI ranks", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)    # the launcher forwards output asynchronously
+    comm.Abort(code)
+
+
+def _exit_code(exc: BaseException) -> int:
+    if isinstance(exc, SystemExit):       # --help, or argparse leaving on its own
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    return exit_code(exc) if isinstance(exc, (UserError, Diverged)) else 1
+
+
+# --- the head ----------------------------------------------------------------------------
+
+def _head(comm: Any, size: int, prepare: Prepare) -> int:
+    rank = comm.Get_rank()
+    try:
+        config, job = prepare()
+        check_ranks(config, size)
+        plan(config)               # the data and the model sizes, before anything starts
+        security = cluster.security_for(config.cluster, deployed=True)
+    except BaseException as exc:
+        _bcast(comm, _Stop(_exit_code(exc)), rank)
+        raise
+    _bcast(comm, _Go(config, security), rank)
+    local_worker_index(comm, is_worker=False)
+    scheduler = SchedulerThread(config.cluster, security, lambda msg: _abort(comm, msg, 1))
+    try:
+        address = scheduler.start()
+    except BaseException:
+        _bcast(comm, None, rank)
+        raise
+    _bcast(comm, address, rank)
+    print(f"scheduler: {address} on rank {rank}"
+          f"{' (TLS, per-run certificate)' if security else ' (no TLS)'}, {size - 1} worker "
+          f"rank(s)")
+    error = _drive(comm, config, job, address, security, size - 1)
+    code = exit_code(error) if error else 0
+    if not scheduler.close_workers(SHUTDOWN_S):
+        _abort(comm, f"the worker ranks did not close within {SHUTDOWN_S:g} s", 1)
+    _bcast(comm, code, rank, late="not every worker rank ended")
+    if not scheduler.close(SHUTDOWN_S):
+        _abort(comm, f"the Dask scheduler did not close within {SHUTDOWN_S:g} s", code or 1)
+    if error:
+        raise error
+    return code
+
+
+def _drive(comm: Any, config: Config, job: Callable[[Client], Any], address: str,
+           security: Any, workers: int) -> UserError | Diverged | None:
+    """Train as the driver; return the user error (or divergence) that stopped it, or abort
+    on any other exception."""
+    try:
+        with dask.config.set(cluster.dashboard_link_config(config.cluster.dashboard_address)), \
+                Client(address, security=security, timeout=config.cluster.timeout) as client:
+            if workers:    # none with one rank (the serial strategy)
+                cluster.wait_for_workers(client, workers, config.cluster.timeout)
+            result = job(client)
+        print(f"run directory: {result.out}")
+    except (UserError, Diverged) as exc:
+        return exc
+    except KeyboardInterrupt:      # mpiexec passes Ctrl-C on to every rank
+        _abort(comm, "interrupted", 130)
+    except BaseException:
+        traceback.print_exc()
+        _abort(comm, None, 1)
+    return None
+
+
+class _LostRank(SchedulerPlugin):
+    """Ends the job when a worker rank leaves before the head closes the cluster."""
+
+    name = "dtrain-lost-rank"
+
+    def __init__(self, on_lost: Callable[[str], None]):
+        self.on_lost = on_lost
+        self.closing = False
+        self.names: dict[str, Any] = {}
+
+    def add_worker(self, scheduler: Scheduler, worker: str) -> None:
+        self.names[worker] = scheduler.workers[worker].name
+
+    def remove_worker(self, scheduler: Scheduler, worker: str, *, stimulus_id: str,
+                      **kwargs: Any) -> None:
+        if not self.closing:
+            self.on_lost(f"MPI rank {self.names.get(worker, '?')} (Dask worker {worker}) left "
+                         f"the run; a lost rank cannot rejoin")
+
+
+class SchedulerThread:
+    """The Dask scheduler on its own event loop, in a thread of the head rank.
+
+    Parameters
+    ----------
+    cfg
+        ``interface``, ``dashboard_address`` and ``timeout`` are used.
+    security
+        A :class:`distributed.Security` for TLS, or None for plain TCP.
+    on_lost
+        Called with a message if a worker leaves before :meth:`close_workers`.
+    """
+
+    def __init__(self, cfg: ClusterConfig, security: Any, on_lost: Callable[[str], None]):
+        self.cfg, self.security = cfg, security
+        self.plugin = _LostRank(on_lost)
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),),
+                                        name="dtrain-scheduler", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduler: Scheduler | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> str:
+        """Start the scheduler and return its address."""
+        self._thread.start()
+        if not self._ready.wait(self.cfg.timeout):
+            raise UserError(f"the Dask scheduler did not start within {self.cfg.timeout:g} s "
+                            f"(cluster.timeout)")
+        if self._error is not None:
+            raise self._error
+        return self._scheduler.address
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            dash = self.cfg.dashboard_address
+            self._scheduler = await Scheduler(
+                protocol="tls" if self.security else "tcp", security=self.security,
+                interface=self.cfg.interface or None, port=0, dashboard=bool(dash),
+                dashboard_address=dash or None, plugins=[self.plugin])
+        except BaseException as exc:
+            self._error = exc
+            return
+        finally:
+            self._ready.set()
+        await self._scheduler.finished()
+
+    def _call(self, coroutine: Any, timeout: float) -> bool:
+        """Run ``coroutine`` on the scheduler's loop; False if it took over ``timeout`` s."""
+        done = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            done.result(timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _close_workers(self) -> None:
+        s = self._scheduler
+        self.plugin.closing = True
+        for worker in list(s.workers):
+            s.close_worker(worker)
+        while s.workers:
+            await asyncio.sleep(POLL_S)
+
+    def close_workers(self, timeout: float) -> bool:
+        """Ask every worker to close and wait until all have left; False on time-out."""
+        return self._call(self._close_workers(), timeout)
+
+    def close(self, timeout: float) -> bool:
+        """Close the scheduler (after the worker ranks have ended); False on time-out."""
+        if not self._call(self._scheduler.close(), timeout):
+            return False
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+# --- worker ranks ------------------------------------------------------------------------
+
+def _worker(comm: Any, rank: int, head: int) -> int:
+    go = _bcast(comm, None, head)
+    if isinstance(go, _Stop):
+        return go.code
+    index = local_worker_index(comm, is_worker=True)
+    gpu = pin_gpu(go.config.cluster.device, index)
+    address = _bcast(comm, None, head)
+    if address is None:
+        return 1
+    try:
+        asyncio.run(_serve_worker(address, go.config.cluster, go.security, rank, gpu is not None))
+    except (OSError, TimeoutError) as exc:        # e.g. the scheduler is unreachable
+        _abort(comm, f"MPI rank {rank}: the Dask worker stopped: {type(exc).__name__}: {exc}", 1)
+    except KeyboardInterrupt:                     # the head reports it
+        _abort(comm, None, 130)
+    except BaseException:
+        traceback.print_exc()
+        _abort(comm, None, 1)
+    return _bcast(comm, None, head, late=f"the head (rank {head}) did not end the run")
+
+
+async def _serve_worker(address: str, cfg: ClusterConfig, security: Any, rank: int,
+                        gpu: bool) -> None:
+    """One Dask worker named by its rank; a rank given a GPU advertises it."""
+    async with Worker(address, name=rank, nthreads=cfg.threads_per_worker, security=security,
+                      interface=cfg.interface or None, death_timeout=cfg.timeout,
+                      resources={device.GPU: 1} if gpu else None) as worker:
+        await worker.finished()
+
+
+# --- ranks on GPU nodes ------------------------------------------------------------------
+
+def local_rank(comm: Any = None) -> int:
+    """This process's index among the ranks of ``comm`` on the same node (shared memory)."""
+    from mpi4py import MPI
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+def local_worker_index(comm: Any, is_worker: bool) -> int | None:
+    """Index of this worker rank among the worker ranks on its node (None on the head).
+
+    Collective: every rank of ``comm`` calls it.
+    """
+    from mpi4py import MPI
+    workers = comm.Split(0 if is_worker else MPI.UNDEFINED, comm.Get_rank())
+    if workers == MPI.COMM_NULL:
+        return None
+    try:
+        return local_rank(workers)
+    finally:
+        workers.Free()
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` if set, else the node's GPUs."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip()]
+    with contextlib.suppress(OSError):
+        return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
+    return []
+
+
+def gpu_for(index: int, gpus: list[str]) -> str | None:
+    """The GPU for the ``index``-th worker rank of a node: round-robin over ``gpus``."""
+    return gpus[index % len(gpus)] if gpus else None
+
+
+def pin_gpu(device: str, index: int | None) -> str | None:
+    """Give this worker rank its own GPU by setting ``CUDA_VISIBLE_DEVICES``.
+
+    Only when ``device`` asks for GPUs (anything but ``"cpu"``), and before
+    CuPy is imported.  Returns the GPU id chosen, or None.
+    """
+    if device == "cpu" or index is None:
+        return None
+    gpu = gpu_for(index, visible_gpus())
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    return gpu
+
+
+def quiet_logs() -> None:
+    """Keep distributed's start-up chatter (INFO) off the job's log; warnings still show."""
+    logging.getLogger("distributed").setLevel(logging.WARNING)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# dtrain on PBS (PBS Pro / OpenPBS), the MPI way: one job; mpiexec starts the head and one
+# worker rank per node.  qsub passes no arguments to a script, so DTRAIN_ARGS carries them:
+#
+#   qsub -v DTRAIN_ARGS="--config configs/mnist.toml --set data.path=/data/mnist" jobqueue/pbs.sh
+#
+# Layout (recommended; MPI + threads scaled best): 4 nodes, each running one worker rank whose
+# BLAS uses all its cores (ncpus), with one Dask thread; the head (scheduler + driver, light)
+# is a second MPI process on the first node: hence mpiprocs=2 in the first chunk.
+# (Torque: -l nodes=4:ppn=16, and set DTRAIN_RANKS=5.)
+#PBS -N dtrain
+#PBS -l select=1:ncpus=16:mpiprocs=2+3:ncpus=16:mpiprocs=1
+#PBS -l walltime=01:00:00
+#PBS -j oe
+
+set -euo pipefail
+cd "${PBS_O_WORKDIR:-.}"
+
+# MPI: the mpiexec that `pip install -e ".[mpi]"` put into .venv needs nothing more.  To use
+# the cluster's own MPI instead (README, "On a cluster"), load it and say how to launch, e.g.
+#   module load openmpi
+#   DTRAIN_MPIEXEC=mpirun
+VENV=${DTRAIN_VENV:-.venv}
+MPIEXEC=${DTRAIN_MPIEXEC:-$VENV/bin/mpiexec}
+RANKS=${DTRAIN_RANKS:-$(wc -l < "${PBS_NODEFILE:?submit this script with qsub}")}
+
+# Threads per worker: BLAS threads = the cores of a chunk (override with DTRAIN_THREADS).
+THREADS=${DTRAIN_THREADS:-${NCPUS:-1}}
+export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+
+# shellcheck disable=SC2086  # MPIEXEC may carry options; DTRAIN_ARGS is a list of words
+exec $MPIEXEC -n "$RANKS" "$VENV/bin/python" -m dtrain --scheduler-rank 0 ${DTRAIN_ARGS:-}

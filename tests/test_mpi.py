@@ -1,0 +1,194 @@
+"""``mpirun -n N python -m dtrain --scheduler-rank 0``, launched for real with mpiexec."""
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from distributed import Client, Security
+
+import dtrain
+import mpirun
+from conftest import REPO
+
+pytestmark = pytest.mark.mpi
+
+QUICK = ["train.epochs=4", "optim.name=momentum", "data.shards=5", "graph.fan_in=2"]
+QUIET = ["--dashboard-address", "127.0.0.1:0"]     # 8787 may be taken on a shared machine
+FAULT = REPO / "tests" / "mpi_fault.py"
+
+
+def _log_noise(stderr: str) -> list[str]:
+    """stderr lines, less distributed's warning that a loaded machine stalled an event loop."""
+    return [line for line in stderr.splitlines() if "Event loop was unresponsive" not in line]
+
+
+def _sets(sets: list[str]) -> list[str]:
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+@pytest.mark.parametrize("ranks, extra", [(3, []), (4, ["cluster.tls=off"]),
+                                          (3, ["graph.strategy=parameter-server"])],
+                         ids=["3-ranks", "4-ranks-no-tls", "3-ranks-parameter-server"])
+def test_mpi_run_equals_the_localcluster_run(client, tmp_path, ranks, extra):
+    """Same config and shards: params.npz byte for byte equal; N-1 workers; a clean log."""
+    job = mpirun.run(ranks, *_sets(QUICK + extra), "--out", str(tmp_path / "mpi"), *QUIET)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert _log_noise(job.stderr) == [], job.stderr          # no tracebacks, no shutdown noise
+    local = dtrain.train(dtrain.load_config(None, QUICK + extra), client=client,
+                         out=tmp_path / "local", echo=None)
+    assert (tmp_path / "mpi" / "params.npz").read_bytes() == \
+        (tmp_path / "local" / "params.npz").read_bytes()
+    summary = json.loads((tmp_path / "mpi" / "summary.json").read_text())
+    assert summary["workers"] == ranks - 1 and local.summary["workers"] == 2
+    protocol = "tcp" if "cluster.tls=off" in extra else "tls"
+    assert f"scheduler: {protocol}://" in job.stdout
+    assert "dashboard: http://127.0.0.1:" in job.stdout and "epoch 4/4" in job.stdout
+
+
+BAD = [
+    (3, ["--set", "optim.lr=-1"], "optim.lr = -1.0"),
+    (3, ["--set", "data.dataset=mnist", "--set", "data.path=/nonexistent/mnist",
+         "--set", "model.layers=[784, 10]"], "MNIST directory /nonexistent/mnist not found"),
+    (1, [], "graph.strategy = 'allreduce' needs 2 MPI ranks (the head + 1 worker), found 1"),
+    (2, ["--set", "graph.strategy=parameter-server"], "needs 3 MPI ranks"),
+    (3, ["--scheduler-rank", "3"], "--scheduler-rank 3: the head's rank must be one of this "
+                                   "job's ranks, 0 to 2"),
+    (3, ["--workers", "4"], "--workers does not apply with --scheduler-rank"),
+    (3, ["--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+@pytest.mark.parametrize("ranks, args, message", BAD,
+                         ids=["bad-config", "missing-data", "one-rank", "ps-two-ranks",
+                              "bad-head-rank", "workers-flag", "unknown-flag"])
+def test_bad_input_stops_every_rank_with_one_line(tmp_path, ranks, args, message):
+    job = mpirun.run(ranks, *args, "--out", str(tmp_path / "run"), *QUIET, timeout=60)
+    assert job.returncode == 2, job.stdout + job.stderr
+    assert job.seconds < 30
+    lines = job.stderr.strip().splitlines()
+    assert len(lines) == 1, job.stderr                       # printed once, by the head
+    assert lines[0].startswith("dtrain: error: ") and message in lines[0], lines[0]
+    assert job.stdout == "" and not (tmp_path / "run").exists()
+
+
+def test_a_driver_exception_ends_every_rank(tmp_path):
+    out = tmp_path / "run"
+    job = mpirun.run(3, *_sets(["train.epochs=200", "graph.window=7"]), "--out", str(out),
+                     *QUIET, script=(str(FAULT), "driver-raises"))
+    assert job.returncode != 0 and job.seconds < 30, job.stderr
+    assert job.stderr.count("Traceback") == 1, job.stderr    # once, by the head
+    assert job.stderr.count("RuntimeError: injected driver failure at epoch 2") == 1
+    assert "epoch   1/200" in job.stdout and "epoch   3/200" not in job.stdout
+    assert not (out / "summary.json").exists() and not mpirun.leftovers(str(out))
+
+
+def test_a_user_error_mid_run_ends_every_rank_with_code_2(tmp_path):
+    out = tmp_path / "run"
+    job = mpirun.run(3, *_sets(["train.epochs=200", "graph.window=7"]), "--out", str(out),
+                     *QUIET, script=(str(FAULT), "driver-user-error"))
+    assert job.returncode == 2 and job.seconds < 30, job.stderr
+    assert "dtrain: error: injected user error at epoch 2" in job.stderr.splitlines()
+    assert "Traceback" not in job.stderr
+    assert not (out / "summary.json").exists() and not mpirun.leftovers(str(out))
+
+
+@pytest.mark.parametrize("how", ["killed", "leaves"])
+def test_a_lost_worker_rank_ends_the_job(tmp_path, how):
+    """A worker rank killed mid-training: mpiexec ends the other ranks (MPI's own rule).  A
+    worker that leaves while its process lives on: the head notices and aborts the job."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(mpirun.command(3, *_sets(["train.epochs=500", "graph.window=7",
+                                                      "cluster.tls=off"]),
+                                           "--out", str(out), *QUIET),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=mpirun.environment())
+    try:
+        for line in proc.stdout:
+            if line.startswith("scheduler: "):
+                address = line.split()[1]
+            if line.startswith("epoch"):
+                break
+        if how == "killed":
+            mpirun.rank_processes(proc.pid)[2].send_signal(signal.SIGKILL)
+        else:
+            with Client(address, timeout=10) as outsider:
+                workers = outsider.scheduler_info()["workers"]
+                (leaver,) = [a for a, w in workers.items() if w["name"] == 2]
+                with contextlib.suppress(OSError):   # the job may end before the reply
+                    outsider.retire_workers([leaver], close_workers=True)
+        lost = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - lost < 15
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    if how == "leaves":
+        assert "dtrain: error: MPI rank 2 (Dask worker tcp://" in err, err
+    assert not (out / "summary.json").exists() and not mpirun.leftovers(str(out))
+
+
+def test_tls_keeps_strangers_out(tmp_path):
+    """While a run is paused at epoch 2, a plain client and a TLS client with another
+    certificate cannot attach to its scheduler, and the dashboard answers on 127.0.0.1 only."""
+    out, resume = tmp_path / "run", tmp_path / "resume"
+    proc = subprocess.Popen(mpirun.command(3, *_sets(["train.epochs=3", "graph.window=7"]),
+                                           "--out", str(out), *QUIET,
+                                           script=(str(FAULT), "pause")),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=mpirun.environment(DTRAIN_RESUME_FILE=str(resume)))
+    try:
+        said = {}
+        for line in proc.stdout:
+            key, _, rest = line.partition(": ")
+            said[key] = rest.split()[0] if rest else ""
+            if line.startswith("epoch"):
+                break
+        address, dashboard = said["scheduler"], said["dashboard"]
+        assert address.startswith("tls://"), address
+        host_port = address.removeprefix("tls://")
+        strangers = [("tcp://" + host_port, None),                 # plain
+                     (address, Security.temporary())]                # another certificate
+        for addr, security in strangers:
+            with pytest.raises(OSError):      # CommClosedError / FatalCommClosedError
+                Client(addr, security=security, timeout=5)
+        assert urllib.request.urlopen(dashboard, timeout=10).status == 200
+        outside = dashboard.replace("127.0.0.1", host_port.rsplit(":", 1)[0])
+        with pytest.raises(OSError):
+            urllib.request.urlopen(outside, timeout=5)
+        resume.touch()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert err.count("TLS handshake failed") == 2, err   # the scheduler refused both
+    assert (out / "summary.json").exists()
+
+
+LOCAL_RANKS = """
+from mpi4py import MPI
+from dtrain import mpi
+comm = MPI.COMM_WORLD
+index = mpi.local_worker_index(comm, is_worker=comm.rank != 0)
+row = [comm.rank, mpi.local_rank(), index, mpi.pin_gpu("gpu", index), mpi.pin_gpu("cpu", index)]
+rows = comm.gather(row)
+if comm.rank == 0:
+    print(rows)
+"""
+
+
+def test_each_worker_rank_gets_its_own_gpu():
+    """local ranks on one node; worker ranks take the GPUs listed in CUDA_VISIBLE_DEVICES in
+    turn (the head takes none); device 'cpu' leaves them alone."""
+    exe, _ = mpirun.launcher()
+    proc = subprocess.run([*exe, "-n", "4", sys.executable, "-c", LOCAL_RANKS], text=True,
+                          capture_output=True, timeout=60,
+                          env=mpirun.environment(CUDA_VISIBLE_DEVICES="5,7"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str([[0, 0, None, None, None], [1, 1, 0, "5", None],
+                                       [2, 2, 1, "7", None], [3, 3, 2, "5", None]])
