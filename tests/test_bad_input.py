@@ -58,7 +58,7 @@ TABLE = [
     ("missing config", lambda t: ["--config", str(t / "nope.toml")], "nope.toml not found"),
     ("unparsable config", _bad_toml, "is not valid TOML"),
     ("missing data dir", lambda t: MNIST + ["--set", f"data.path={t}/gone"],
-     f"MNIST directory {{t}}/gone not found"),
+     "MNIST directory {t}/gone not found"),
     ("bad IDX magic", lambda t: _mnist(t, magic=b"\x00\x00\x09\x03"), "bad magic number 00000903"),
     ("truncated IDX", lambda t: _mnist(t, cut=1000), "truncated: header promises"),
     ("count mismatch", _mismatch, "has 40 images but"),

@@ -10,7 +10,8 @@ from distributed import Client, LocalCluster
 import dtrain
 from conftest import assert_moved_as_predicted
 from dtrain import cluster, graph
-from dtrain.trainer import DaskEngine, plan
+from dtrain.engines import DaskEngine
+from dtrain.trainer import plan
 
 QUICK = ["train.epochs=4", "optim.name=momentum", "data.shards=5", "graph.fan_in=2"]
 

@@ -1,0 +1,309 @@
+"""The engines that run a planned training: in one process, or as Dask task graphs.
+
+* :class:`SerialEngine`: the reference; no Dask, each global minibatch in one piece.
+* :class:`DaskEngine`: data on the workers, built by loading tasks; one task
+  graph per window of steps (see :mod:`dtrain.graph` and
+  :mod:`dtrain.modelparallel`); the driver waits only at window edges, for
+  the state it needs to start the next window; evaluations come back on
+  their own.
+
+Both run the same :class:`~dtrain.optim.Schedule` from a :class:`Start` and
+report through a :class:`~dtrain.report.Recorder`.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import dask
+import numpy as np
+from dask.task_spec import TaskRef
+from distributed import Client, Future, wait
+
+from dtrain import cluster, data, device, graph
+from dtrain import metrics as dtrain_metrics
+from dtrain.checkpoint import Checkpoint
+from dtrain.errors import UserError
+from dtrain.graph import Placement
+from dtrain.modelparallel import ModelParallel
+from dtrain.optim import TrainState, update
+from dtrain.report import Recorder
+
+if TYPE_CHECKING:
+    from dtrain.trainer import Plan
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where an engine begins: step 0, or a checkpoint's step."""
+
+    state: TrainState
+    step: int = 0
+    epochs_done: int = 0
+
+
+@dataclass
+class Outcome:
+    metrics: list[dict[str, Any]]
+    state: TrainState
+    test: dict[str, float] | None
+    workers: int
+    seconds: float
+    setup_seconds: float
+    steps: int                                                  # steps run by this engine
+    compute: dict[str, float] = field(default_factory=dict)    # see metrics.StepTimer.report
+    worker_rss: dict[str, float] = field(default_factory=dict)
+    comm: dict[str, int] = field(default_factory=dict)         # bytes between workers
+    split: dict[str, dict[str, Any]] = field(default_factory=dict)   # work per worker
+
+
+def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float) -> dict[str, Any]:
+    epoch = ev["epoch"]
+    return {"epoch": epoch, "train_loss": ev.get("train_loss"),
+            "val_loss": ev["loss"] if plan.info.val else None,
+            "val_accuracy": ev["accuracy"] if plan.info.val else None,
+            "seconds": seconds, "samples_per_second": plan.train_samples / seconds if seconds else None,
+            "lr": plan.schedule.rates[epoch - 1], "steps": plan.schedule.steps_per_epoch}
+
+
+def _windows(plan: Plan, start: int) -> Iterator[range]:
+    """Step ranges of the windows from ``start``: the driver syncs and checkpoints at each edge.
+
+    A window ends after ``graph.window`` steps, or later at the end of a local SGD round.
+    """
+    size, total = plan.config.graph.window, len(plan.schedule)
+    first = start
+    while first < total:
+        stop = min(first + size, total)
+        while stop < total and not graph.unit_starts(plan.schedule[stop], plan.recipe):
+            stop += 1
+        yield range(first, stop)
+        first = stop
+
+
+class SerialEngine:
+    """The reference: one process, NumPy, every global minibatch in one piece."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+
+    def run(self, start: Start, recorder: Recorder) -> Outcome:
+        p, cfg = self.plan, self.plan.config
+        t0 = time.perf_counter()
+        shards = [data.load_shard(cfg.data, i, a, b, p.info.train, cfg.model.dtype)
+                  for i, (a, b) in enumerate(p.ranges)]
+        val = data.load_part(cfg.data, "val", cfg.model.dtype)
+        test = data.load_part(cfg.data, "test", cfg.model.dtype)
+        state, metrics = start.state, list(recorder.metrics)
+        began = last = time.perf_counter()
+        fb = upd = 0.0
+        for window in _windows(p, start.step):
+            for t in window:
+                step = p.schedule[t]
+                rows = [s.batch(step.epoch, lo, hi, p.recipe.shuffle_seed)
+                        for s, (lo, hi) in zip(shards, step.bounds)]
+                x = np.concatenate([r[0] for r in rows])               # (B, D)
+                y = np.concatenate([r[1] for r in rows])               # (B,)
+                t1 = time.perf_counter()
+                grad = p.net.loss_and_grad(p.opt.params(state), x, y)
+                t2 = time.perf_counter()
+                state = update(p.opt, step, True, state, grad)
+                fb, upd = fb + t2 - t1, upd + time.perf_counter() - t2
+                if step.last:
+                    now = time.perf_counter()
+                    row = _epoch_row(p, graph.evaluate(p.net, step.epoch, state, val), now - last)
+                    last = now
+                    metrics.append(row)
+                    recorder.epoch(row)
+            recorder.checkpoint(Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch,
+                                           state))
+        seconds = time.perf_counter() - began
+        result = graph.evaluate(p.net, -1, state, test) if p.info.test else None
+        compute = {"forward_backward_seconds": fb, "reduce_seconds": 0.0, "update_seconds": upd,
+                   "critical_seconds": fb + upd}
+        return Outcome(metrics, state, result, 0, seconds, began - t0,
+                       len(p.schedule) - start.step, compute)
+
+
+class DaskEngine:
+    """Data on the workers, one task graph per window of steps.
+
+    At every window edge the driver (1) looks at the workers that are there
+    now and re-pins: data whose worker is gone, or which belongs on a new
+    worker, gets a fresh loading task there; (2) submits the window; (3) turns
+    the previous window's evaluations into epoch rows and checkpoints its end
+    state; (4) waits for this window's end state, its only wait.
+    """
+
+    def __init__(self, plan: Plan, client: Client):
+        self.plan, self.client = plan, client
+        self.run_id = plan.run
+        client.register_plugin(cluster.QuietUserErrors())
+        client.register_plugin(dtrain_metrics.StepTimer())
+        client.register_plugin(dtrain_metrics.TransferCounter())
+        if plan.config.cluster.low_latency:
+            cluster.low_latency(client)
+        self.items: list[tuple[str, Future]] = []   # (worker, loading-task future)
+        self.loads = 0
+        self.predicted_bytes = 0                    # what the graphs say crosses workers
+        self.speed: dict[str, float] = {}           # calibrated samples/s, by worker address
+        self.placement: Placement | None = None
+        self.live: list[Future] = []                # the windows in flight
+        self.parts: list[Future] = []               # validation and test shards
+
+    def _key(self, name: str, *parts: int | str) -> str:
+        return graph.key(name, *parts, run=self.run_id)
+
+    def _workers(self) -> list[graph.Worker]:
+        """The workers there now, as placement sees them: GPU or not, and how fast."""
+        cfg = self.plan.config
+        info = cluster.workers(self.client)
+        gpu = {a: cfg.cluster.device != "cpu" and device.is_gpu_worker(i) and
+               not isinstance(self.plan.strategy, ModelParallel) for a, i in info.items()}
+        if cfg.cluster.device == "gpu" and not any(gpu.values()):
+            raise UserError(f"cluster.device = 'gpu' but none of the {len(info)} workers "
+                            f"advertises a GPU resource; start GPU workers with "
+                            f"`dask worker --resources {device.GPU}=1` or use device 'auto'")
+        if len(set(gpu.values())) > 1:             # CPU and GPU workers: size work by speed
+            rows = max(16, min(1024, cfg.train.batch_size // max(1, len(info))))
+            for a in info.keys() - self.speed.keys():
+                self.speed[a] = self.client.run(device.throughput, self.plan.net, rows, gpu[a],
+                                                workers=[a])[a]
+        return [graph.Worker(a, gpu[a], self.speed.get(a, 1.0)) for a in info]
+
+    def _place(self) -> Placement:
+        """Placement over the workers there now; (re)load data that must move."""
+        cfg, c, strategy = self.plan.config, self.client, self.plan.strategy
+        cluster.wait_for_workers(c, strategy.min_workers, cfg.cluster.timeout)
+        placement = self.placement = strategy.place(self._workers())
+        wanted = strategy.data(placement)
+        for j, item in enumerate(wanted):
+            if j < len(self.items) and self.items[j][0] == item.worker:
+                continue
+            future = c.submit(item.fn, *item.args, key=self._key(*item.name, self.loads),
+                              workers=[item.worker], allow_other_workers=True)
+            self.items[j:j + 1] = [(item.worker, future)]
+        del self.items[len(wanted):]
+        self.loads += 1
+        return placement
+
+    @property
+    def data(self) -> list[Future]:
+        return [f for _, f in self.items]
+
+    @property
+    def refs(self) -> list[TaskRef]:
+        """The loading tasks' keys for the graphs.  Graphs name them rather than embed the
+        futures: a scheduler in this process keeps recent messages (and so the graphs'
+        objects) for a while, and an embedded future would keep its data alive with them."""
+        return [TaskRef(f.key) for f in self.data]
+
+    def _load_parts(self, placement: Placement) -> tuple[Future | None, Future | None]:
+        """Validation and test shards, loaded where the updates run; surface data errors now."""
+        p, cfg, c, root = self.plan, self.plan.config, self.client, placement.root
+        parts = [c.submit(data.load_part, cfg.data, part, cfg.model.dtype, root in placement.gpus,
+                          key=self._key(f"load-{part}"), workers=[root],
+                          allow_other_workers=True) if getattr(p.info, part) else None
+                 for part in ("val", "test")]
+        self.parts = [f for f in parts if f is not None]
+        loading = self.data + self.parts
+        wait(loading)
+        for f in loading:
+            if f.status == "error":
+                f.result()  # re-raises the worker's exception here
+        c.run(data.clear_cache)  # the data is built; drop the workers' copies of the files
+        return parts[0], parts[1]
+
+    def _submit(self, win: graph.Window) -> list[Future]:
+        gpus = self.placement.gpus if self.placement else frozenset()
+        need = {device.GPU: 1}
+
+        def resources(key: str) -> dict:            # the maths of shards on GPU workers
+            return need if win.where[key][0] in gpus and graph.is_leaf(key) else {}
+
+        with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
+                           resources=resources):
+            return self.client.get(win.dsk, [*win.ends, *win.evals.values()], sync=False)
+
+    def split(self) -> dict[str, dict[str, Any]]:
+        """How the work was split over the workers (for the summary)."""
+        pl, info = self.placement, cluster.workers(self.client)
+        names = {a: str(i.get("name", a)) for a, i in info.items()}
+        out = {}
+        for a in [a for a in info if pl and a in pl.workers]:
+            mine = [i for i, w in enumerate(pl.leaves) if w == a]
+            out[names.get(a, a)] = {
+                "device": "gpu" if a in pl.gpus else "cpu", "leaves": len(mine),
+                "samples": sum(self.plan.ranges[i][1] - self.plan.ranges[i][0] for i in mine)
+                if not isinstance(self.plan.strategy, ModelParallel) else None,
+                "samples_per_second": round(self.speed[a], 1) if a in self.speed else None}
+        return out
+
+    def run(self, start: Start, recorder: Recorder) -> Outcome:
+        try:
+            return self._run(start, recorder)
+        except BaseException:
+            # a failed run leaves nothing behind on the workers: drop what it holds now, not
+            # when the traceback (which references these futures) is finally collected
+            for future in self.data + self.live + self.parts:
+                future.release()
+            self.items.clear()
+            raise
+
+    def _run(self, start: Start, recorder: Recorder) -> Outcome:
+        p = self.plan
+        t0 = time.perf_counter()
+        placement = self._place()
+        val, test = self._load_parts(placement)
+        state, metrics = start.state, list(recorder.metrics)
+        arrived: dict[int, float] = {}      # epoch -> when its evaluation arrived
+        began = time.perf_counter()
+        pending: list[tuple[int, Future]] = []
+        done: Checkpoint | None = None
+        for window in _windows(p, start.step):
+            if window.start != start.step:
+                placement = self._place()
+            win = p.strategy.window([p.schedule[t] for t in window], state, self.refs,
+                                    TaskRef(val.key) if val else None, placement, self.run_id)
+            located = {f.key: w for w, f in self.items} | ({val.key: placement.root} if val else {})
+            self.predicted_bytes += win.transfer_bytes(located)
+            futures = self._submit(win)
+            ends, evals = futures[:len(win.ends)], futures[len(win.ends):]
+            self.live = futures + [f for _, f in pending]
+            for epoch, fut in zip(win.evals, evals):
+                fut.add_done_callback(lambda f, e=epoch: arrived.setdefault(e, time.perf_counter()))
+            self._drain(pending, metrics, arrived, began, recorder)
+            if done is not None:
+                recorder.checkpoint(done)   # its epochs are recorded: safe to resume from
+            pending = list(zip(win.evals, evals))
+            state = win.join(self.client.gather(ends))   # the one wait per window
+            done = Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch, state)
+            del ends
+        self._drain(pending, metrics, arrived, began, recorder)
+        if done is not None:
+            recorder.checkpoint(done)
+        seconds = time.perf_counter() - began
+        result = None
+        if test is not None:
+            result = self.client.submit(graph.evaluate, p.net, -1, state, test,
+                                        key=self._key("evaluate-test"), workers=[placement.root],
+                                        allow_other_workers=True).result()
+        workers = len(cluster.worker_addresses(self.client))
+        moved = dtrain_metrics.transfers(self.client, self.run_id)
+        return Outcome(metrics, state, result, workers, seconds, began - t0,
+                       len(p.schedule) - start.step,
+                       dtrain_metrics.task_times(self.client, self.run_id) or {},
+                       dtrain_metrics.worker_peak_rss_mb(self.client),
+                       {"predicted": self.predicted_bytes, "measured": moved["bytes"],
+                        "transfers": moved["transfers"]}, self.split())
+
+    def _drain(self, pending, metrics, arrived, began, recorder: Recorder) -> None:
+        """Turn finished evaluations into epoch rows, in epoch order."""
+        for epoch, fut in pending:
+            ev = fut.result()
+            end = arrived.get(epoch) or time.perf_counter()
+            row = _epoch_row(self.plan, ev, end - arrived.get(epoch - 1, began))
+            metrics.append(row)
+            recorder.epoch(row)
