@@ -34,6 +34,7 @@ from typing import Any
 
 import dask
 from distributed import Client, Scheduler, Worker
+from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dtrain import cluster, device
@@ -345,7 +346,30 @@ async def _serve_worker(address: str, cfg: ClusterConfig, security: Any, rank: i
     async with Worker(address, name=rank, nthreads=cfg.threads_per_worker, security=security,
                       interface=cfg.interface or None, death_timeout=cfg.timeout,
                       resources={device.GPU: 1} if gpu else None) as worker:
-        await worker.finished()
+        log = logging.getLogger("distributed.worker")
+        log.addFilter(noise := _HeartbeatCutByClose(worker))
+        try:
+            await worker.finished()
+        finally:
+            log.removeFilter(noise)
+
+
+class _HeartbeatCutByClose(logging.Filter):
+    """Drops distributed's heartbeat error when the worker's own close cut the heartbeat.
+
+    A worker told to close shuts its connection pool while a heartbeat may be in flight;
+    distributed then logs the closed comm as an error with a traceback.  Heartbeat failures
+    of a worker that is not closing still show.
+    """
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        closing = self.worker.status in (Status.closing, Status.closed,
+                                         Status.closing_gracefully)
+        return not (closing and str(record.msg).startswith("Failed to communicate with "
+                                                           "scheduler during heartbeat"))
 
 
 # --- ranks on GPU nodes ------------------------------------------------------------------

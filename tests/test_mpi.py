@@ -192,3 +192,34 @@ def test_each_worker_rank_gets_its_own_gpu():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str([[0, 0, None, None, None], [1, 1, 0, "5", None],
                                        [2, 2, 1, "7", None], [3, 3, 2, "5", None]])
+
+
+def test_only_a_heartbeat_cut_by_the_workers_own_close_is_silenced(caplog):
+    """distributed logs a heartbeat cut short by the worker's own close as an error with a
+    traceback (seen at the end of mpirun jobs); dtrain drops that record, and only that one."""
+    import asyncio
+    import logging
+
+    from distributed import Scheduler, Worker
+
+    from dtrain import mpi
+
+    log = logging.getLogger("distributed.worker")
+    heartbeat = "Failed to communicate with scheduler during heartbeat."
+
+    async def run() -> list[str]:
+        async with Scheduler(port=0, dashboard=False) as scheduler:
+            worker = await Worker(scheduler.address, nthreads=1)
+            log.addFilter(noise := mpi._HeartbeatCutByClose(worker))
+            try:
+                log.error(heartbeat + " (running)")
+                await worker.close()
+                log.error(heartbeat + " (closed)")
+                log.error("Some other error (closed)")
+            finally:
+                log.removeFilter(noise)
+        return [r.getMessage() for r in caplog.records if r.name == "distributed.worker"]
+
+    with caplog.at_level(logging.ERROR, logger="distributed.worker"):
+        messages = asyncio.run(run())
+    assert messages == [heartbeat + " (running)", "Some other error (closed)"]
