@@ -118,7 +118,7 @@ def run_one(wl: Workload, workers: int, contender: Contender, repeat: int, args,
     """Run one cell in fresh processes and read back what it left."""
     run = Run(wl.name, workers, contender.name, repeat, contender.processes(workers))
     cfg = wl.config_for(workers, contender.strategy, contender.dask_workers(workers), args.data_dir)
-    reason = wl.missing_data(args.data_dir) or contender.unavailable(tools, cfg)
+    reason = wl.cannot_run(workers, args.data_dir) or contender.unavailable(tools, cfg)
     if reason:
         run.status, run.note = "skipped", reason
         return run

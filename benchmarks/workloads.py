@@ -36,16 +36,19 @@ class Workload:
     scaling: str = "strong"
     study: str = ""
     targets: dict[str, float] = field(default_factory=dict)
+    max_workers: int | None = None
 
     @property
     def dataset(self) -> str:
         return self.config.get("data", {}).get("dataset", "iris")
 
-    def missing_data(self, data_dir: Path) -> str | None:
-        """Why this workload's files are not under ``data_dir``, or None."""
+    def cannot_run(self, workers: int, data_dir: Path) -> str | None:
+        """Why this workload does not run at ``workers`` with the data in ``data_dir``, or None."""
         folder = FILE_DATASETS.get(self.dataset)
         if folder and not (data_dir / folder).is_dir():
             return f"no {self.dataset} data in {data_dir / folder} (pass --data-dir)"
+        if self.max_workers and workers > self.max_workers:
+            return f"{self.name} runs on at most {self.max_workers} workers (memory; see workloads.toml)"
         return None
 
     def config_for(self, workers: int, strategy: str, dask_workers: int, data_dir: Path) -> Config:
@@ -75,5 +78,6 @@ def load_workloads(quick: bool = False, path: Path = WORKLOADS_FILE) -> dict[str
         spec = merge(spec, spec.get("quick", {})) if quick else spec
         out[name] = Workload(name, spec["title"], spec["epochs"],
                              merge(defaults, spec.get("config", {})), spec.get("scaling", "strong"),
-                             spec.get("study", ""), spec.get("targets", {}))
+                             spec.get("study", ""), spec.get("targets", {}),
+                             spec.get("max_workers"))
     return out

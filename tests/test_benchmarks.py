@@ -40,6 +40,10 @@ def test_every_workload_is_a_valid_dtrain_run(quick, shared_data):
             assert cfg.model.activation == "sigmoid" and cfg.optim.name == "sgd"
             sizes[wl.name, n] = (p.train_samples, min(cfg.train.batch_size, p.train_samples),
                                  tuple(cfg.model.layers))
+    big = workloads["in12544"]
+    assert "at most 2 workers" in big.cannot_run(4, shared_data) and big.cannot_run(2, shared_data) is None
+    assert "pass --data-dir" in workloads["P1"].cannot_run(1, shared_data / "nowhere")
+    assert workloads["iris"].cannot_run(4, shared_data / "nowhere") is None     # bundled data
     if not quick:
         assert sizes["P1", 1] == (20000, 8192, (784, 1024, 10))
         assert sizes["P2", 1] == (10000, 1024, (784, 1024, 10))
