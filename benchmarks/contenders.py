@@ -17,6 +17,7 @@ from pathlib import Path
 from dtrain.config import Config
 
 PYTHON = sys.executable
+REPO = Path(__file__).resolve().parents[1]
 
 
 def torch_unsupported(cfg: Config) -> str | None:
@@ -46,7 +47,7 @@ class Tools:
             version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True)
             open_mpi = "open mpi" in (version.stdout + version.stderr).lower()
         helptext = subprocess.run([PYTHON, "-m", "dtrain", "--help"], capture_output=True,
-                                  text=True).stdout
+                                  text=True, cwd=REPO).stdout
         return cls(mpiexec, open_mpi, importlib.util.find_spec("mpi4py") is not None,
                    importlib.util.find_spec("torch") is not None, "--scheduler-rank" in helptext)
 
@@ -58,8 +59,7 @@ class Tools:
         """One BLAS/OpenMP thread per process, for every contender; Open MPI allowed as root."""
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                    MKL_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-                       filter(None, [str(Path(__file__).resolve().parents[1]),
-                                     os.environ.get("PYTHONPATH")])))
+                       filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         if self.open_mpi:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         return env
@@ -113,7 +113,8 @@ class Contender:
             return [PYTHON, "-m", "benchmarks.torch_ddp", str(run_dir), str(workers)]
         ranks = self.processes(workers)
         if self.kind == "mpi":
-            return [*tools.mpi_command(ranks), PYTHON, "-m", "benchmarks.mpi_trainers", str(run_dir)]
+            return [*tools.mpi_command(ranks), PYTHON, "-m", "mpi4py",   # an error aborts every rank
+                    "-m", "benchmarks.mpi_trainers", str(run_dir)]
         return [*tools.mpi_command(ranks), PYTHON, "-m", "benchmarks.rank_rss", str(run_dir),
                 "dtrain", "--scheduler-rank", "0", "--config", str(run_dir / "config.toml"),
                 "--out", str(run_dir)]

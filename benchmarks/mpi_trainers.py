@@ -1,6 +1,7 @@
 """Hand-written mpi4py trainers, the seeds' two approaches, with dtrain's model and maths.
 
-Run under MPI: ``mpiexec -n N python -m benchmarks.mpi_trainers RUN_DIR``, where
+Run under MPI: ``mpiexec -n N python -m mpi4py -m benchmarks.mpi_trainers RUN_DIR``
+(``-m mpi4py``: an exception on one rank aborts them all instead of hanging), where
 ``RUN_DIR/config.toml`` is a dtrain config whose ``graph.strategy`` picks:
 
 * ``allreduce`` (collective): every rank holds its block of shards, computes

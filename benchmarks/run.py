@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from dtrain.errors import UserError
 from dtrain.trainer import plan
 
 from benchmarks import report
-from benchmarks.contenders import BY_NAME, CONTENDERS, Contender, Tools
+from benchmarks.contenders import BY_NAME, CONTENDERS, REPO, Contender, Tools
 from benchmarks.workloads import Workload, load_workloads
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
 QUICK_WORKLOADS = ["P3"]
 
@@ -122,7 +122,11 @@ def run_one(wl: Workload, workers: int, contender: Contender, repeat: int, args,
     if reason:
         run.status, run.note = "skipped", reason
         return run
-    the_plan = plan(cfg)
+    try:
+        the_plan = plan(cfg)
+    except UserError as exc:                        # e.g. unreadable data files
+        run.status, run.note = "failed", str(exc)
+        return run
     run.steps_per_epoch, run.train_samples = the_plan.schedule.steps_per_epoch, the_plan.train_samples
     run.train_mb = the_plan.train_samples * the_plan.info.features * 4 / 2**20
     run.network = "-".join(map(str, cfg.model.layers))
@@ -218,12 +222,16 @@ def main(argv: list[str] | None = None) -> int:
     cells = [(r, workloads[w], n, c) for r in range(args.repeat) for w in names
              for n in counts for c in contenders]
     runs = []
-    for i, (repeat, wl, n, c) in enumerate(cells, start=1):
-        run = run_one(wl, n, c, repeat, args, tools)
-        runs.append(run)
-        took = f"{statistics.median(run.timed):.4f} s/epoch" if run.epoch_seconds else run.note
-        print(f"[{i}/{len(cells)}] {wl.name} {n}w {c.name}: {run.status} {took} "
-              f"({run.wall_seconds:.1f} s)", file=sys.stderr, flush=True)
+    try:
+        for i, (repeat, wl, n, c) in enumerate(cells, start=1):
+            run = run_one(wl, n, c, repeat, args, tools)
+            runs.append(run)
+            took = f"{statistics.median(run.timed):.4f} s/epoch" if run.epoch_seconds else run.note
+            print(f"[{i}/{len(cells)}] {wl.name} {n}w {c.name}: {run.status} {took} "
+                  f"({run.wall_seconds:.1f} s)", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:                       # the running cell's processes are gone already
+        print("benchmarks: interrupted", file=sys.stderr)
+        return 130
     compare_with_serial(runs, args.out, args.keep_params)
     meta["load_after"] = os.getloadavg()
     results = report.build(meta, [workloads[w] for w in names], counts, contenders,
