@@ -94,10 +94,8 @@ class Contender:
 
     def unavailable(self, tools: Tools, cfg: Config) -> str | None:
         """Why it cannot run here (a note for the table), or None."""
-        if self.kind in ("mpi", "dtrain-mpi") and not tools.mpiexec:
-            return "no mpiexec: pip install -e '.[bench]'"
-        if self.kind == "mpi" and not tools.mpi4py:
-            return "mpi4py is not installed: pip install -e '.[bench]'"
+        if self.kind in ("mpi", "dtrain-mpi") and not (tools.mpiexec and tools.mpi4py):
+            return "needs mpiexec and mpi4py: pip install -e '.[bench]'"
         if self.kind == "dtrain-mpi" and not tools.scheduler_rank:
             return "this dtrain has no --scheduler-rank yet (issue 3)"
         if self.kind == "torch":

@@ -198,9 +198,11 @@ def tables(results: dict[str, Any]) -> list[Table]:
         out.append(("Targets (issue 4), 2 workers", ["workload", "contender", "measure", "goal",
                                                      "value", "met"], body,
                     "Ratios of median epoch times in this run; ms per step = epoch time / steps."))
-    for kind, title in (("strong", "Strong scaling: speedup over the contender's smallest worker "
-                                   "count (efficiency)"),
-                        ("weak", "Weak scaling: efficiency T(n0)/T(n) (scaled speedup)")):
+    for kind, title, foot in (
+            ("strong", "Strong scaling (same data): epoch s, speedup T(n0)/T(n), efficiency",
+             "n0 = the contender's smallest worker count; efficiency = speedup * n0 / n."),
+            ("weak", "Weak scaling (data grows with the workers): epoch s, scaled speedup, "
+                     "efficiency T(n0)/T(n)", "Ideal: the epoch time stays put, efficiency 1.")):
         entries = [s for s in results["scaling"] if s["scaling"] == kind]
         if not entries:
             continue
@@ -208,11 +210,11 @@ def tables(results: dict[str, Any]) -> list[Table]:
         body = []
         for s in entries:
             at = {p["workers"]: p for p in s["points"]}
-            first, second = ("speedup", "efficiency") if kind == "strong" else ("efficiency", "speedup")
             body.append([s["workload"], s["contender"]] + [
-                f"{at[n][first]:.2f} ({at[n][second]:.2f}){'*' if at[n]['oversubscribed'] else ''}"
-                if n in at else "-" for n in counts])
-        out.append((title, ["workload", "contender"] + [f"{n} workers" for n in counts], body, star))
+                f"{at[n]['epoch_s']:.3g} s, {at[n]['speedup']:.2f}x, {at[n]['efficiency']:.0%}"
+                f"{'*' if at[n]['oversubscribed'] else ''}" if n in at else "-" for n in counts])
+        out.append((title, ["workload", "contender"] + [f"{n} worker{'s' if n > 1 else ''}" for n in counts], body,
+                    f"{foot} {star}"))
     return out
 
 
