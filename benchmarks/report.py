@@ -77,8 +77,8 @@ def aggregate(runs: list[dict[str, Any]], n_cores: int) -> list[dict[str, Any]]:
             "oversubscribed": first["processes"] > n_cores,
             "status": "ok" if ok else rs[0]["status"],
             "note": "; ".join(dict.fromkeys(r["note"] for r in rs if r["note"])),
-            "epoch_s": epoch, "steps": first["steps_per_epoch"], "train_samples": first["train_samples"],
-            "train_mb": first["train_mb"], "network": first["network"], "batch_size": first["batch_size"],
+            "epoch_s": epoch, "steps": first["steps_per_epoch"],
+            **{k: first[k] for k in ("train_samples", "train_mb", "network", "batch_size")},
             "samples_per_s": _ratio(first["train_samples"], epoch),
             "ms_per_step": _ratio(epoch * 1000, first["steps_per_epoch"]) if epoch else None,
             "driver_mb": max((r["driver_mb"] for r in ok if r["driver_mb"] is not None), default=None),
@@ -117,7 +117,10 @@ def scaling(rows: list[dict[str, Any]], workloads: list[Any]) -> list[dict[str, 
             points = []
             for r in rs:
                 n, ratio = r["workers"], t0 / r["epoch_s"]
-                speedup, eff = (ratio, ratio * n0 / n) if wl.scaling == "strong" else (ratio * n / n0, ratio)
+                if wl.scaling == "strong":
+                    speedup, eff = ratio, ratio * n0 / n
+                else:
+                    speedup, eff = ratio * n / n0, ratio
                 points.append({"workers": n, "epoch_s": r["epoch_s"], "speedup": speedup,
                                "efficiency": eff, "oversubscribed": r["oversubscribed"]})
             out.append({"workload": wl.name, "scaling": wl.scaling, "contender": name,
@@ -175,7 +178,8 @@ def tables(results: dict[str, Any]) -> list[Table]:
               "x MPI", "+ms/step vs MPI", "driver MiB", "worker MiB", "params vs serial", "note"]
     for name, wl in results["workloads"].items():
         rows = [r for r in results["rows"] if r["workload"] == name]
-        body = [[str(r["workers"]), r["contender"], f"{r['processes']}{'*' if r['oversubscribed'] else ''}",
+        body = [[str(r["workers"]), r["contender"],
+                 f"{r['processes']}{'*' if r['oversubscribed'] else ''}",
                  _f(r["epoch_s"], ".4f"), _f(r["samples_per_s"], ",.0f"), _f(r["ms_per_step"], ".2f"),
                  _f(r["vs_serial"], ".2f"), _f(r["vs_mpi"], ".2f"),
                  _f(r["extra_ms_per_step_vs_mpi"], "+.2f"), _f(r["driver_mb"], ".0f"),
@@ -213,8 +217,8 @@ def tables(results: dict[str, Any]) -> list[Table]:
             body.append([s["workload"], s["contender"]] + [
                 f"{at[n]['epoch_s']:.3g} s, {at[n]['speedup']:.2f}x, {at[n]['efficiency']:.0%}"
                 f"{'*' if at[n]['oversubscribed'] else ''}" if n in at else "-" for n in counts])
-        out.append((title, ["workload", "contender"] + [f"{n} worker{'s' if n > 1 else ''}" for n in counts], body,
-                    f"{foot} {star}"))
+        header = ["workload", "contender"] + [f"{n} worker{'s' if n > 1 else ''}" for n in counts]
+        out.append((title, header, body, f"{foot} {star}"))
     return out
 
 

@@ -69,8 +69,15 @@ class Run:
         return self.epoch_seconds[1:] or self.epoch_seconds
 
 
+class _Parser(argparse.ArgumentParser):
+    """Command-line mistakes are usage errors too: one line, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see python -m benchmarks --help)")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m benchmarks",
         description="Run dtrain and its contenders on the same workloads and data; print the "
                     "table, write results.json/.md/.html.")

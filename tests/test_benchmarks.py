@@ -41,7 +41,8 @@ def test_every_workload_is_a_valid_dtrain_run(quick, shared_data):
             sizes[wl.name, n] = (p.train_samples, min(cfg.train.batch_size, p.train_samples),
                                  tuple(cfg.model.layers))
     big = workloads["in12544"]
-    assert "at most 2 workers" in big.cannot_run(4, shared_data) and big.cannot_run(2, shared_data) is None
+    assert "at most 2 workers" in big.cannot_run(4, shared_data)
+    assert big.cannot_run(2, shared_data) is None
     assert "pass --data-dir" in workloads["P1"].cannot_run(1, shared_data / "nowhere")
     assert workloads["iris"].cannot_run(4, shared_data / "nowhere") is None     # bundled data
     if not quick:
@@ -58,7 +59,8 @@ def test_every_workload_is_a_valid_dtrain_run(quick, shared_data):
 def test_bad_arguments_are_one_line_and_exit_2():
     for args, words in ((["--workloads", "P9"], "unknown workload P9"),
                         (["--workers", "0,2"], "--workers"),
-                        (["--contenders", "mpi"], "unknown contender mpi")):
+                        (["--contenders", "mpi"], "unknown contender mpi"),
+                        (["--repeat", "two"], "--repeat: invalid int value")):
         proc = _bench(*args, timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith("benchmarks: error: ") and words in proc.stderr
@@ -67,7 +69,8 @@ def test_bad_arguments_are_one_line_and_exit_2():
 
 def _run(workload, workers, contender, seconds, status="ok", delta=None, steps=10):
     r = Run(workload, workers, contender, 0, workers + 1, status, epoch_seconds=seconds,
-            steps_per_epoch=steps, train_samples=1000, worker_mb=[100.0, 120.0][:workers], train_mb=3.0, network="4-3", batch_size=10,
+            steps_per_epoch=steps, train_samples=1000, worker_mb=[100.0, 120.0][:workers],
+            train_mb=3.0, network="4-3", batch_size=10,
             driver_mb=50.0, params_delta=delta, train_loss=[0.5] * len(seconds))
     return vars(r) | {"timed": r.timed}
 
@@ -167,7 +170,8 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
     table = proc.stdout
     for r in ran:
         assert f"| {r['workers']} | {r['contender']} | {r['processes']}" in table
-    assert "### Strong scaling (same data)" in table and (out / "results.md").read_text().strip() in table
+    assert "### Strong scaling (same data)" in table
+    assert (out / "results.md").read_text().strip() in table
     page = (out / "results.html").read_text()
     assert "Bokeh" in page and "P3 (strong scaling): speedup" in page
     assert "P3 (strong scaling): efficiency" in page and "dtrain-allreduce" in page
