@@ -227,7 +227,8 @@ def headline(meta: dict[str, Any]) -> str:
     after = meta.get("load_after", [float("nan")])[0]
     return (f"Benchmark of {meta['date']} on {meta['cpu']} ({meta['cores']} cores, "
             f"{meta['memory_gib']} GiB), load average {meta['load_before'][0]:.2f} before, "
-            f"{after:.2f} after; dtrain {meta['dtrain_commit']}.\n`{meta['command']}`")
+            f"{after:.2f} after; dtrain {meta['dtrain_commit'] or '(no git checkout)'}.\n"
+            f"`{meta['command']}`")
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -268,7 +269,9 @@ def html(results: dict[str, Any]) -> str:
         pair = []
         for measure, ideal in (("speedup", counts), ("efficiency", [1.0] * len(counts))):
             kind = entries[0]["scaling"]
-            f = figure(width=460, height=320, title=f"{name} ({kind} scaling): {measure}",
+            legend = measure == "efficiency"        # one legend per pair, outside the plot
+            f = figure(width=620 if legend else 420, height=300,
+                       title=f"{name} ({kind} scaling): {measure}",
                        x_axis_label="workers", y_axis_label=measure)
             base = min(p["workers"] for s in entries for p in s["points"])
             f.line(counts, [v / base for v in ideal] if measure == "speedup" else ideal,
@@ -279,8 +282,12 @@ def html(results: dict[str, Any]) -> str:
                 f.line(xs, ys, legend_label=s["contender"], color=colors[s["contender"]], line_width=2)
                 f.scatter(xs, ys, legend_label=s["contender"], color=colors[s["contender"]], size=7)
             f.xaxis.ticker = counts
-            f.legend.location = "top_left" if measure == "speedup" else "bottom_left"
-            f.legend.label_text_font_size = "9pt"
+            if legend:
+                f.legend.click_policy = "hide"
+                f.legend.label_text_font_size = "9pt"
+                f.add_layout(f.legend[0], "right")
+            else:
+                f.legend.visible = False
             pair.append(f)
         figures.append(pair)
     intro = Div(text=f"<h2>dtrain benchmark</h2><pre>{html_escape.escape(headline(meta))}</pre>",
