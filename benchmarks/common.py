@@ -46,7 +46,7 @@ def own_shards(the_plan: Plan, ranks: int, rank: int, strategy: str) -> list[dat
     once they are built, as dtrain's workers do.
     """
     cfg = the_plan.config
-    owners = graph.place([str(r) for r in range(ranks)], len(the_plan.ranges), strategy).shards
+    owners = graph.place([str(r) for r in range(ranks)], len(the_plan.ranges), strategy).leaves
     shards = [data.load_shard(cfg.data, i, a, b, the_plan.info.train, cfg.model.dtype)
               for i, (a, b) in enumerate(the_plan.ranges) if owners[i] == str(rank)]
     data.clear_cache()
