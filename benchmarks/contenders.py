@@ -1,0 +1,136 @@
+"""The contenders: what each one is, what it needs, and the command that runs it.
+
+``workers`` always counts the processes that hold data and compute gradients.
+A parameter server adds one process that only reduces and updates; dtrain on a
+LocalCluster or under mpiexec adds the driver/scheduler process.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dtrain.config import Config
+
+PYTHON = sys.executable
+REPO = Path(__file__).resolve().parents[1]
+
+
+def torch_unsupported(cfg: Config) -> str | None:
+    """Why the PyTorch contender cannot run ``cfg`` with the same maths, or None."""
+    m, o = cfg.model, cfg.optim
+    if m.loss != "cross-entropy" or m.l2 or o.name not in ("sgd", "momentum"):
+        return "torch-ddp runs softmax + cross-entropy with SGD or momentum, no L2"
+    return None
+
+
+@dataclass(frozen=True)
+class Tools:
+    """What this machine offers the contenders, found once per invocation."""
+
+    mpiexec: str | None
+    open_mpi: bool
+    mpi4py: bool
+    torch: bool
+    scheduler_rank: bool          # dtrain's CLI has --scheduler-rank (issue 3)
+
+    @classmethod
+    def discover(cls) -> Tools:
+        beside = Path(PYTHON).parent / "mpiexec"          # the venv's own (the mpich wheel)
+        mpiexec = str(beside) if beside.is_file() else shutil.which("mpiexec")
+        open_mpi = False
+        if mpiexec:
+            version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True)
+            open_mpi = "open mpi" in (version.stdout + version.stderr).lower()
+        helptext = subprocess.run([PYTHON, "-m", "dtrain", "--help"], capture_output=True,
+                                  text=True, cwd=REPO).stdout
+        return cls(mpiexec, open_mpi, importlib.util.find_spec("mpi4py") is not None,
+                   importlib.util.find_spec("torch") is not None, "--scheduler-rank" in helptext)
+
+    def mpi_command(self, ranks: int) -> list[str]:
+        extra = ["--oversubscribe"] if self.open_mpi else []
+        return [self.mpiexec, *extra, "-n", str(ranks)]
+
+    def environment(self) -> dict[str, str]:
+        """One BLAS/OpenMP thread per process, for every contender; Open MPI allowed as root."""
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                   MKL_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+                       filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        if self.open_mpi:
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        return env
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One way of training the same network on the same data.
+
+    ``kind``: ``local`` (dtrain in-process or on a LocalCluster), ``mpi``
+    (benchmarks.mpi_trainers), ``torch`` (benchmarks.torch_ddp) or
+    ``dtrain-mpi`` (``python -m dtrain --scheduler-rank 0`` under mpiexec).
+    """
+
+    name: str
+    title: str
+    kind: str
+    strategy: str                 # graph.strategy in its config
+    driver: bool = False          # a driver/scheduler process besides the workers
+
+    @property
+    def server(self) -> bool:
+        return self.strategy == "parameter-server"
+
+    def dask_workers(self, workers: int) -> int:
+        """cluster.workers for a LocalCluster: the server is a Dask worker too."""
+        return workers + self.server
+
+    def processes(self, workers: int) -> int:
+        """Processes that compete for the cores while it trains (1 for serial)."""
+        return 1 if self.strategy == "serial" else workers + self.server + self.driver
+
+    def unavailable(self, tools: Tools, cfg: Config) -> str | None:
+        """Why it cannot run here (a note for the table), or None."""
+        if self.kind in ("mpi", "dtrain-mpi") and not (tools.mpiexec and tools.mpi4py):
+            return "needs mpiexec and mpi4py: pip install -e '.[bench]'"
+        if self.kind == "dtrain-mpi" and not tools.scheduler_rank:
+            return "this dtrain has no --scheduler-rank yet (issue 3)"
+        if self.kind == "torch":
+            return "torch is not installed: pip install torch==2.13.0" if not tools.torch \
+                else torch_unsupported(cfg)
+        return None
+
+    def command(self, tools: Tools, run_dir: Path, workers: int) -> list[str]:
+        """The command line that trains ``run_dir/config.toml`` with ``workers`` workers."""
+        if self.kind == "local":
+            return [PYTHON, "-m", "benchmarks.local", str(run_dir)]
+        if self.kind == "torch":
+            return [PYTHON, "-m", "benchmarks.torch_ddp", str(run_dir), str(workers)]
+        ranks = self.processes(workers)
+        if self.kind == "mpi":
+            return [*tools.mpi_command(ranks), PYTHON, "-m", "mpi4py",   # an error aborts every rank
+                    "-m", "benchmarks.mpi_trainers", str(run_dir)]
+        return [*tools.mpi_command(ranks), PYTHON, "-m", "benchmarks.rank_rss", str(run_dir),
+                "dtrain", "--scheduler-rank", "0", "--config", str(run_dir / "config.toml"),
+                "--out", str(run_dir)]
+
+
+CONTENDERS = [
+    Contender("serial", "dtrain serial reference (NumPy, one process)", "local", "serial"),
+    Contender("mpi-allreduce", "mpi4py Allreduce, hand-written", "mpi", "allreduce"),
+    Contender("mpi-ps", "mpi4py parameter server (Gather/Bcast), hand-written", "mpi",
+              "parameter-server"),
+    Contender("torch-ddp", "PyTorch DistributedDataParallel, gloo, CPU", "torch", "allreduce"),
+    Contender("dtrain-allreduce", "dtrain allreduce on a LocalCluster", "local", "allreduce",
+              driver=True),
+    Contender("dtrain-ps", "dtrain parameter-server on a LocalCluster", "local",
+              "parameter-server", driver=True),
+    Contender("dtrain-mpi-allreduce", "dtrain allreduce under mpiexec (--scheduler-rank 0)",
+              "dtrain-mpi", "allreduce", driver=True),
+    Contender("dtrain-mpi-ps", "dtrain parameter-server under mpiexec (--scheduler-rank 0)",
+              "dtrain-mpi", "parameter-server", driver=True),
+]
+BY_NAME = {c.name: c for c in CONTENDERS}

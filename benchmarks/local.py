@@ -1,0 +1,33 @@
+"""dtrain's own contenders, one run per process: ``python -m benchmarks.local RUN_DIR``.
+
+``graph.strategy = "serial"`` runs the one-process NumPy reference;
+``allreduce`` / ``parameter-server`` start a LocalCluster of
+``cluster.workers`` worker processes (one thread each, no dashboard) and
+train through :func:`dtrain.train` with a client on it, as a user would.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import dtrain
+from dtrain import cluster
+
+from benchmarks.common import peak_rss_mb, write_rss
+
+
+def run(run_dir: Path) -> None:
+    cfg = dtrain.load_config(run_dir / "config.toml")
+    if cfg.graph.strategy == "serial":
+        dtrain.train(cfg, out=run_dir, echo=None)
+        write_rss(run_dir, None, [peak_rss_mb()])
+        return
+    with cluster.connect(cfg.cluster) as client:
+        dtrain.train(cfg, client=client, out=run_dir, echo=None)
+        peaks = client.run(peak_rss_mb)
+        workers = [peaks[addr] for addr in cluster.worker_addresses(client)]
+    write_rss(run_dir, peak_rss_mb(), workers)
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]))

@@ -1,0 +1,180 @@
+"""The benchmark suite: its workloads are valid dtrain runs, its arithmetic is right, and
+``python -m benchmarks --quick`` runs every contender for real, with the same maths."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks import report
+from benchmarks.contenders import CONTENDERS, Tools
+from benchmarks.run import Run, params_delta
+from benchmarks.workloads import load_workloads
+from conftest import REPO
+from dtrain.trainer import plan
+
+
+def _bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_workload_is_a_valid_dtrain_run(quick, shared_data):
+    """Each workload, at 1 and 4 workers, is a config dtrain accepts and plans against the
+    real data (features and classes match the files, the sizes are the issue's)."""
+    workloads = load_workloads(quick)
+    assert list(workloads) == ["P1", "P2", "P3", "fullbatch", "weak", "in784", "in3248",
+                               "in12544", "iris"]
+    sizes = {}
+    for wl in workloads.values():
+        for n in (1, 4):
+            cfg = wl.config_for(n, "allreduce", n, shared_data)
+            p = plan(cfg)
+            assert cfg.data.shards == n and cfg.model.dtype == "float32"
+            assert cfg.model.activation == "sigmoid" and cfg.optim.name == "sgd"
+            sizes[wl.name, n] = (p.train_samples, min(cfg.train.batch_size, p.train_samples),
+                                 tuple(cfg.model.layers))
+    big = workloads["in12544"]
+    assert "at most 2 workers" in big.cannot_run(4, shared_data)
+    assert big.cannot_run(2, shared_data) is None
+    assert "pass --data-dir" in workloads["P1"].cannot_run(1, shared_data / "nowhere")
+    assert workloads["iris"].cannot_run(4, shared_data / "nowhere") is None     # bundled data
+    if not quick:
+        assert sizes["P1", 1] == (20000, 8192, (784, 1024, 10))
+        assert sizes["P2", 1] == (10000, 1024, (784, 1024, 10))
+        assert sizes["P3", 1] == (10000, 256, (784, 128, 10))
+        assert sizes["fullbatch", 4] == (60000, 60000, (784, 1024, 10))
+        assert [sizes["weak", n][0] for n in (1, 4)] == [5000, 20000]      # 5k per worker
+        assert [sizes[f"in{d}", 1][2] for d in (784, 3248, 12544)] == [(784, 10), (3248, 10),
+                                                                       (12544, 10)]
+        assert sizes["iris", 1][1:] == (4, (4, 30, 20, 3))
+
+
+def test_bad_arguments_are_one_line_and_exit_2():
+    for args, words in ((["--workloads", "P9"], "unknown workload P9"),
+                        (["--workers", "0,2"], "--workers"),
+                        (["--contenders", "mpi"], "unknown contender mpi"),
+                        (["--repeat", "two"], "--repeat: invalid int value")):
+        proc = _bench(*args, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("benchmarks: error: ") and words in proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def _run(workload, workers, contender, seconds, status="ok", delta=None, steps=10):
+    r = Run(workload, workers, contender, 0, workers + 1, status, epoch_seconds=seconds,
+            steps_per_epoch=steps, train_samples=1000, worker_mb=[100.0, 120.0][:workers],
+            train_mb=3.0, network="4-3", batch_size=10,
+            driver_mb=50.0, params_delta=delta, train_loss=[0.5] * len(seconds))
+    return vars(r) | {"timed": r.timed}
+
+
+def test_rows_medians_ratios_scaling_and_targets():
+    """The table's arithmetic on known numbers: the warm-up epoch is dropped, ratios are to
+    the same cell's serial and mpi4py runs, speedup and efficiency follow their definitions."""
+    wl = SimpleNamespace(name="w", scaling="strong", targets={"mpi_ratio": 1.5, "step_ms": 10.0})
+    weak = SimpleNamespace(name="v", scaling="weak", targets={})
+    runs = [_run("w", 1, "serial", [9.0, 4.0, 4.0, 5.0]),
+            _run("w", 1, "mpi-allreduce", [9.0, 4.0]),
+            _run("w", 1, "dtrain-allreduce", [9.0, 5.0, 6.0, 7.0]),
+            _run("w", 2, "serial", [9.0, 4.0]),
+            _run("w", 2, "mpi-allreduce", [9.0, 2.0]),
+            _run("w", 2, "dtrain-allreduce", [9.0, 2.5, 2.5], delta=3e-7),
+            _run("w", 2, "torch-ddp", [1.0], status="skipped"),
+            _run("v", 1, "mpi-ps", [1.0, 2.0]), _run("v", 2, "mpi-ps", [1.0, 2.5])]
+    rows = report.aggregate(runs, n_cores=2)
+    at = {(r["workload"], r["workers"], r["contender"]): r for r in rows}
+    d1, d2 = at["w", 1, "dtrain-allreduce"], at["w", 2, "dtrain-allreduce"]
+    assert d1["epoch_s"] == 6.0 and d1["vs_serial"] == 1.5 and d1["vs_mpi"] == 1.5
+    assert d1["ms_per_step"] == 600.0 and d1["extra_ms_per_step_vs_mpi"] == pytest.approx(200.0)
+    assert d2["vs_mpi"] == 1.25 and d2["params_delta"] == 3e-7 and d2["oversubscribed"]
+    assert not at["w", 1, "serial"]["oversubscribed"] and at["w", 1, "serial"]["epoch_s"] == 4.0
+    assert at["w", 2, "torch-ddp"]["status"] == "skipped" and at["w", 2, "torch-ddp"]["epoch_s"] is None
+    assert d2["samples_per_s"] == 400.0 and d2["worker_mb"] == 120.0 and d2["driver_mb"] == 50.0
+
+    curves = {(s["workload"], s["contender"]): s["points"] for s in report.scaling(rows, [wl, weak])}
+    assert ("w", "serial") not in curves                        # the reference does not scale
+    assert [(p["speedup"], p["efficiency"]) for p in curves["w", "dtrain-allreduce"]] == \
+        [(1.0, 1.0), (2.4, 1.2)]
+    assert [(p["efficiency"], p["speedup"]) for p in curves["v", "mpi-ps"]] == [(1.0, 1.0), (0.8, 1.6)]
+
+    checks = {(t["what"]): t for t in report.targets(rows, [wl])}
+    assert checks["mpi_ratio"]["value"] == 1.25 and checks["mpi_ratio"]["met"] is True
+    assert checks["step_ms"]["value"] == 250.0 and checks["step_ms"]["met"] is False
+
+
+def test_params_delta_is_relative_to_the_reference(tmp_path):
+    import numpy as np
+    ref = {"W1": np.array([[2.0, -4.0]], dtype=np.float32), "b1": np.zeros(1, dtype=np.float32)}
+    np.savez(tmp_path / "ref.npz", **ref)
+    np.savez(tmp_path / "same.npz", **ref)
+    np.savez(tmp_path / "off.npz", W1=ref["W1"] + np.float32(0.004), b1=ref["b1"])
+    np.savez(tmp_path / "other.npz", W1=ref["W1"])
+    assert params_delta(tmp_path / "same.npz", tmp_path / "ref.npz") == 0.0
+    assert params_delta(tmp_path / "off.npz", tmp_path / "ref.npz") == pytest.approx(1e-3, rel=1e-3)
+    assert params_delta(tmp_path / "other.npz", tmp_path / "ref.npz") == float("inf")
+
+
+def _expected_skips() -> dict[str, str]:
+    """Contenders that may skip here, and the words their note must hold."""
+    tools = Tools.discover()
+    skips = {}
+    if importlib.util.find_spec("torch") is None:
+        skips["torch-ddp"] = "torch is not installed"
+    if not tools.mpiexec or not tools.mpi4py:
+        skips |= dict.fromkeys(["mpi-allreduce", "mpi-ps", "dtrain-mpi-allreduce",
+                                "dtrain-mpi-ps"], "needs mpiexec and mpi4py")
+    elif not tools.scheduler_rank:
+        skips |= dict.fromkeys(["dtrain-mpi-allreduce", "dtrain-mpi-ps"], "--scheduler-rank")
+    return skips
+
+
+@pytest.mark.slow
+def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnist_dir):
+    """``--quick`` for real: every contender that can run here runs at 1 and 2 workers on the
+    same data; each one's final parameters equal the serial reference's to float32 rounding;
+    the table, results.json/.md and the HTML plots say so."""
+    out = tmp_path / "results"
+    proc = _bench("--quick", "--out", str(out), "--data-dir", str(mnist_dir.parent))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    rows = results["rows"]
+    assert {(r["workers"], r["contender"]) for r in rows} == \
+        {(n, c.name) for n in (1, 2) for c in CONTENDERS}
+    assert {r["workload"] for r in rows} == {"P3"}
+
+    skips = _expected_skips()
+    for r in rows:
+        name = r["contender"]
+        if name in skips:
+            assert r["status"] in ("ok", "skipped") and skips[name] in r["note"]
+            continue
+        assert r["status"] == "ok", (name, r["note"])
+        assert r["epoch_s"] > 0 and r["worker_mb"] > 0 and r["steps"] == 10
+        assert r["params_delta"] < 1e-5, (name, r["workers"], r["params_delta"])
+        serial = next(s for s in rows if s["contender"] == "serial" and s["workers"] == r["workers"])
+        assert r["final_train_loss"] == pytest.approx(serial["final_train_loss"], rel=1e-4)
+        assert r["oversubscribed"] == (r["processes"] > report.cores())
+        if r["driver_mb"] is not None:          # it reads file headers, never the data (~130 MiB)
+            assert r["driver_mb"] < r["worker_mb"] - 100, (name, r["driver_mb"], r["worker_mb"])
+    ran = [r for r in rows if r["status"] == "ok"]
+    assert {r["contender"] for r in ran} >= {"serial", "dtrain-allreduce", "dtrain-ps"}
+    assert all(r["params_delta"] == 0.0 for r in ran if r["contender"] == "serial")
+
+    table = proc.stdout
+    for r in ran:
+        assert f"| {r['workers']} | {r['contender']} | {r['processes']}" in table
+    assert "### Strong scaling (same data)" in table
+    assert (out / "results.md").read_text().strip() in table
+    page = (out / "results.html").read_text()
+    assert "Bokeh" in page and "P3 (strong scaling): speedup" in page
+    assert "P3 (strong scaling): efficiency" in page and "dtrain-allreduce" in page
+    curves = {s["contender"] for s in results["scaling"]}
+    assert curves == {r["contender"] for r in ran} - {"serial"}
+    assert not list(out.glob("runs/**/params.npz"))             # compared, then deleted
