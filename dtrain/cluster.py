@@ -5,10 +5,14 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 from collections.abc import Iterator
+from concurrent.futures import Executor
+from concurrent.futures import Future as ConcurrentFuture
 
+import distributed.worker
 from distributed import (Client, LocalCluster, Nanny, Scheduler, SchedulerPlugin, Security,
                          SpecCluster, WorkerPlugin)
 
@@ -160,8 +164,32 @@ def _set_interval(stream: object, seconds: float) -> bool:
     return True
 
 
+INLINE = "dtrain-inline"     # the executor that runs a task in the worker's event loop
+
+
+class _Inline(Executor):
+    """Runs each task at once, in the submitting thread (the worker's event loop): for tasks
+    far shorter than a thread handoff, such as the reduce and update of a small model.
+    The task sees its worker (``get_worker``) as in a pool thread."""
+
+    def __init__(self, worker, current):
+        self.worker, self.current = worker, current
+
+    def submit(self, fn, /, *args, **kwargs) -> ConcurrentFuture:
+        done: ConcurrentFuture = ConcurrentFuture()
+        token = self.current.set(self.worker)
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            done.set_exception(exc)
+        finally:
+            self.current.reset(token)
+        return done
+
+
 class LowLatencyWorker(WorkerPlugin):
-    """Worker -> scheduler messages without batching delay (reapplied to restarted workers)."""
+    """Worker -> scheduler messages without batching delay, and the inline executor
+    (reapplied to joining and restarted workers)."""
 
     name = "dtrain-low-latency-worker"
     idempotent = True
@@ -171,6 +199,10 @@ class LowLatencyWorker(WorkerPlugin):
 
     def setup(self, worker) -> None:
         _set_interval(getattr(worker, "batched_stream", None), self.seconds)
+        executors = getattr(worker, "executors", None)
+        current = getattr(distributed.worker, "_worker_cvar", None)   # what get_worker reads
+        if isinstance(executors, dict) and isinstance(current, contextvars.ContextVar):
+            executors.setdefault(INLINE, _Inline(worker, current))
 
 
 class LowLatencyScheduler(SchedulerPlugin):
@@ -205,6 +237,17 @@ def low_latency(client: Client, seconds: float = 0.0) -> bool:
     client.register_plugin(LowLatencyScheduler(seconds))
     client.register_plugin(LowLatencyWorker(seconds))
     return bool(client.run_on_scheduler(_tune_client_stream, client=client.id, seconds=seconds))
+
+
+def _has_inline(dask_worker) -> bool:
+    return INLINE in getattr(dask_worker, "executors", {})
+
+
+def inline_executor(client: Client) -> bool:
+    """Whether every worker has the inline executor (see :class:`LowLatencyWorker`), so
+    tasks may be annotated with ``executor=INLINE``."""
+    found = client.run(_has_inline)
+    return bool(found) and all(found.values())
 
 
 def stream_intervals(client: Client) -> dict[str, float | None]:

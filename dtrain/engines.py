@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from dtrain.trainer import Plan
 
 
+INLINE_MAX_BYTES = 1 << 20    # states up to this size are reduced and updated in the event loop
+
+
 @dataclass(frozen=True)
 class Start:
     """Where an engine begins: step 0, or a checkpoint's step."""
@@ -143,8 +146,8 @@ class DaskEngine:
         client.register_plugin(cluster.QuietUserErrors())
         client.register_plugin(dtrain_metrics.StepTimer())
         client.register_plugin(dtrain_metrics.TransferCounter())
-        if plan.config.cluster.low_latency:
-            cluster.low_latency(client)
+        self.low_latency = plan.config.cluster.low_latency and cluster.low_latency(client)
+        self.inline = False                         # see _place
         self.items: list[tuple[str, Future]] = []   # (worker, loading-task future)
         self.loads = 0
         self.predicted_bytes = 0                    # what the graphs say crosses workers
@@ -177,6 +180,7 @@ class DaskEngine:
         """Placement over the workers there now; (re)load data that must move."""
         cfg, c, strategy = self.plan.config, self.client, self.plan.strategy
         cluster.wait_for_workers(c, strategy.min_workers, cfg.cluster.timeout)
+        self.inline = self.low_latency and cluster.inline_executor(c)
         placement = self.placement = strategy.place(self._workers())
         wanted = strategy.data(placement)
         for j, item in enumerate(wanted):
@@ -223,8 +227,14 @@ class DaskEngine:
         def resources(key: str) -> dict:            # the maths of shards on GPU workers
             return need if win.where[key][0] in gpus and graph.is_leaf(key) else {}
 
+        inline = self.plan.recipe.state_bytes <= INLINE_MAX_BYTES and self.inline
+
+        def executor(key: str) -> str:           # small reduce/update: no thread handoff
+            return cluster.INLINE if inline and key.startswith(("update-", "reduce-")) \
+                else "default"
+
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
-                           resources=resources):
+                           resources=resources, executor=executor):
             return self.client.get(win.dsk, [*win.ends, *win.evals.values()], sync=False)
 
     def split(self) -> dict[str, dict[str, Any]]:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import threading
 
+import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
@@ -123,6 +125,12 @@ def test_low_latency_streams_and_timing_summary(tmp_path):
         c.wait_for_workers(2)
         assert cluster.stream_intervals(c) == {"client": 0.0, "workers": [0.0],
                                                "to-workers": [0.0], "to-clients": [0.0]}
+        assert cluster.inline_executor(c)          # the joining worker has it too
+        where = {}
+        for name in (cluster.INLINE, "default"):
+            with dask.annotate(executor=name):
+                where[name] = c.submit(_thread, pure=False).result()
+        assert where == {cluster.INLINE: "MainThread", "default": "pool"}   # loop, not a pool
     s = r.summary
     assert s["task_seconds"]["forward_backward"] > 0 and s["task_seconds"]["update"] > 0
     assert 0 < s["efficiency"] < 1
@@ -131,10 +139,20 @@ def test_low_latency_streams_and_timing_summary(tmp_path):
     assert set(s["worker_peak_rss_mb"]) == {"0"} and s["driver_peak_rss_mb"] > 10
 
 
+def _thread() -> str:
+    """'MainThread' where a worker's event loop runs; 'pool' in its executor's threads."""
+    from distributed import get_worker
+    get_worker()                          # a task run inline still sees its worker
+    name = threading.current_thread().name
+    return name if name == "MainThread" else "pool"
+
+
 def test_low_latency_falls_back_when_distributed_changes():
-    """Where a stream has no numeric ``interval`` (another distributed), nothing is touched."""
+    """Where a stream has no numeric ``interval`` or a worker no ``executors`` (another
+    distributed), nothing is touched."""
     class Stream:
         pass
+    cluster.LowLatencyWorker().setup(Stream())             # no batched_stream, no executors
     assert cluster._set_interval(None, 0.0) is False
     assert cluster._set_interval(Stream(), 0.0) is False
     s = Stream()
