@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
+import ctypes.util
 import logging
 import os
 from collections.abc import Iterator
@@ -187,9 +189,28 @@ class _Inline(Executor):
         return done
 
 
+# Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, to hand freed memory back to the
+# OS.  Setting it also pins glibc's mmap threshold at 128 KiB, so every larger array is a fresh
+# mmap that page-faults on first touch: the update of a 0.8 M-parameter state takes 4.9 ms
+# instead of 1.8.  A training step allocates the same few buffers again and again, so dtrain's
+# workers keep freed memory: arrays up to 64 MiB come from the heap, trimmed past 256 MiB free.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3          # glibc's mallopt parameters
+MMAP_THRESHOLD, TRIM_THRESHOLD = 64 << 20, 256 << 20
+
+
+def keep_freed_memory() -> bool:
+    """Set this process's glibc allocator thresholds as above; False without glibc."""
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+                and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
 class LowLatencyWorker(WorkerPlugin):
-    """Worker -> scheduler messages without batching delay, and the inline executor
-    (reapplied to joining and restarted workers)."""
+    """Worker -> scheduler messages without batching delay, the inline executor, and
+    allocator thresholds that keep freed memory (reapplied to joining and restarted workers)."""
 
     name = "dtrain-low-latency-worker"
     idempotent = True
@@ -203,6 +224,7 @@ class LowLatencyWorker(WorkerPlugin):
         current = getattr(distributed.worker, "_worker_cvar", None)   # what get_worker reads
         if isinstance(executors, dict) and isinstance(current, contextvars.ContextVar):
             executors.setdefault(INLINE, _Inline(worker, current))
+        keep_freed_memory()
 
 
 class LowLatencyScheduler(SchedulerPlugin):

@@ -131,12 +131,26 @@ def test_low_latency_streams_and_timing_summary(tmp_path):
             with dask.annotate(executor=name):
                 where[name] = c.submit(_thread, pure=False).result()
         assert where == {cluster.INLINE: "MainThread", "default": "pool"}   # loop, not a pool
+        assert set(c.run(_new_mappings).values()) == {0}   # a 4 MiB array: heap, not mmap
     s = r.summary
     assert s["task_seconds"]["forward_backward"] > 0 and s["task_seconds"]["update"] > 0
     assert 0 < s["efficiency"] < 1
     assert s["step_seconds"] == pytest.approx(s["seconds"] / s["steps"])
     assert s["overhead_per_step"] == pytest.approx(s["step_seconds"] - s["compute_per_step"])
     assert set(s["worker_peak_rss_mb"]) == {"0"} and s["driver_peak_rss_mb"] > 10
+
+
+def _new_mappings() -> int:
+    """Memory mappings a fresh 4 MiB array adds to this process (0: it came from the heap)."""
+    def count() -> int:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    np.ones(1 << 19).sum()                  # the heap may grow once
+    before = count()
+    a = np.ones(1 << 19)                    # 4 MiB, above glibc's default 128 KiB threshold
+    after = count()
+    del a
+    return after - before
 
 
 def _thread() -> str:
