@@ -178,3 +178,36 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
     curves = {s["contender"] for s in results["scaling"]}
     assert curves == {r["contender"] for r in ran} - {"serial"}
     assert not list(out.glob("runs/**/params.npz"))             # compared, then deleted
+
+
+@pytest.mark.parametrize("workers, k", [(1, 2), (2, 2), (3, 2), (4, 2), (7, 2), (9, 3), (16, 4)])
+def test_the_performance_model_counts_the_tasks_dtrain_builds(workers, k):
+    """tasks_per_step(W, k) is what one step of dtrain's allreduce graph holds (its
+    forward-backward, reduce and update tasks; the state literal and evaluations aside)."""
+    from dask.task_spec import TaskRef
+
+    from benchmarks.model import tasks_per_step
+    from dtrain import graph, load_config
+
+    p = plan(load_config(None, [f"data.shards={workers}", f"graph.fan_in={k}",
+                                "train.epochs=1"]))
+    names = [f"w{i}" for i in range(workers)]
+    placement = graph.place(names, workers, "allreduce")
+    win = graph.window_graph([p.schedule[1]], p.initial_state(),
+                             [TaskRef(f"load-shard-{i}") for i in range(workers)],
+                             TaskRef("load-val"), placement, p.recipe, "run")
+    step = [key for key in win.dsk if key.startswith(("forward-backward", "reduce", "update"))]
+    assert len(step) == tasks_per_step(workers, k)
+
+
+def test_the_performance_model_adds_up():
+    from benchmarks.model import predict
+
+    c = {"hop": 1e-3, "fetch": 2e-3, "bandwidth": 1e9, "task": 0.0}
+    # W = 1: two hops, forward-backward of the whole batch (6 * 100 * 1000 / 1e9), update
+    assert predict(c, 1, 100, 1000, 8000, 4004, 1e9, 1e-4) == pytest.approx(2e-3 + 6e-4 + 1e-4)
+    # W = 4, k = 2: broadcast (hop + fetch + 3 states), fb of 25 rows, 2 levels, update
+    expect = (3e-3 + 3 * 8e-6) + 1.5e-4 + 2 * (3e-3 + 4.004e-6) + 1e-4
+    assert predict(c, 4, 100, 1000, 8000, 4004, 1e9, 1e-4) == pytest.approx(expect)
+    # the scheduler bound: 7 tasks of 10 ms each
+    assert predict(dict(c, task=1e-2), 4, 100, 1000, 8000, 4004, 1e9, 1e-4) == pytest.approx(7e-2)
