@@ -211,3 +211,22 @@ def test_the_performance_model_adds_up():
     assert predict(c, 4, 100, 1000, 8000, 4004, 1e9, 1e-4) == pytest.approx(expect)
     # the scheduler bound: 7 tasks of 10 ms each
     assert predict(dict(c, task=1e-2), 4, 100, 1000, 8000, 4004, 1e9, 1e-4) == pytest.approx(7e-2)
+
+
+@pytest.mark.slow
+def test_the_performance_model_runs_and_checks_itself():
+    """`python -m benchmarks.model` measures its constants, predicts, trains to compare and
+    extrapolates; an unknown workload is a one-line error."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.model", "--workloads", "iris",
+                           "--epochs", "2"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| iris |")]
+    measured = [row for row in rows if len(row) == 10]          # W, ..., measured / predicted
+    assert [row[2].strip() for row in measured] == ["1", "2"]
+    assert all(float(row[8]) > 0 for row in measured)
+    assert [row[2].strip() for row in rows if len(row) == 7] == ["8", "64", "512"]
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.model", "--workloads", "P9"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("benchmarks.model: error: unknown")
+    assert len(bad.stderr.strip().splitlines()) == 1
