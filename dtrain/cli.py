@@ -101,7 +101,12 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 def prepare(argv: list[str]) -> tuple[Config, Job]:
     """Parse and load: the config, and the job to run it (``job(client)`` trains or resumes
-    on that client, or on its own cluster with None)."""
+    on that client, or on its own cluster with None).
+
+    With ``--resume`` the run directory is checked here too (a run dtrain started, not
+    finished, the same config, a readable checkpoint), before any cluster starts.
+    """
+    from dtrain import checkpoint
     from dtrain.trainer import default_out_dir, resume, train
 
     args = build_parser().parse_args(argv)
@@ -110,10 +115,10 @@ def prepare(argv: list[str]) -> tuple[Config, Job]:
             raise UserError(f"--out {args.out} with --resume: a resumed run stays in its own "
                             f"directory ({args.resume})")
         run_dir = Path(args.resume)
-        if not (run_dir / "config.toml").is_file():
-            raise UserError(f"cannot resume {run_dir}: no config.toml there; pass the "
-                            f"directory of a run started by dtrain")
-        config = load_config(args.config or run_dir / "config.toml", _overrides(args))
+        checkpoint.resumable(run_dir, None)       # started by dtrain and not finished
+        config = checkpoint.resumable(
+            run_dir, load_config(args.config or run_dir / "config.toml", _overrides(args)))
+        checkpoint.load(run_dir)                  # readable, if there is one
         return config, lambda client: resume(run_dir, config=config, client=client)
     config = load_config(args.config, _overrides(args))
     return config, lambda client: train(

@@ -105,7 +105,7 @@ def wait_for_workers(client: Client, n: int, timeout: float) -> None:
     try:
         client.wait_for_workers(n, timeout=timeout)
     except TimeoutError:
-        found = len(client.scheduler_info()["workers"])
+        found = len(scheduler_workers(client))
         raise UserError(f"needs {n} Dask worker(s), found {found} after {timeout:g} s; start more "
                         f"workers or lower the count") from None
 
@@ -121,9 +121,20 @@ def worker_addresses(client: Client) -> list[str]:
     return list(workers(client))
 
 
+def scheduler_workers(client: Client) -> dict[str, dict]:
+    """``{address: info}`` of the connected workers, asked of the scheduler now.
+
+    Not ``client.scheduler_info()["workers"]``: that returns the client's cached
+    identity, which a periodic refresh (``distributed.client.scheduler-info-interval``)
+    overwrites with one that lists no workers, so it can come back empty while
+    workers are connected.
+    """
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def workers(client: Client) -> dict[str, dict]:
     """``{address: info}`` of the connected workers, ordered by worker name."""
-    info = client.scheduler_info()["workers"]
+    info = scheduler_workers(client)
     return {a: info[a] for a in sorted(info, key=lambda a: _natural(info[a].get("name", a)))}
 
 

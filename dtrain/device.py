@@ -44,6 +44,11 @@ def cupy() -> Any | None:
     return _probe()[0]
 
 
+def problem() -> str:
+    """Why this process cannot compute on a GPU ("" if it can)."""
+    return _probe()[1]
+
+
 def gpu_count() -> int:
     """CUDA devices this process can see."""
     cp = cupy()

@@ -3,14 +3,20 @@
 Rank ``R`` is the *head*: it checks the run, runs the Dask scheduler and the
 training driver.  Every other rank is one Dask worker, named by its rank.  The
 ranks speak MPI only around the cluster's life, in three broadcasts from the
-head:
+head and one report to it:
 
 1. **go or stop.**  The head parses the command line, loads the config and
-   plans the run (data files, layer sizes, ranks needed) before anything
-   starts, then sends either the config and the run's TLS certificate, or an
-   exit code.  On a mistake only the head prints its one line.
-2. **address.**  The scheduler's address, or None if it could not start.
-3. **exit code.**  Sent after the head has closed the workers and then the
+   plans the run (data files, layer sizes, ranks needed, a resumable run
+   directory) before anything starts, then sends either the config and the
+   run's TLS certificate, or an exit code.  On a mistake only the head prints
+   its one line.
+2. **GPUs.**  Each worker rank takes its GPU (if the config asks for GPUs) and
+   reports what it has; with ``cluster.device = "gpu"`` and no worker rank
+   that can compute on a GPU, the head stops the job here, before the
+   cluster starts, naming what each rank lacks.
+3. **address.**  The scheduler's address, or None if it could not start (an
+   exit code if the GPU check stopped the job).
+4. **exit code.**  Sent after the head has closed the workers and then the
    scheduler, so a successful run ends with a clean log on every rank.
 
 Failures that leave no orderly way out end the job with ``MPI_Abort``: an
@@ -24,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -132,8 +139,18 @@ class _Stop:
     code: int
 
 
-def _bcast(comm: Any, obj: Any, root: int, late: str = "") -> Any:
-    """``comm.bcast``, entered only once every rank is there; waiting ranks sleep between polls.
+@dataclass(frozen=True)
+class _GpuReport:
+    """What a worker rank has to compute on: its GPU, or why it has none."""
+
+    rank: int
+    host: str
+    gpu: str | None         # the CUDA device id it took, if it can compute on it
+    why: str = ""           # why not, when the config asks for a GPU and gpu is None
+
+
+def _arrive(comm: Any, late: str) -> None:
+    """Return once every rank is here; waiting ranks sleep between polls.
 
     With ``late``, abort the job with that message if the others take over
     :data:`SHUTDOWN_S` seconds to arrive.
@@ -144,7 +161,18 @@ def _bcast(comm: Any, obj: Any, root: int, late: str = "") -> Any:
         if late and time.monotonic() > deadline:
             _abort(comm, f"{late} within {SHUTDOWN_S:g} s", 1)
         time.sleep(POLL_S)
+
+
+def _bcast(comm: Any, obj: Any, root: int, late: str = "") -> Any:
+    """``comm.bcast``, entered only once every rank is there (see :func:`_arrive`)."""
+    _arrive(comm, late)
     return comm.bcast(obj, root=root)
+
+
+def _gather(comm: Any, obj: Any, root: int) -> list[Any] | None:
+    """``comm.gather``, entered only once every rank is there (see :func:`_arrive`)."""
+    _arrive(comm, "")
+    return comm.gather(obj, root=root)
 
 
 def _abort(comm: Any, message: str | None, code: int) -> None:
@@ -177,6 +205,11 @@ def _head(comm: Any, size: int, prepare: Prepare) -> int:
         raise
     _bcast(comm, _Go(config, security), rank)
     local_worker_index(comm, is_worker=False)
+    reports = [r for r in _gather(comm, None, rank) if r is not None]
+    problem = gpu_problem(config, reports)
+    if problem:
+        _bcast(comm, _Stop(2), rank)            # in place of the address: nothing started
+        raise UserError(problem)
     scheduler = SchedulerThread(config.cluster, security, lambda msg: _abort(comm, msg, 1))
     try:
         address = scheduler.start()
@@ -324,8 +357,12 @@ def _worker(comm: Any, rank: int, head: int) -> int:
     if isinstance(go, _Stop):
         return go.code
     index = local_worker_index(comm, is_worker=True)
-    gpu = pin_gpu(go.config.cluster.device, index)
+    report = gpu_report(go.config.cluster.device, rank, pin_gpu(go.config.cluster.device, index))
+    _gather(comm, report, head)
+    gpu = report.gpu
     address = _bcast(comm, None, head)
+    if isinstance(address, _Stop):
+        return address.code
     if address is None:
         return 1
     try:
@@ -427,6 +464,46 @@ def pin_gpu(device: str, index: int | None) -> str | None:
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     return gpu
+
+
+def gpu_report(device_kind: str, rank: int, gpu: str | None) -> _GpuReport:
+    """This worker rank's report for the head, after :func:`pin_gpu` gave it ``gpu``.
+
+    With ``cluster.device = "gpu"`` a pinned GPU counts only if CuPy can use it
+    (CuPy is imported here, after ``CUDA_VISIBLE_DEVICES`` is set); otherwise the
+    report says what is missing.  Other devices are reported as pinned.
+    """
+    host = socket.gethostname()
+    if device_kind != "gpu":
+        return _GpuReport(rank, host, gpu)
+    if gpu is None:
+        listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+        why = ("no GPU visible (no CUDA_VISIBLE_DEVICES, no /proc/driver/nvidia/gpus)"
+               if listed is None else f"no GPU visible (CUDA_VISIBLE_DEVICES={listed!r})")
+        return _GpuReport(rank, host, None, why)
+    if device.cupy() is None:
+        return _GpuReport(rank, host, None, f"GPU {gpu} visible but {device.problem()}")
+    return _GpuReport(rank, host, gpu)
+
+
+def gpu_problem(config: Config, reports: list[_GpuReport]) -> str | None:
+    """The head's one line when ``cluster.device = "gpu"`` and no worker rank has a usable GPU.
+
+    ``reports`` are the worker ranks' :func:`gpu_report` answers.  The ``serial``
+    strategy computes on the head and uses no workers, so it is not checked.
+    """
+    if config.cluster.device != "gpu" or config.graph.strategy == "serial" or \
+            any(r.gpu is not None for r in reports):
+        return None
+    groups: dict[tuple[str, str], list[int]] = {}
+    for r in sorted(reports, key=lambda r: r.rank):
+        groups.setdefault((r.host, r.why), []).append(r.rank)
+    details = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} "
+                        f"{', '.join(map(str, ranks))} on {host}: {why}"
+                        for (host, why), ranks in groups.items())
+    return (f"cluster.device = 'gpu' but none of the {len(reports)} worker rank(s) has a GPU "
+            f"it can use ({details}); start the worker ranks on GPU nodes, one per GPU, or "
+            f"use cluster.device = 'auto'")
 
 
 def quiet_logs() -> None:

@@ -61,11 +61,13 @@ class Job:
     seconds: float
 
 
-def run(n: int, *args: str, timeout: float = 120, **kwargs) -> Job:
-    """Run an MPI job to the end, as a user would from the repository."""
+def run(n: int, *args: str, timeout: float = 120, env: dict[str, str] | None = None,
+        **kwargs) -> Job:
+    """Run an MPI job to the end, as a user would from the repository (``env``: variables
+    to set for it, on top of this process's environment)."""
     start = time.monotonic()
     proc = subprocess.run(command(n, *args, **kwargs), cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=environment())
+                          timeout=timeout, env=environment(**(env or {})))
     return Job(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
 
 

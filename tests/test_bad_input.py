@@ -1,12 +1,20 @@
 """The bad-input table: each mistake gets one line naming it, exit code 2, no traceback,
-and nothing that looks like a finished run."""
+and nothing that looks like a finished run.  Rows marked :class:`Mpiexec` run as an MPI job
+(``mpiexec -n N python -m dtrain --scheduler-rank 0``): there every rank must end, within
+seconds, with the one line printed once, by the head, before any cluster starts."""
 from __future__ import annotations
 
+import importlib.util
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import dtrain
+import mpirun
 from conftest import run_cli
 from test_data import make_images, tiny_mnist, write_idx
 
@@ -40,6 +48,30 @@ def _bad_toml(tmp: Path) -> list[str]:
     return ["--config", str(tmp / "bad.toml")]
 
 
+def _finished(tmp: Path) -> list[str]:
+    """--resume of a run that finished (a serial one: no cluster needed to make it)."""
+    dtrain.train(dtrain.load_config(None, ["train.epochs=1", "graph.strategy=serial"]),
+                 out=tmp / "done", echo=None)
+    assert (tmp / "done" / "summary.json").exists()
+    return ["--resume", str(tmp / "done")]
+
+
+@dataclass(frozen=True)
+class Mpiexec:
+    """A row launched as an MPI job of ``ranks`` ranks, with ``env`` added to its
+    environment; called like the other rows' argument makers."""
+
+    ranks: int
+    make_args: Callable[[Path], list[str]] = lambda t: []
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, tmp: Path) -> list[str]:
+        return self.make_args(tmp)
+
+
+_GPU = ["--set", "cluster.device=gpu"]
+
+
 TABLE = [
     ("unknown key", lambda t: ["--set", "data.colour=red"], "unknown key 'data.colour'"),
     ("wrong type", lambda t: ["--set", "train.epochs=many"], "train.epochs = 'many'"),
@@ -71,8 +103,26 @@ TABLE = [
     ("resume nothing", lambda t: ["--resume", str(t / "none")], "no config.toml there"),
     ("parameter server alone", lambda t: ["--set", "graph.strategy=parameter-server",
                                           "--workers", "1"], "needs 2 workers"),
-    ("GPU where there is none", lambda t: ["--set", "cluster.device=gpu"],
+    ("GPU where there is none", lambda t: _GPU,
      "cluster.device = 'gpu' but there is no GPU here: CuPy"),
+    ("too few MPI ranks", Mpiexec(1),
+     "graph.strategy = 'allreduce' needs 2 MPI ranks (the head + 1 worker), found 1; start "
+     "it with mpirun -n 2 or more"),
+    ("too few MPI ranks for a parameter server",
+     Mpiexec(2, lambda t: ["--set", "graph.strategy=parameter-server"]),
+     "needs 3 MPI ranks (the head + a parameter-server worker + 1 trainer), found 2"),
+    ("GPU where there is none, under mpirun",
+     Mpiexec(3, lambda t: _GPU, env={"CUDA_VISIBLE_DEVICES": ""}),
+     "cluster.device = 'gpu' but none of the 2 worker rank(s) has a GPU it can use (ranks 1, "
+     "2 on {host}: no GPU visible (CUDA_VISIBLE_DEVICES='')); start the worker ranks on GPU "
+     "nodes"),
+    pytest.param("GPU listed but no CuPy, under mpirun",
+                 Mpiexec(3, lambda t: _GPU, env={"CUDA_VISIBLE_DEVICES": "0"}),
+                 "has a GPU it can use (ranks 1, 2 on {host}: GPU 0 visible but CuPy cannot "
+                 "be imported", marks=pytest.mark.skipif(
+                     importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")),
+    ("resume a finished run, under mpirun", Mpiexec(3, _finished),
+     "already finished (summary.json exists); nothing to resume"),
     ("model-parallel, no hidden layer", lambda t: ["--set", "graph.strategy=model-parallel",
                                                    "--set", "model.layers=[4, 3]"],
      "splits hidden layers, but model.layers = [4, 3] has none"),
@@ -82,18 +132,36 @@ TABLE = [
 ]
 
 
-@pytest.mark.parametrize("make_args, message", [row[1:] for row in TABLE],
-                         ids=[row[0] for row in TABLE])
+def _params(row) -> object:
+    """``pytest.param(make_args, message)`` of a row, named by it, MPI rows marked ``mpi``."""
+    if hasattr(row, "marks"):                            # already a pytest.param
+        name, make_args, message = row.values
+        marks = list(row.marks)
+    else:
+        (name, make_args, message), marks = row, []
+    if isinstance(make_args, Mpiexec):
+        marks.append(pytest.mark.mpi)
+    return pytest.param(make_args, message, id=name, marks=marks)
+
+
+@pytest.mark.parametrize("make_args, message", [_params(row) for row in TABLE])
 def test_bad_input(tmp_path, make_args, message):
     data = tmp_path / "data"
     data.mkdir()
     out = tmp_path / "run"
     args = make_args(data)
-    proc = run_cli(*args, *([] if "--resume" in args else ["--out", str(out)]),
-                   "--dashboard-address", "127.0.0.1:0")
+    args = [*args, *([] if "--resume" in args else ["--out", str(out)]),
+            "--dashboard-address", "127.0.0.1:0"]
+    if isinstance(make_args, Mpiexec):
+        proc = mpirun.run(make_args.ranks, *args, timeout=60, env=make_args.env)
+        assert proc.seconds < 30, proc.seconds
+        assert proc.stdout == "", proc.stdout    # no rank started anything (no scheduler line)
+        assert not out.exists()
+    else:
+        proc = run_cli(*args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+    assert len(lines) == 1, proc.stderr                  # under mpiexec: once, by the head
     assert lines[0].startswith("dtrain: error: ")
-    assert message.format(t=data) in lines[0], lines[0]
+    assert message.format(t=data, host=socket.gethostname()) in lines[0], lines[0]
     assert not (out / "summary.json").exists() and not (out / "params.npz").exists()
