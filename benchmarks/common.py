@@ -37,6 +37,13 @@ def load_run(run_dir: str | Path) -> tuple[Config, Plan]:
     return cfg, plan(cfg)
 
 
+def buffer_size(net) -> int:
+    """Length of dtrain's gradient buffer as ``Network.loss_and_grad`` returns it: the ``P``
+    gradient and what trails it (the summed loss; newer dtrain adds the correct-prediction
+    count, and says how long the buffer is)."""
+    return getattr(net, "buffer_size", net.size + 1)
+
+
 def own_shards(the_plan: Plan, ranks: int, rank: int, strategy: str) -> list[data.Shard]:
     """The shards rank ``rank`` of ``ranks`` holds, in shard order, built from the files here.
 

@@ -1,8 +1,9 @@
 """The contenders: what each one is, what it needs, and the command that runs it.
 
-``workers`` always counts the processes that hold data and compute gradients.
-A parameter server adds one process that only reduces and updates; dtrain on a
-LocalCluster or under mpiexec adds the driver/scheduler process.
+``workers`` always counts the processes (or, for ``dtrain-threads``, the threads)
+that hold data and compute gradients.  A parameter server adds one process that
+only reduces and updates; dtrain on a LocalCluster or under mpiexec adds the
+driver/scheduler process.
 """
 from __future__ import annotations
 
@@ -13,11 +14,15 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dtrain.config import Config
 
+from benchmarks.workloads import Workload
+
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[1]
+LOCAL_SGD_SYNC_EVERY = 4          # graph.sync_every of dtrain-local-sgd
 
 
 def torch_unsupported(cfg: Config) -> str | None:
@@ -72,6 +77,8 @@ class Contender:
     ``kind``: ``local`` (dtrain in-process or on a LocalCluster), ``mpi``
     (benchmarks.mpi_trainers), ``torch`` (benchmarks.torch_ddp) or
     ``dtrain-mpi`` (``python -m dtrain --scheduler-rank 0`` under mpiexec).
+    ``threads``: one Dask worker process whose ``workers`` threads hold the
+    ``workers`` shards (a node's shards sharing memory), instead of one process each.
     """
 
     name: str
@@ -79,18 +86,51 @@ class Contender:
     kind: str
     strategy: str                 # graph.strategy in its config
     driver: bool = False          # a driver/scheduler process besides the workers
+    threads: bool = False         # one worker process, one thread per training worker
 
     @property
     def server(self) -> bool:
         return self.strategy == "parameter-server"
 
+    @property
+    def synchronous(self) -> bool:
+        """Computes the synchronous minibatch step, so its parameters must match serial's.
+
+        Local SGD averages every ``sync_every`` local steps: another algorithm, whose
+        parameters differ from the serial reference's by design (not checked)."""
+        return self.strategy != "local-sgd"
+
     def dask_workers(self, workers: int) -> int:
         """cluster.workers for a LocalCluster: the server is a Dask worker too."""
-        return workers + self.server
+        return 1 if self.threads else workers + self.server
 
     def processes(self, workers: int) -> int:
         """Processes that compete for the cores while it trains (1 for serial)."""
-        return 1 if self.strategy == "serial" else workers + self.server + self.driver
+        if self.strategy == "serial":
+            return 1
+        return (1 if self.threads else workers + self.server) + self.driver
+
+    def busy(self, workers: int) -> int:
+        """Processes and compute threads that compete for the cores: ``processes``, but
+        counting each training thread of a threaded worker."""
+        return workers + self.driver if self.threads else self.processes(workers)
+
+    def overrides(self, workers: int) -> dict[str, Any]:
+        """Config keys of this contender on top of the workload's, at ``workers`` workers."""
+        graph = {"strategy": self.strategy}
+        if self.strategy == "local-sgd":
+            graph["sync_every"] = LOCAL_SGD_SYNC_EVERY
+        if self.strategy == "model-parallel":
+            graph["slices"] = workers
+        cluster = {"workers": self.dask_workers(workers)}
+        if self.threads:
+            cluster["threads_per_worker"] = workers
+        return {"graph": graph, "cluster": cluster}
+
+    def config_for(self, wl: Workload, workers: int, data_dir: Path) -> Config:
+        """The dtrain config this contender trains for workload ``wl`` at ``workers``."""
+        return wl.config_for(workers, self.strategy, self.dask_workers(workers), data_dir,
+                             self.overrides(workers))
 
     def unavailable(self, tools: Tools, cfg: Config) -> str | None:
         """Why it cannot run here (a note for the table), or None."""
@@ -101,6 +141,33 @@ class Contender:
         if self.kind == "torch":
             return "torch is not installed: pip install torch==2.13.0" if not tools.torch \
                 else torch_unsupported(cfg)
+        if self.strategy == "model-parallel":
+            hidden = list(cfg.model.layers[1:-1:2])         # the layers it splits
+            network = "-".join(map(str, cfg.model.layers))
+            if not hidden:
+                return f"model-parallel splits hidden layers; {network} has none"
+            if cfg.graph.slices > min(hidden):
+                return (f"model-parallel: {cfg.graph.slices} slices but {network}'s narrowest "
+                        f"split layer has {min(hidden)} units")
+        return None
+
+    def formula_bytes(self, parameters: int, itemsize: int, workers: int,
+                      buffer: int | None = None) -> float | None:
+        """Pencil-and-paper bytes between processes per step, for the contenders that are not
+        dtrain (dtrain measures its own), or None.
+
+        mpi4py Allreduce and DDP: a ring allreduce sends ``2 (W - 1) / W`` buffers per rank,
+        ``2 (W - 1)`` in all (the buffer is dtrain's gradient buffer of ``buffer`` numbers,
+        ``P + 1`` by default: the gradient and the loss; DDP's is the ``P`` gradient); the
+        parameter server gathers ``W`` buffers and broadcasts ``W`` parameter vectors.  One
+        worker moves nothing."""
+        w, grad = workers, (buffer or parameters + 1) * itemsize
+        if self.kind == "mpi" and self.strategy == "allreduce":
+            return 2 * (w - 1) * grad if w > 1 else 0.0
+        if self.kind == "mpi" and self.server:
+            return w * (grad + parameters * itemsize)
+        if self.kind == "torch":
+            return 2 * (w - 1) * parameters * itemsize if w > 1 else 0.0
         return None
 
     def command(self, tools: Tools, run_dir: Path, workers: int) -> list[str]:
@@ -128,6 +195,12 @@ CONTENDERS = [
               driver=True),
     Contender("dtrain-ps", "dtrain parameter-server on a LocalCluster", "local",
               "parameter-server", driver=True),
+    Contender("dtrain-threads", "dtrain allreduce on a LocalCluster of one worker process, "
+              "one thread per shard", "local", "allreduce", driver=True, threads=True),
+    Contender("dtrain-local-sgd", f"dtrain local-sgd (sync_every = {LOCAL_SGD_SYNC_EVERY}) on a "
+              "LocalCluster", "local", "local-sgd", driver=True),
+    Contender("dtrain-model-parallel", "dtrain model-parallel (slices = workers) on a "
+              "LocalCluster", "local", "model-parallel", driver=True),
     Contender("dtrain-mpi-allreduce", "dtrain allreduce under mpiexec (--scheduler-rank 0)",
               "dtrain-mpi", "allreduce", driver=True),
     Contender("dtrain-mpi-ps", "dtrain parameter-server under mpiexec (--scheduler-rank 0)",

@@ -1,9 +1,10 @@
 """dtrain's own contenders, one run per process: ``python -m benchmarks.local RUN_DIR``.
 
-``graph.strategy = "serial"`` runs the one-process NumPy reference;
-``allreduce`` / ``parameter-server`` start a LocalCluster of
-``cluster.workers`` worker processes (one thread each, no dashboard) and
-train through :func:`dtrain.train` with a client on it, as a user would.
+``graph.strategy = "serial"`` runs the one-process NumPy reference; every other
+strategy (``allreduce``, ``parameter-server``, ``local-sgd``, ``model-parallel``)
+starts a LocalCluster of ``cluster.workers`` worker processes of
+``cluster.threads_per_worker`` threads (one, but for ``dtrain-threads``; no
+dashboard) and trains through :func:`dtrain.train` with a client on it, as a user would.
 """
 from __future__ import annotations
 

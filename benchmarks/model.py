@@ -255,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _epochs(cfg: Any, epochs: int) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=epochs))
+    """``cfg`` for ``epochs`` epochs, with the update on the tree's root: the graph the model
+    describes (replicated updates drop its broadcast term; see benchmarks/README.md)."""
+    return cfg.replace(train={"epochs": epochs}, graph={"update": "root"})
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ render, so the console, ``results.md`` and ``results.html`` say the same.
 from __future__ import annotations
 
 import html as html_escape
+import itertools
 import json
 import os
 import platform
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 REFERENCE = "mpi-allreduce"                 # the "x MPI" column and the targets' yardstick
-DTRAIN_TARGETED = ("dtrain-allreduce", "dtrain-mpi-allreduce")
+DTRAIN_TARGETED = ("dtrain-allreduce", "dtrain-threads", "dtrain-mpi-allreduce")   # side by side
 Table = tuple[str, list[str], list[list[str]], str]     # title, header, rows, footnote
 
 
@@ -72,9 +73,14 @@ def aggregate(runs: list[dict[str, Any]], n_cores: int) -> list[dict[str, Any]]:
         epoch = _median([s for r in ok for s in r["timed"]])
         first = (ok or rs)[0]
         deltas = [r["params_delta"] for r in ok if r["params_delta"] is not None]
+        comm = [r["comm_bytes"] for r in ok if r.get("comm_bytes") is not None]
+        predicted = [r["comm_bytes_predicted"] for r in ok
+                     if r.get("comm_bytes_predicted") is not None]
+        busy = first.get("busy") or first["processes"]
         rows.append({
             "workload": wl, "workers": n, "contender": name, "processes": first["processes"],
-            "oversubscribed": first["processes"] > n_cores,
+            "busy": busy, "oversubscribed": busy > n_cores,
+            "synchronous": first.get("synchronous", True),
             "status": "ok" if ok else rs[0]["status"],
             "note": "; ".join(dict.fromkeys(r["note"] for r in rs if r["note"])),
             "epoch_s": epoch, "steps": first["steps_per_epoch"],
@@ -84,6 +90,10 @@ def aggregate(runs: list[dict[str, Any]], n_cores: int) -> list[dict[str, Any]]:
             "driver_mb": max((r["driver_mb"] for r in ok if r["driver_mb"] is not None), default=None),
             "worker_mb": max((m for r in ok for m in r["worker_mb"]), default=None),
             "params_delta": max(deltas) if deltas else None,
+            "bytes_per_step": _median(comm),
+            "bytes_source": next((r["comm_source"] for r in ok if r.get("comm_bytes") is not None),
+                                 ""),
+            "bytes_predicted_per_step": _median(predicted),
             "final_train_loss": ok[-1]["train_loss"][-1] if ok and ok[-1]["train_loss"] else None,
         })
     index = {(r["workload"], r["workers"], r["contender"]): r for r in rows}
@@ -166,6 +176,26 @@ def _f(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _bytes(value: float | None, source: str = "measured") -> str:
+    """Bytes in binary units, 3 significant digits; ``~`` marks a pencil-and-paper figure."""
+    if value is None:
+        return "-"
+    mark = "~" if source == "formula" else ""
+    if value < 1024:
+        return f"{mark}{value:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            return f"{mark}{value:.3g} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _delta(row: dict[str, Any]) -> str:
+    """``params vs serial``; ``(n/c)``: not comparable, another algorithm than serial's step."""
+    text = _f(row["params_delta"], ".1e")
+    return text if row.get("synchronous", True) or text == "-" else f"{text} (n/c)"
+
+
 WHAT = {"mpi_ratio": "dtrain / mpi4py Allreduce", "torch_ratio": "dtrain / PyTorch DDP",
         "step_ms": "ms per step"}
 
@@ -173,18 +203,28 @@ WHAT = {"mpi_ratio": "dtrain / mpi4py Allreduce", "torch_ratio": "dtrain / PyTor
 def tables(results: dict[str, Any]) -> list[Table]:
     """Every table of the report: one per workload, then targets, strong and weak scaling."""
     meta, out = results["meta"], []
-    star = f"procs marked * : more busy processes than the {meta['cores']} cores (oversubscribed)."
+    star = (f"procs marked * : more busy processes (a threaded worker's compute threads "
+            f"counted one by one) than the {meta['cores']} cores (oversubscribed).")
     header = ["workers", "contender", "procs", "epoch s", "samples/s", "ms/step", "x serial",
-              "x MPI", "+ms/step vs MPI", "driver MiB", "worker MiB", "params vs serial", "note"]
+              "x MPI", "+ms/step vs MPI", "bytes/step", "driver MiB", "worker MiB",
+              "params vs serial", "note"]
+    moved = ("bytes/step: bytes between worker processes per step, dtrain's as Dask recorded "
+             "them (summary.json comm_bytes_measured_per_step); ~ marks a pencil-and-paper "
+             "figure for the others (a ring allreduce moves 2 (W - 1) gradient buffers in all).")
     for name, wl in results["workloads"].items():
         rows = [r for r in results["rows"] if r["workload"] == name]
         body = [[str(r["workers"]), r["contender"],
                  f"{r['processes']}{'*' if r['oversubscribed'] else ''}",
                  _f(r["epoch_s"], ".4f"), _f(r["samples_per_s"], ",.0f"), _f(r["ms_per_step"], ".2f"),
                  _f(r["vs_serial"], ".2f"), _f(r["vs_mpi"], ".2f"),
-                 _f(r["extra_ms_per_step_vs_mpi"], "+.2f"), _f(r["driver_mb"], ".0f"),
-                 _f(r["worker_mb"], ".0f"), _f(r["params_delta"], ".1e"),
+                 _f(r["extra_ms_per_step_vs_mpi"], "+.2f"),
+                 _bytes(r.get("bytes_per_step"), r.get("bytes_source", "")),
+                 _f(r["driver_mb"], ".0f"), _f(r["worker_mb"], ".0f"), _delta(r),
                  r["note"] if r["status"] != "ok" else ""] for r in rows]
+        unsync = ("params vs serial marked (n/c): not comparable, local SGD averages the "
+                  "workers' parameters every graph.sync_every steps, another algorithm than the "
+                  "synchronous step, so it is shown but not checked. "
+                  if any(not r.get("synchronous", True) for r in rows) else "")
         first = min(rows, key=lambda r: r["workers"])
         data = (f"{first['train_samples']:,} training samples ({first['train_mb']:.0f} MiB of "
                 f"float32 features)") if wl["scaling"] == "strong" else \
@@ -193,15 +233,10 @@ def tables(results: dict[str, Any]) -> list[Table]:
         data = f"network {first['network']}, batch {first['batch_size']:,}, {data}"
         foot = (f"{wl['epochs']} epochs per run, median epoch time of epochs 2-{wl['epochs']} "
                 f"over {meta['repeat']} repeat(s); {data}. " + star
-                + (f" Study: {wl['study']}." if wl["study"] else ""))
-        out.append((f"{name}: {wl['title']}", header, body, foot))
+                + f" {moved} {unsync}" + (f"Study: {wl['study']}." if wl["study"] else ""))
+        out.append((f"{name}: {wl['title']}", header, body, foot.rstrip()))
     if results["targets"]:
-        body = [[t["workload"], t["contender"], WHAT[t["what"]], f"<= {t['goal']:g}",
-                 _f(t["value"], ".2f"), {True: "yes", False: "NO", None: "-"}[t["met"]]]
-                for t in results["targets"]]
-        out.append(("Targets (issue 4), 2 workers", ["workload", "contender", "measure", "goal",
-                                                     "value", "met"], body,
-                    "Ratios of median epoch times in this run; ms per step = epoch time / steps."))
+        out.append(targets_table(results["targets"]))
     for kind, title, foot in (
             ("strong", "Strong scaling (same data): epoch s, speedup T(n0)/T(n), efficiency",
              "n0 = the contender's smallest worker count; efficiency = speedup * n0 / n."),
@@ -220,6 +255,25 @@ def tables(results: dict[str, Any]) -> list[Table]:
         header = ["workload", "contender"] + [f"{n} worker{'s' if n > 1 else ''}" for n in counts]
         out.append((title, header, body, f"{foot} {star}"))
     return out
+
+
+def targets_table(checks: list[dict[str, Any]]) -> Table:
+    """Issue 4's targets, one row per goal, dtrain's targeted contenders side by side."""
+    goals = list(dict.fromkeys((t["workload"], t["what"], t["goal"]) for t in checks))
+    at = {(t["workload"], t["what"], t["contender"]): t for t in checks}
+    body = []
+    for wl, what, goal in goals:
+        cells = []
+        for name in DTRAIN_TARGETED:
+            t = at.get((wl, what, name))
+            cells.append("-" if t is None or t["value"] is None else
+                         f"{t['value']:.2f} {'yes' if t['met'] else 'NO'}")
+        body.append([wl, WHAT[what], f"<= {goal:g}", *cells])
+    return ("Targets (issue 4), 2 workers", ["workload", "measure", "goal", *DTRAIN_TARGETED],
+            body, "Ratios of median epoch times in this run; ms per step = epoch time / steps. "
+            "dtrain-allreduce: 2 worker processes on a LocalCluster; dtrain-threads: one worker "
+            "process, 2 threads; dtrain-mpi-allreduce: 2 worker ranks under mpiexec; each cell "
+            "says whether the goal is met.")
 
 
 def headline(meta: dict[str, Any]) -> str:
@@ -254,12 +308,13 @@ def html(results: dict[str, Any]) -> str:
     from bokeh.embed import file_html
     from bokeh.layouts import column, gridplot
     from bokeh.models import Div
-    from bokeh.palettes import Category10
+    from bokeh.palettes import Category20
     from bokeh.plotting import figure
     from bokeh.resources import INLINE
 
     meta = results["meta"]
-    colors = dict(zip(results["contenders"], Category10[10]))
+    palette = Category20[20][::2] + Category20[20][1::2]       # the 10 dark colors first
+    colors = dict(zip(results["contenders"], itertools.cycle(palette)))
     counts = meta["workers"]
     figures = []
     for name in results["workloads"]:

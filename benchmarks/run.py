@@ -5,7 +5,8 @@ noisy minute spreads over all contenders), the harness writes the cell's
 dtrain config into a run directory, runs the contender in fresh processes,
 and reads back what it left: per-epoch seconds (``metrics.jsonl``), final
 parameters (``params.npz``, compared with the serial reference of the same
-cell) and peak memory (``rss.json``).  Then it prints the tables and writes
+cell), peak memory (``rss.json``) and, from dtrain, the bytes its workers
+exchanged per step (``summary.json``).  Then it prints the tables and writes
 ``results.json``, ``results.md`` and ``results.html`` under ``--out``.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dtrain.errors import UserError
 from dtrain.trainer import plan
 
 from benchmarks import report
+from benchmarks.common import buffer_size
 from benchmarks.contenders import BY_NAME, CONTENDERS, REPO, Contender, Tools
 from benchmarks.workloads import Workload, load_workloads
 
@@ -51,6 +53,8 @@ class Run:
     processes: int
     status: str = "ok"                          # ok, failed, skipped
     note: str = ""
+    busy: int = 0                               # processes + compute threads (0: = processes)
+    synchronous: bool = True                    # the synchronous step: must match serial
     epoch_seconds: list[float] = field(default_factory=list)
     train_loss: list[float] = field(default_factory=list)
     steps_per_epoch: int = 0
@@ -61,6 +65,10 @@ class Run:
     driver_mb: float | None = None
     worker_mb: list[float] = field(default_factory=list)
     params_delta: float | None = None           # max |params - serial| / max |serial|
+    comm_bytes: float | None = None             # bytes between workers per step (see comm_source)
+    comm_source: str = ""                       # "measured" (dtrain: Dask's transfer records),
+                                                # "formula" (pencil and paper), "" (none)
+    comm_bytes_predicted: float | None = None   # dtrain: counted from its graphs
     wall_seconds: float = 0.0
 
     @property
@@ -123,8 +131,9 @@ def _workers(text: str) -> list[int]:
 
 def run_one(wl: Workload, workers: int, contender: Contender, repeat: int, args, tools: Tools) -> Run:
     """Run one cell in fresh processes and read back what it left."""
-    run = Run(wl.name, workers, contender.name, repeat, contender.processes(workers))
-    cfg = wl.config_for(workers, contender.strategy, contender.dask_workers(workers), args.data_dir)
+    run = Run(wl.name, workers, contender.name, repeat, contender.processes(workers),
+              busy=contender.busy(workers), synchronous=contender.synchronous)
+    cfg = contender.config_for(wl, workers, args.data_dir)
     reason = wl.cannot_run(workers, args.data_dir) or contender.unavailable(tools, cfg)
     if reason:
         run.status, run.note = "skipped", reason
@@ -160,6 +169,11 @@ def run_one(wl: Workload, workers: int, contender: Contender, repeat: int, args,
         run.status, run.note = "failed", f"exit {code}: " + " | ".join(tail)
         return run
     read_run(run, run_dir)
+    if run.comm_bytes is None:
+        formula = contender.formula_bytes(the_plan.net.size, np.dtype(cfg.model.dtype).itemsize,
+                                          workers, buffer_size(the_plan.net))
+        if formula is not None:
+            run.comm_bytes, run.comm_source = float(formula), "formula"
     return run
 
 
@@ -176,6 +190,13 @@ def read_run(run: Run, run_dir: Path) -> None:
         ranks = sorted(run_dir.glob("rss-*.json"), key=lambda p: int(p.stem.split("-")[1]))
         peaks = [json.loads(p.read_text()) for p in ranks]
         run.driver_mb, run.worker_mb = (peaks[0], peaks[1:]) if peaks else (None, [])
+    summary = run_dir / "summary.json"
+    if summary.is_file():                           # dtrain's; the others' have no comm keys
+        facts = json.loads(summary.read_text())
+        run.comm_bytes_predicted = facts.get("comm_bytes_per_step")
+        measured = facts.get("comm_bytes_measured_per_step")
+        if measured is not None:
+            run.comm_bytes, run.comm_source = float(measured), "measured"
 
 
 def params_delta(params: Path, reference: Path) -> float:

@@ -51,15 +51,18 @@ class Workload:
             return f"{self.name} runs on at most {self.max_workers} workers (memory; see workloads.toml)"
         return None
 
-    def config_for(self, workers: int, strategy: str, dask_workers: int, data_dir: Path) -> Config:
+    def config_for(self, workers: int, strategy: str, dask_workers: int, data_dir: Path,
+                   extra: dict[str, Any] | None = None) -> Config:
         """The dtrain config of this workload at ``workers`` training workers.
 
         One shard per training worker; ``weak`` scaling repeats the data once per
-        worker; ``dask_workers`` is what a LocalCluster would start.
+        worker; ``dask_workers`` is what a LocalCluster would start; ``extra``
+        (a contender's own keys, e.g. ``graph.sync_every``) is laid over the rest.
         """
         cfg = merge(self.config, {"train": {"epochs": self.epochs},
                                   "graph": {"strategy": strategy},
                                   "cluster": {"workers": dask_workers}})
+        cfg = merge(cfg, extra or {})
         cfg["data"]["shards"] = workers
         if self.scaling == "weak":
             cfg["data"]["replicate"] = cfg["data"].get("replicate", 1) * workers

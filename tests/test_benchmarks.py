@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import report
-from benchmarks.contenders import CONTENDERS, Tools
+from benchmarks.contenders import BY_NAME, CONTENDERS, LOCAL_SGD_SYNC_EVERY, Tools
 from benchmarks.run import Run, params_delta
 from benchmarks.workloads import load_workloads
 from conftest import REPO
@@ -56,6 +56,42 @@ def test_every_workload_is_a_valid_dtrain_run(quick, shared_data):
         assert sizes["iris", 1][1:] == (4, (4, 30, 20, 3))
 
 
+def test_every_dtrain_strategy_has_a_contender_with_its_own_config(shared_data):
+    """local-sgd averages every 4 steps, model-parallel splits into one slice per worker
+    (skipped, with a note, where there is no hidden layer to split), and dtrain-threads is one
+    worker process whose N threads hold the N shards; dtrain plans each of them."""
+    workloads = load_workloads(quick=True)
+    tools = Tools(None, False, False, False, True)
+    local, split, threads = (BY_NAME[n] for n in ("dtrain-local-sgd", "dtrain-model-parallel",
+                                                   "dtrain-threads"))
+    for n in (1, 2, 4):
+        cfg = local.config_for(workloads["P3"], n, shared_data)
+        assert (cfg.graph.strategy, cfg.graph.sync_every, cfg.cluster.workers, cfg.data.shards) \
+            == ("local-sgd", LOCAL_SGD_SYNC_EVERY, n, n)
+        cfg = split.config_for(workloads["iris"], n, shared_data)
+        assert (cfg.graph.strategy, cfg.graph.slices, cfg.cluster.workers) == ("model-parallel", n, n)
+        assert split.unavailable(tools, cfg) is None
+        plan(cfg)
+        cfg = threads.config_for(workloads["P3"], n, shared_data)
+        assert (cfg.graph.strategy, cfg.cluster.workers, cfg.cluster.threads_per_worker,
+                cfg.data.shards) == ("allreduce", 1, n, n)
+        assert plan(cfg).strategy.place(["only"]).leaves == ("only",) * n    # shards share it
+        assert (threads.processes(n), threads.busy(n)) == (2, n + 1)
+        assert (BY_NAME["dtrain-allreduce"].processes(n), BY_NAME["dtrain-allreduce"].busy(n)) \
+            == (n + 1, n + 1)
+    for name in ("in784", "in3248", "in12544"):
+        note = split.unavailable(tools, split.config_for(workloads[name], 2, shared_data))
+        assert note and "has none" in note and "hidden" in note
+    assert [c.synchronous for c in (local, split, threads)] == [False, True, True]
+    # pencil-and-paper bytes per step for the others: P = 9 parameters of 4 bytes
+    assert BY_NAME["mpi-allreduce"].formula_bytes(9, 4, 1) == 0
+    assert BY_NAME["mpi-allreduce"].formula_bytes(9, 4, 4) == 2 * 3 * 40     # 2 (W - 1) buffers
+    assert BY_NAME["mpi-allreduce"].formula_bytes(9, 4, 2, buffer=11) == 2 * 44
+    assert BY_NAME["mpi-ps"].formula_bytes(9, 4, 2) == 2 * (40 + 36)      # gather + broadcast
+    assert BY_NAME["torch-ddp"].formula_bytes(9, 4, 2) == 2 * 36
+    assert BY_NAME["dtrain-allreduce"].formula_bytes(9, 4, 2) is None    # dtrain measures
+
+
 def test_bad_arguments_are_one_line_and_exit_2():
     for args, words in ((["--workloads", "P9"], "unknown workload P9"),
                         (["--workers", "0,2"], "--workers"),
@@ -67,11 +103,12 @@ def test_bad_arguments_are_one_line_and_exit_2():
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
-def _run(workload, workers, contender, seconds, status="ok", delta=None, steps=10):
-    r = Run(workload, workers, contender, 0, workers + 1, status, epoch_seconds=seconds,
+def _run(workload, workers, contender, seconds, status="ok", delta=None, steps=10,
+         processes=None, **extra):
+    r = Run(workload, workers, contender, 0, processes or workers + 1, status, epoch_seconds=seconds,
             steps_per_epoch=steps, train_samples=1000, worker_mb=[100.0, 120.0][:workers],
             train_mb=3.0, network="4-3", batch_size=10,
-            driver_mb=50.0, params_delta=delta, train_loss=[0.5] * len(seconds))
+            driver_mb=50.0, params_delta=delta, train_loss=[0.5] * len(seconds), **extra)
     return vars(r) | {"timed": r.timed}
 
 
@@ -87,7 +124,15 @@ def test_rows_medians_ratios_scaling_and_targets():
             _run("w", 2, "mpi-allreduce", [9.0, 2.0]),
             _run("w", 2, "dtrain-allreduce", [9.0, 2.5, 2.5], delta=3e-7),
             _run("w", 2, "torch-ddp", [1.0], status="skipped"),
+            _run("w", 1, "dtrain-threads", [9.0, 4.0], processes=2, busy=2, comm_bytes=0.0,
+                 comm_source="measured"),
+            _run("w", 2, "dtrain-threads", [9.0, 3.0], processes=2, busy=3, comm_bytes=0.0,
+                 comm_source="measured"),
+            _run("w", 2, "dtrain-local-sgd", [9.0, 2.0], delta=2e-2, synchronous=False,
+                 comm_bytes=3 * 2**20, comm_source="measured", comm_bytes_predicted=3 * 2**20),
             _run("v", 1, "mpi-ps", [1.0, 2.0]), _run("v", 2, "mpi-ps", [1.0, 2.5])]
+    runs[4] |= {"comm_bytes": 1536.0, "comm_source": "formula"}      # mpi-allreduce at 2
+    runs[5] |= {"comm_bytes": 2048.0, "comm_source": "measured", "comm_bytes_predicted": 2000.0}
     rows = report.aggregate(runs, n_cores=2)
     at = {(r["workload"], r["workers"], r["contender"]): r for r in rows}
     d1, d2 = at["w", 1, "dtrain-allreduce"], at["w", 2, "dtrain-allreduce"]
@@ -97,6 +142,14 @@ def test_rows_medians_ratios_scaling_and_targets():
     assert not at["w", 1, "serial"]["oversubscribed"] and at["w", 1, "serial"]["epoch_s"] == 4.0
     assert at["w", 2, "torch-ddp"]["status"] == "skipped" and at["w", 2, "torch-ddp"]["epoch_s"] is None
     assert d2["samples_per_s"] == 400.0 and d2["worker_mb"] == 120.0 and d2["driver_mb"] == 50.0
+    assert (d2["bytes_per_step"], d2["bytes_source"], d2["bytes_predicted_per_step"]) == \
+        (2048.0, "measured", 2000.0)
+    assert at["w", 2, "mpi-allreduce"]["bytes_source"] == "formula"
+    assert at["w", 1, "serial"]["bytes_per_step"] is None
+    t1, t2 = at["w", 1, "dtrain-threads"], at["w", 2, "dtrain-threads"]
+    assert (t2["processes"], t2["busy"], t2["oversubscribed"]) == (2, 3, True)    # threads count
+    assert (t1["busy"], t1["oversubscribed"], t2["bytes_per_step"]) == (2, False, 0.0)
+    assert not at["w", 2, "dtrain-local-sgd"]["synchronous"] and d2["synchronous"]
 
     curves = {(s["workload"], s["contender"]): s["points"] for s in report.scaling(rows, [wl, weak])}
     assert ("w", "serial") not in curves                        # the reference does not scale
@@ -104,9 +157,34 @@ def test_rows_medians_ratios_scaling_and_targets():
         [(1.0, 1.0), (2.4, 1.2)]
     assert [(p["efficiency"], p["speedup"]) for p in curves["v", "mpi-ps"]] == [(1.0, 1.0), (0.8, 1.6)]
 
-    checks = {(t["what"]): t for t in report.targets(rows, [wl])}
-    assert checks["mpi_ratio"]["value"] == 1.25 and checks["mpi_ratio"]["met"] is True
-    assert checks["step_ms"]["value"] == 250.0 and checks["step_ms"]["met"] is False
+    found = report.targets(rows, [wl])
+    checks = {(t["what"], t["contender"]): t for t in found}
+    assert {c for _, c in checks} == {"dtrain-allreduce", "dtrain-threads"}
+    assert checks["mpi_ratio", "dtrain-allreduce"]["value"] == 1.25
+    assert checks["mpi_ratio", "dtrain-allreduce"]["met"] is True
+    assert checks["step_ms", "dtrain-allreduce"]["value"] == 250.0
+    assert checks["step_ms", "dtrain-allreduce"]["met"] is False
+    assert checks["mpi_ratio", "dtrain-threads"]["value"] == 1.5
+
+    # the tables: bytes/step, (n/c) for local SGD, the targets side by side
+    results = {"meta": {"cores": 2, "repeat": 1, "workers": [1, 2]}, "rows": rows,
+               "workloads": {"w": {"title": "t", "epochs": 4, "scaling": "strong", "study": ""}},
+               "targets": found, "scaling": []}
+    (_, header, body, foot), (title, theader, tbody, _) = report.tables(results)
+    cell = {(b[0], b[1]): dict(zip(header, b)) for b in body}
+    assert cell["2", "dtrain-allreduce"]["bytes/step"] == "2 KiB"
+    assert cell["2", "mpi-allreduce"]["bytes/step"] == "~1.5 KiB"
+    assert cell["2", "dtrain-local-sgd"]["bytes/step"] == "3 MiB"
+    assert cell["2", "dtrain-threads"]["bytes/step"] == "0 B"
+    assert cell["1", "serial"]["bytes/step"] == "-"
+    assert cell["2", "dtrain-local-sgd"]["params vs serial"] == "2.0e-02 (n/c)"
+    assert cell["2", "dtrain-allreduce"]["params vs serial"] == "3.0e-07"
+    assert (cell["2", "dtrain-threads"]["procs"], cell["1", "dtrain-threads"]["procs"]) == ("2*", "2")
+    assert "(n/c): not comparable" in foot and "bytes/step" in foot
+    assert title.startswith("Targets") and theader == \
+        ["workload", "measure", "goal", "dtrain-allreduce", "dtrain-threads", "dtrain-mpi-allreduce"]
+    assert tbody == [["w", "dtrain / mpi4py Allreduce", "<= 1.5", "1.25 yes", "1.50 yes", "-"],
+                     ["w", "ms per step", "<= 10", "250.00 NO", "300.00 NO", "-"]]
 
 
 def test_params_delta_is_relative_to_the_reference(tmp_path):
@@ -138,8 +216,10 @@ def _expected_skips() -> dict[str, str]:
 @pytest.mark.slow
 def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnist_dir):
     """``--quick`` for real: every contender that can run here runs at 1 and 2 workers on the
-    same data; each one's final parameters equal the serial reference's to float32 rounding;
-    the table, results.json/.md and the HTML plots say so."""
+    same data; each one that computes the synchronous step (all but local SGD) ends with the
+    serial reference's parameters to float32 rounding; dtrain's rows report the bytes Dask
+    moved per step, as its graphs predict; the table, results.json/.md and the HTML plots
+    say so."""
     out = tmp_path / "results"
     proc = _bench("--quick", "--out", str(out), "--data-dir", str(mnist_dir.parent))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -157,24 +237,50 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
             continue
         assert r["status"] == "ok", (name, r["note"])
         assert r["epoch_s"] > 0 and r["worker_mb"] > 0 and r["steps"] == 10
-        assert r["params_delta"] < 1e-5, (name, r["workers"], r["params_delta"])
-        serial = next(s for s in rows if s["contender"] == "serial" and s["workers"] == r["workers"])
-        assert r["final_train_loss"] == pytest.approx(serial["final_train_loss"], rel=1e-4)
-        assert r["oversubscribed"] == (r["processes"] > report.cores())
+        assert r["synchronous"] == BY_NAME[name].synchronous
+        if r["synchronous"]:                    # local SGD is another algorithm: not checked
+            assert r["params_delta"] < 1e-5, (name, r["workers"], r["params_delta"])
+            serial = next(s for s in rows
+                          if s["contender"] == "serial" and s["workers"] == r["workers"])
+            assert r["final_train_loss"] == pytest.approx(serial["final_train_loss"], rel=1e-4)
+        else:
+            assert r["params_delta"] is not None and r["final_train_loss"] > 0
+        if name.startswith("dtrain-"):
+            # Dask's transfer records: at least what the graph counts (a busy machine may move
+            # more, e.g. a value fetched twice), and nothing where one process holds it all
+            assert r["bytes_source"] == "measured", (name, r["bytes_source"])
+            predicted, measured = r["bytes_predicted_per_step"], r["bytes_per_step"]
+            assert measured >= predicted, (name, r["workers"], predicted, measured)
+            assert (measured > 0) == (predicted > 0), (name, r["workers"], measured)
+        elif name != "serial":                  # pencil and paper; a lone allreduce rank: 0
+            moves = r["workers"] > 1 or name == "mpi-ps"
+            assert r["bytes_source"] == "formula" and (r["bytes_per_step"] > 0) == moves
+        assert r["busy"] >= r["processes"]
+        assert r["oversubscribed"] == (r["busy"] > report.cores())
         if r["driver_mb"] is not None:          # it reads file headers, never the data (~130 MiB)
             assert r["driver_mb"] < r["worker_mb"] - 100, (name, r["driver_mb"], r["worker_mb"])
     ran = [r for r in rows if r["status"] == "ok"]
-    assert {r["contender"] for r in ran} >= {"serial", "dtrain-allreduce", "dtrain-ps"}
+    assert {r["contender"] for r in ran} >= {"serial", "dtrain-allreduce", "dtrain-ps",
+                                             "dtrain-threads", "dtrain-local-sgd",
+                                             "dtrain-model-parallel"}
     assert all(r["params_delta"] == 0.0 for r in ran if r["contender"] == "serial")
+    at = {(r["workers"], r["contender"]): r for r in ran}
+    assert at[2, "dtrain-allreduce"]["bytes_per_step"] > 0             # two worker processes
+    assert at[2, "dtrain-threads"]["bytes_per_step"] == 0              # one, two threads
+    assert (at[2, "dtrain-threads"]["processes"], at[2, "dtrain-threads"]["busy"]) == (2, 3)
 
     table = proc.stdout
     for r in ran:
         assert f"| {r['workers']} | {r['contender']} | {r['processes']}" in table
     assert "### Strong scaling (same data)" in table
+    assert "| bytes/step |" in table and " (n/c) |" in table
+    assert "| workload | measure | goal | dtrain-allreduce | dtrain-threads | " \
+           "dtrain-mpi-allreduce |" in table
     assert (out / "results.md").read_text().strip() in table
     page = (out / "results.html").read_text()
     assert "Bokeh" in page and "P3 (strong scaling): speedup" in page
     assert "P3 (strong scaling): efficiency" in page and "dtrain-allreduce" in page
+    assert "dtrain-model-parallel" in page and "dtrain-threads" in page
     curves = {s["contender"] for s in results["scaling"]}
     assert curves == {r["contender"] for r in ran} - {"serial"}
     assert not list(out.glob("runs/**/params.npz"))             # compared, then deleted
