@@ -1,8 +1,9 @@
 """Checkpoints: the state at a window edge, written atomically, and resuming from one.
 
 A checkpoint holds everything the next step depends on: the state vector
-(parameters and optimizer slots), the epoch's running loss sums, the next
-step's index, how many epochs have their metrics recorded, and the config.
+(parameters and optimizer slots), the epoch's running loss and accuracy sums,
+the next step's index, how many epochs have their metrics recorded, and the
+config.
 The data order needs no saved RNG state: every shuffle is derived from
 ``(data.seed, epoch, shard)``.  Because each step is a pure function of the
 state, a resumed run ends with the same bytes as an uninterrupted one.
@@ -38,6 +39,7 @@ def save(run_dir: Path, ckpt: Checkpoint, config: Config) -> None:
     instant leaves the previous checkpoint or this one, never a torn file."""
     meta = {"step": ckpt.step, "epochs_done": ckpt.epochs_done,
             "epoch_loss": ckpt.state.epoch_loss, "epoch_samples": ckpt.state.epoch_samples,
+            "epoch_correct": ckpt.state.epoch_correct,
             "config": config.to_dict()}
     buf = io.BytesIO()
     vector = ckpt.state.vector.get() if hasattr(ckpt.state.vector, "get") else ckpt.state.vector
@@ -61,7 +63,8 @@ def load(run_dir: Path) -> tuple[Checkpoint, dict] | None:
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"cannot read checkpoint {path}: {exc}; delete it to restart the run "
                         f"from step 0") from None
-    state = TrainState(vector, meta["epoch_loss"], meta["epoch_samples"])
+    state = TrainState(vector, meta["epoch_loss"], meta["epoch_samples"],
+                       meta.get("epoch_correct", 0))      # absent in older checkpoints
     return Checkpoint(meta["step"], meta["epochs_done"], state), meta["config"]
 
 

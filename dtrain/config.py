@@ -126,6 +126,11 @@ class GraphConfig:
     slices: int = at_least(2, 1, "model-parallel: slices each hidden layer is split into")
     window: int = at_least(100, 1, "steps per submitted graph")
     fuse_update: bool = free(True, "apply the update inside the root reduce task")
+    update: str = choice("auto", "auto", "root", "replicated",
+                         doc="where the optimizer step runs: on the reduce root, which sends "
+                         "the new state to every worker, or on every worker from the reduced "
+                         "gradient (allreduce only; one hop less per step); auto: replicated "
+                         "for allreduce")
     step_events: int = at_least(1, 0, "steps between live metrics events from the update "
                                 "task to the scheduler (0: none)")
 
@@ -297,6 +302,10 @@ def _check_consistency(cfg: Config, source: str) -> None:
         raise ConfigError(f"graph.strategy = 'model-parallel' runs on CPU workers only, but "
                           f"cluster.device = 'gpu' in {source}; use cluster.device = 'cpu' or "
                           f"a data-parallel strategy")
+    if cfg.graph.update == "replicated" and cfg.graph.strategy != "allreduce":
+        raise ConfigError(f"graph.update = 'replicated' in {source} needs graph.strategy = "
+                          f"'allreduce' (every worker trains and updates), not "
+                          f"'{cfg.graph.strategy}'; use graph.update = 'root' or 'auto'")
     c = cfg.cluster
     if c.scheduler_address and c.kind != "local":
         raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own scheduler; "
@@ -329,8 +338,17 @@ def apply_overrides(data: dict[str, dict[str, Any]], overrides: Iterable[str]) -
     """Apply ``--set`` strings to a nested dict (in place) and return it."""
     for text in overrides:
         section, name, value = parse_override(text)
+        fields = {f.name: f for f in dataclasses.fields(SECTIONS.get(section, _NoSection))}
+        if name in fields and fields[name].type in (str, "str") and \
+                isinstance(value, (int, float, bool)):
+            value = text.partition("=")[2].strip()   # a string key takes the word as written
         data.setdefault(section, {})[name] = value
     return data
+
+
+@dataclass(frozen=True)
+class _NoSection:
+    """An unknown section: no fields (load_config reports it)."""
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from dtrain.tasktypes import TASK_COLORS, numbers, task_type
 GALLERY: dict[str, list[str]] = {
     "allreduce-fan-in-2": ["graph.strategy=allreduce", "graph.fan_in=2"],
     "allreduce-fan-in-4": ["graph.strategy=allreduce", "graph.fan_in=4"],
+    "allreduce-root-update": ["graph.strategy=allreduce", "graph.fan_in=2", "graph.update=root"],
     "parameter-server": ["graph.strategy=parameter-server"],
     "local-sgd": ["graph.strategy=local-sgd", "graph.sync_every=4"],
     "model-parallel": ["graph.strategy=model-parallel", "graph.slices=4"],
@@ -64,6 +65,8 @@ def _label(key: str, covers: set[int]) -> str:
         where = f", {'forward' if side == 'f' else 'backward'} block {block}" if side else ""
         span = _span(covers).replace("shard", "slice") if side else _span(covers)
         return f"reduce\\nstep {step}, level {level}{where}, {span}"
+    if kind == "update" and len(nums) > 1:               # replicated: one per worker
+        return f"update\\nstep {nums[0]}, this worker's copy"
     if kind == "update":
         return f"update\\nstep {nums[0]}" + (f", sum of {_span(covers)}" if covers else "")
     if kind == "state":
@@ -102,25 +105,42 @@ def step_graph(config: Config) -> graphviz.Digraph:
     refs = [TaskRef(graph.key(*item.name, run=RUN)) for item in items]
     val = TaskRef(graph.key("load-val", run=RUN)) if p.info.val else None
     first = graph.units([p.schedule[t] for t in range(p.schedule.steps_per_epoch)], p.recipe)[0]
+    shown = len(first)
+    if p.recipe.replicated:
+        # two steps of a longer window: every worker's update of step 0 and the next
+        # forward-backward tasks that read the same partial sums
+        first, shown = tuple(p.schedule[t] for t in range(3)), 2
     win = p.strategy.window(list(first), p.initial_state(), refs, val, where, RUN)
+    if shown < len(first):
+        for k in [k for k in win.dsk if task_type(k) in ("forward-backward", "reduce", "update")
+                  and numbers(k)[0] >= shown]:
+            del win.dsk[k], win.where[k]
     nodes = {ref.key: [item.worker] for ref, item in zip(refs, items)}
     deps = {k: sorted(win.dsk[k].dependencies) for k in win.dsk}
     if val is not None and any(val.key in d for d in deps.values()):
         nodes[val.key] = [where.root]
     nodes.update(win.where)
     covers: dict[str, set[int]] = {}          # shards (or slices) a task's value sums over
-    for k in nodes:                           # in build order: children before parents
-        kind = task_type(k)
-        covers[k] = {numbers(k)[1]} if kind in ("forward-backward", "local-sgd") else \
-            {numbers(k)[2]} if kind in ("forward", "input-grad") else set().union(
-                *(covers.get(d, set()) for d in deps.get(k, ())
-                  if task_type(d) not in ("state", "loss", "combine", "back-combine")))
+
+    def cover(k: str) -> set[int]:
+        if k not in covers:
+            kind = task_type(k)
+            covers[k] = {numbers(k)[1]} if kind in ("forward-backward", "local-sgd") else \
+                {numbers(k)[2]} if kind in ("forward", "input-grad") else set().union(
+                    *(cover(d) for d in deps.get(k, ()) if task_type(d) not in
+                      ("state", "loss", "combine", "back-combine", "update")))
+        return covers[k]
+
+    for k in nodes:
+        cover(k)
 
     strategy = cfg.graph.strategy
     leaves = "slices" if strategy == "model-parallel" else "shards"
     detail = {"parameter-server": "", "model-parallel": f", {cfg.graph.slices} slices",
               "local-sgd": f", one round of {cfg.graph.sync_every} steps"}.get(
         strategy, f", fan-in {graph.fan_in(strategy, cfg.graph.fan_in, len(p.ranges))}")
+    if p.recipe.replicated:
+        detail += ", replicated updates (steps 0 and 1)"
     title = (f"{strategy}{detail}: {len(p.ranges)} shards on {len(workers)} workers "
              f"(layers {list(cfg.model.layers)})")
     dot = graphviz.Digraph(f"dtrain-{strategy}", graph_attr={

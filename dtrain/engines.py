@@ -65,6 +65,7 @@ class Outcome:
 def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float) -> dict[str, Any]:
     epoch = ev["epoch"]
     return {"epoch": epoch, "train_loss": ev.get("train_loss"),
+            "train_accuracy": ev.get("train_accuracy"),
             "val_loss": ev["loss"] if plan.info.val else None,
             "val_accuracy": ev["accuracy"] if plan.info.val else None,
             "seconds": seconds, "samples_per_second": plan.train_samples / seconds if seconds else None,
@@ -152,6 +153,7 @@ class DaskEngine:
         self.loads = 0
         self.predicted_bytes = 0                    # what the graphs say crosses workers
         self.speed: dict[str, float] = {}           # calibrated samples/s, by worker address
+        self.cuda: dict[str, str] = {}              # GPU workers: why CuPy fails there ("": ok)
         self.placement: Placement | None = None
         self.live: list[Future] = []                # the windows in flight
         self.parts: list[Future] = []               # validation and test shards
@@ -169,6 +171,16 @@ class DaskEngine:
             raise UserError(f"cluster.device = 'gpu' but none of the {len(info)} workers "
                             f"advertises a GPU resource; start GPU workers with "
                             f"`dask worker --resources {device.GPU}=1` or use device 'auto'")
+        if cfg.cluster.device == "gpu":             # a GPU resource is a promise: check it
+            claimed = [a for a in info if gpu[a] and a not in self.cuda]
+            if claimed:
+                self.cuda.update(self.client.run(device.problem, workers=claimed))
+            broken = {a: why for a, why in self.cuda.items() if why and a in info}
+            if broken:
+                a, why = next(iter(broken.items()))
+                raise UserError(f"cluster.device = 'gpu' but worker {info[a].get('name', a)} "
+                                f"advertises a {device.GPU} resource and cannot compute on a "
+                                f"GPU: {why}")
         if len(set(gpu.values())) > 1:             # CPU and GPU workers: size work by speed
             rows = max(16, min(1024, cfg.train.batch_size // max(1, len(info))))
             for a in info.keys() - self.speed.keys():
@@ -233,8 +245,13 @@ class DaskEngine:
             return cluster.INLINE if inline and key.startswith(("update-", "reduce-")) \
                 else "default"
 
+        replicated = self.plan.recipe.replicated
+
+        def priority(key: str) -> int:          # a replicated update is off the critical path:
+            return -1 if replicated and key.startswith("update-") else 0   # the shard's maths first
+
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
-                           resources=resources, executor=executor):
+                           resources=resources, executor=executor, priority=priority):
             return self.client.get(win.dsk, [*win.ends, *win.evals.values()], sync=False)
 
     def split(self) -> dict[str, dict[str, Any]]:

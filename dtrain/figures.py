@@ -3,8 +3,10 @@
 Curves are drawn against the epoch (fractional for per-step points), so the
 page (step events) and the report (epoch rows) read the same way.  Sources
 hold the columns of ``metrics.jsonl`` (``epoch``, ``train_loss``,
-``val_loss``, ``val_accuracy``, ``samples_per_second``) and, for steps,
-``epoch`` (fractional), ``loss`` and ``rate``.
+``train_accuracy``, ``val_loss``, ``val_accuracy``, ``samples_per_second``)
+and, for steps, ``epoch`` (fractional), ``loss`` and ``rate``.  In both the
+loss and the accuracy figure a run's training curve is solid and its
+validation curve dashed, in the same colour.
 """
 from __future__ import annotations
 
@@ -56,12 +58,16 @@ def add_loss(fig: figure, epochs: ColumnDataSource, color: str, label: str = "",
 
 
 def add_accuracy(fig: figure, epochs: ColumnDataSource, color: str, label: str = "") -> None:
-    """Validation accuracy per epoch."""
-    line = fig.line("epoch", "val_accuracy", source=epochs, color=color, line_width=2,
-                    legend_label=f"{label}: validation accuracy" if label else
-                    "validation accuracy")
+    """The epoch's running training accuracy over its minibatches (solid) and the
+    validation accuracy after it (dashed, with markers), as :func:`add_loss` draws losses."""
+    prefix = f"{label}: " if label else ""
+    train = fig.line("epoch", "train_accuracy", source=epochs, color=color, line_width=2,
+                     legend_label=f"{prefix}train accuracy")
+    val = fig.line("epoch", "val_accuracy", source=epochs, color=color, line_width=2,
+                   line_dash="dashed", legend_label=f"{prefix}validation accuracy")
     fig.scatter("epoch", "val_accuracy", source=epochs, color=color, size=4)
-    _hover(fig, [line], "val_accuracy")
+    _hover(fig, [train], "train_accuracy")
+    _hover(fig, [val], "val_accuracy")
     fig.legend.location = "bottom_right"
     fig.legend.click_policy = "hide"
 

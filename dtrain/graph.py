@@ -32,8 +32,8 @@ from dtrain import live
 from dtrain.data import load_shard
 from dtrain.device import like, to_host
 from dtrain.model import Network
-from dtrain.optim import (Optimizer, Step, TrainState, average, local_sgd, sum_buffers,
-                          update)
+from dtrain.optim import (ROUND_TAIL, Optimizer, Step, TrainState, average, local_sgd,
+                          sum_buffers, update)
 
 
 def fan_in(strategy: str, requested: int, shards: int) -> int:
@@ -90,22 +90,64 @@ def place(workers: Sequence[Worker | str], shards: int, strategy: str) -> Placem
     workers = [w if isinstance(w, Worker) else Worker(w) for w in workers]
     head, trainers = (workers[0], workers[1:]) if strategy == "parameter-server" \
         else (None, workers)
-    edges = np.cumsum([w.weight for w in trainers]) / sum(w.weight for w in trainers)
-    owner = tuple(trainers[min(int(np.searchsorted(edges, (i + 0.5) / shards)),
-                               len(trainers) - 1)].address for i in range(shards))
+    counts = blocks([w.weight for w in trainers], shards)
+    owner = tuple(w.address for w, n in zip(trainers, counts) for _ in range(n))
     return Placement(owner, head.address if head else owner[0],
                      frozenset(w.address for w in workers if w.gpu))
+
+
+def blocks(weights: Sequence[float], shards: int) -> list[int]:
+    """Shards per worker, in worker order, so the slowest worker finishes first.
+
+    Blocks proportional to the weights, unless shards are too few to split
+    that finely; then the fewest-time blocks (a worker too slow to help gets
+    none: a GPU five times faster than a CPU takes all 4 shards, rather than
+    3 while the CPU takes 1 and makes everyone wait for it).
+    """
+    edges = np.cumsum(weights) / sum(weights)
+    owner = [min(int(np.searchsorted(edges, (i + 0.5) / shards)), len(weights) - 1)
+             for i in range(shards)]
+    counts = [owner.count(j) for j in range(len(weights))]
+
+    def slowest(c: list[int]) -> float:
+        return max(n / w for n, w in zip(c, weights) if n)
+
+    def fill(limit: float) -> list[int] | None:       # greedy blocks within a time limit
+        out, left = [], shards
+        for w in weights:
+            out.append(min(left, int(limit * w + 1e-9)))
+            left -= out[-1]
+        return None if left else out
+
+    times = sorted({n / w for w in weights for n in range(1, shards + 1)})
+    lo, hi = 0, len(times) - 1
+    while lo < hi:                                     # the least feasible time limit
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fill(times[mid]) else (mid + 1, hi)
+    best = fill(times[lo])
+    return best if best is not None and slowest(best) < slowest(counts) * (1 - 1e-9) \
+        else counts
 
 
 # --- tasks (run on workers) -----------------------------------------------------------------
 
 def forward_backward(net: Network, shuffle_seed: int | None, epoch: int, lo: int, hi: int,
                      host: bool, state: TrainState, shard) -> Any:
-    """Summed gradient and loss of one shard's rows ``lo:hi`` this epoch: ``(P + 1,)``,
-    computed where the shard lives (host or GPU), returned to host memory if ``host``."""
+    """Summed gradient, loss and correct predictions of one shard's rows ``lo:hi`` this
+    epoch: ``[grad (P) | loss | correct]``, ``(P + 2,)``, computed where the shard lives
+    (host or GPU), returned to host memory if ``host``."""
     x, y = shard.batch(epoch, lo, hi, shuffle_seed)
     buf = net.loss_and_grad(like(state.vector[: net.size], x), x, y)
     return to_host(buf) if host else buf
+
+
+def update_forward_backward(opt: Optimizer, prev: Step, shuffle_seed: int | None, epoch: int,
+                            lo: int, hi: int, host: bool, state: TrainState, shard,
+                            *grads) -> Any:
+    """A replicated update's first half: the update of step ``prev`` (exactly what that step's
+    ``update`` tasks compute), then :func:`forward_backward` from the new state, in one task."""
+    new = update(opt, prev, False, state, *grads)
+    return forward_backward(opt.net, shuffle_seed, epoch, lo, hi, host, new, shard)
 
 
 def reduce(host: bool, *grads) -> Any:
@@ -142,13 +184,15 @@ def average_and_report(opt: Optimizer, step: Step, run: str, host: bool, state: 
 
 def evaluate(net: Network, epoch: int, state: TrainState, part) -> dict[str, float]:
     """Loss and accuracy of the state's parameters on a held-out shard (None: there is no
-    held-out data), plus the epoch's train loss."""
+    held-out data), plus the epoch's running train loss and accuracy (over its minibatches,
+    each predicted before its update)."""
     out = {"epoch": epoch + 1}
     if part is not None:
         loss, correct, n = net.evaluate(like(state.vector[: net.size], part.x), part.x, part.y)
         out.update(loss=loss / max(n, 1), accuracy=correct / max(n, 1))
     if state.epoch_samples:
         out["train_loss"] = state.epoch_loss / state.epoch_samples
+        out["train_accuracy"] = state.epoch_correct / state.epoch_samples
     return out
 
 
@@ -176,6 +220,7 @@ class Recipe:
     fuse_update: bool = True
     sync_every: int = 1
     step_events: int = 0           # send a step event every this many steps (0: never)
+    replicated: bool = False       # every worker applies each update (add_replicated_step)
 
     def reports(self, step: Step) -> bool:
         """Whether ``step``'s update sends a step event (always at an epoch's end)."""
@@ -188,9 +233,10 @@ class Recipe:
 
     @property
     def leaf_bytes(self) -> int:
-        """Size of what a leaf sends up the tree: a gradient, or (local SGD) a whole state."""
-        width = self.net.size * (1 + self.opt.slots) + 2 if self.strategy == "local-sgd" \
-            else self.net.size + 1
+        """Size of what a leaf sends up the tree: a gradient buffer (``P + 2``), or (local
+        SGD) a whole weighted state with its loss, correct count and weight."""
+        width = self.net.size * (1 + self.opt.slots) + ROUND_TAIL \
+            if self.strategy == "local-sgd" else self.net.buffer_size
         return width * np.dtype(self.net.dtype).itemsize
 
 
@@ -246,17 +292,18 @@ Leaf = tuple[str, int, str]         # (key, first shard, worker)
 
 
 def tree(win: Window, tag: str, leaves: list[Leaf], root: str, k: int, fuse: bool,
-         nbytes: int, run: str) -> tuple[list[Leaf], dict[str, str]]:
+         nbytes: int, run: str, readers: Sequence[str] = ()) -> tuple[list[Leaf], dict[str, bool]]:
     """Reduce ``leaves`` (in leaf order) level by level with fan-in ``k``.
 
     Returns the root level's inputs, for the root task to combine (``fuse``)
-    or one reduce task's output, and the worker that consumes each input, so
-    producers know whether their value must leave the GPU.  Keys are
-    ``reduce-<tag>-<level>-<first leaf>``; a reduce runs where its first
-    child runs, the last level on ``root``.
+    or one reduce task's output, and for every value the tree reads whether
+    it must leave its worker (so a GPU producer knows to copy it to host).
+    The root level is read on ``root`` and on every worker in ``readers``
+    (replicated updates).  Keys are ``reduce-<tag>-<level>-<first leaf>``; a
+    reduce runs where its first child runs, the last level on ``root``.
     """
     level, depth = leaves, tree_depth(len(leaves), k)
-    consumer: dict[str, str] = {}
+    readers_of: dict[str, set[str]] = {}
     planned: list[tuple[str, list[Leaf], str]] = []
     for d in range(1, depth + 1):
         if d == depth and fuse:
@@ -269,21 +316,26 @@ def tree(win: Window, tag: str, leaves: list[Leaf], root: str, k: int, fuse: boo
                 continue
             first, worker = group[0][1], root if d == depth else group[0][2]
             name = key("reduce", tag, d, first, run=run)
-            consumer.update((g[0], worker) for g in group)
+            for g in group:
+                readers_of.setdefault(g[0], set()).add(worker)
             planned.append((name, group, worker))
             level.append((name, first, worker))
-    consumer.update((g[0], root) for g in level)
+    for g in level:
+        readers_of.setdefault(g[0], set()).update({root, *readers})
+    produced = {name: worker for name, _, worker in leaves} | {n: w for n, _, w in planned}
+    leaves_worker = {name: any(r != produced[name] for r in readers_of.get(name, ()))
+                     for name in produced}
     for name, group, worker in planned:
-        win.add(Task(name, reduce, consumer[name] != worker, *(TaskRef(g[0]) for g in group)),
+        win.add(Task(name, reduce, leaves_worker[name], *(TaskRef(g[0]) for g in group)),
                 worker, nbytes)
-    return level, consumer
+    return level, leaves_worker
 
 
 def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, recipe: Recipe,
-          run: str) -> tuple[list[Leaf], dict[str, str]]:
+          run: str, readers: Sequence[str] = ()) -> tuple[list[Leaf], dict[str, bool]]:
     k = fan_in(recipe.strategy, recipe.fan_in, len(leaves))
-    return tree(win, str(index), leaves, placement.root, k, recipe.fuse_update,
-                recipe.leaf_bytes, run)
+    return tree(win, str(index), leaves, placement.root, k, recipe.fuse_update or bool(readers),
+                recipe.leaf_bytes, run, readers)
 
 
 def _state_leaves_root(placement: Placement) -> bool:
@@ -298,15 +350,75 @@ def add_step(win: Window, step: Step, state: str, shards: Sequence[TaskRef],
     ``host``: the new state must be in host memory (it leaves the root worker)."""
     leaves = [(key("forward-backward", step.index, i, run=run), i, placement.leaves[i])
               for i in range(len(shards))]
-    root, consumer = _tree(win, step.index, leaves, placement, recipe, run)
+    root, leaves_worker = _tree(win, step.index, leaves, placement, recipe, run)
     for (name, i, worker), (lo, hi) in zip(leaves, step.bounds):
         win.add(Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch, lo, hi,
-                     consumer[name] != worker, TaskRef(state), shards[i]), worker,
+                     leaves_worker[name], TaskRef(state), shards[i]), worker,
                 recipe.leaf_bytes)
     fn, extra = (update_and_report, (run,)) if recipe.reports(step) else (update, ())
     return win.add(Task(key("update", step.index, run=run), fn, recipe.opt, step, *extra, host,
                         TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
                    recipe.state_bytes)
+
+
+@dataclass(frozen=True)
+class Carry:
+    """What a replicated step hands to the next: on worker ``w`` the state before the step
+    is ``update(opt, pending step, base[w], *pending partials)``, or ``base[w]`` itself
+    when nothing is pending (a window's first step)."""
+
+    base: dict[str, str]
+    pending: tuple[Step, list[str]] | None = None
+
+
+def replicated_update(win: Window, carry: Carry, workers: Sequence[str], placement: Placement,
+                      recipe: Recipe, run: str, host: bool) -> dict[str, str]:
+    """``update-<step>-<first shard>`` on each of ``workers``: the pending update, applied
+    to each worker's own copy of the state.  Returns the new state key per worker."""
+    step, partials = carry.pending
+    out = dict(carry.base)
+    for w in workers:
+        fn, extra = (update_and_report, (run,)) if w == placement.root and recipe.reports(step) \
+            else (update, ())
+        name = key("update", step.index, placement.leaves.index(w), run=run)
+        out[w] = win.add(Task(name, fn, recipe.opt, step, *extra, host, TaskRef(carry.base[w]),
+                              *(TaskRef(p) for p in partials)), w, recipe.state_bytes)
+    return out
+
+
+def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[TaskRef],
+                        placement: Placement, recipe: Recipe, run: str, last: bool) -> Carry:
+    """Add one minibatch where every worker applies the update itself, as DDP and Horovod do.
+
+    The gradients are tree-reduced as in :func:`add_step` up to the root
+    level, whose few partial sums every worker reads.  Each worker's
+    ``update-<step>-<first shard>`` applies the step to its own copy of the
+    state, and each ``forward-backward`` of the next step applies the same
+    update first (the same function on the same bytes, so the same result)
+    instead of waiting for it: a step costs one scheduler round trip instead
+    of two, and only gradients cross the network.  ``last``: no step follows
+    in this window, so only the root reads the partials.
+    """
+    workers = list(dict.fromkeys(placement.leaves))
+    leaves = [(key("forward-backward", step.index, i, run=run), i, placement.leaves[i])
+              for i in range(len(shards))]
+    top, leaves_worker = _tree(win, step.index, leaves, placement, recipe, run,
+                               readers=() if last else workers)
+    base = carry.base
+    if carry.pending is not None:       # the previous step's updates, off the critical path
+        base = replicated_update(win, carry, [placement.root] if last else workers, placement,
+                                 recipe, run, False)
+    for (name, i, worker), (lo, hi) in zip(leaves, step.bounds):
+        if carry.pending is None:
+            task = Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch,
+                        lo, hi, leaves_worker[name], TaskRef(carry.base[worker]), shards[i])
+        else:
+            prev, partials = carry.pending
+            task = Task(name, update_forward_backward, recipe.opt, prev, recipe.shuffle_seed,
+                        step.epoch, lo, hi, leaves_worker[name], TaskRef(carry.base[worker]),
+                        shards[i], *(TaskRef(p) for p in partials))
+        win.add(task, worker, recipe.leaf_bytes)
+    return Carry(base, (step, [g[0] for g in top]))
 
 
 def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[TaskRef],
@@ -315,10 +427,10 @@ def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[T
     last = steps[-1].index
     leaves = [(key("local-sgd", steps[0].index, i, run=run), i, placement.leaves[i])
               for i in range(len(shards))]
-    root, consumer = _tree(win, last, leaves, placement, recipe, run)
+    root, leaves_worker = _tree(win, last, leaves, placement, recipe, run)
     for name, i, worker in leaves:
         win.add(Task(name, local_steps, recipe.opt, recipe.shuffle_seed, tuple(steps), i,
-                     consumer[name] != worker, TaskRef(state), shards[i]), worker,
+                     leaves_worker[name], TaskRef(state), shards[i]), worker,
                 recipe.leaf_bytes)
     # the round is reported as its last step (its epoch sums restart with its first)
     report = dataclasses.replace(steps[0], index=last)
@@ -355,6 +467,8 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
     win = Window()
     state = win.add(DataNode(key("state", steps[0].index, run=run), start), placement.root,
                     recipe.state_bytes)
+    if recipe.replicated:
+        return _replicated_window(win, steps, state, shards, val, placement, recipe, run)
     todo = units(steps, recipe)
     for n, unit in enumerate(todo):
         host = n == len(todo) - 1 or _state_leaves_root(placement)   # the driver takes the last
@@ -363,11 +477,33 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
         else:
             state = add_step(win, unit[0], state, shards, placement, recipe, run, host)
         if unit[-1].last:
-            epoch = unit[-1].epoch
-            win.evals[epoch] = win.add(
-                Task(key("evaluate", epoch + 1, run=run), evaluate, recipe.net, epoch,
-                     TaskRef(state), val), placement.root)
+            _evaluate(win, unit[-1].epoch, state, val, placement, recipe, run)
     win.ends = [state]
+    return win
+
+
+def _evaluate(win: Window, epoch: int, state: str, val: TaskRef | None, placement: Placement,
+              recipe: Recipe, run: str) -> None:
+    win.evals[epoch] = win.add(Task(key("evaluate", epoch + 1, run=run), evaluate, recipe.net,
+                                    epoch, TaskRef(state), val), placement.root)
+
+
+def _replicated_window(win: Window, steps: Sequence[Step], state: str,
+                       shards: Sequence[TaskRef], val: TaskRef | None, placement: Placement,
+                       recipe: Recipe, run: str) -> Window:
+    """:func:`window_graph` with replicated updates: a step's state exists on the root once the
+    next step's updates are added (or the window's final update)."""
+    root = placement.root
+    carry = Carry({w: state for w in placement.leaves})
+    for n, step in enumerate(steps):
+        last = n == len(steps) - 1
+        carry = add_replicated_step(win, step, carry, shards, placement, recipe, run, last)
+        if n and steps[n - 1].last:
+            _evaluate(win, steps[n - 1].epoch, carry.base[root], val, placement, recipe, run)
+    end = replicated_update(win, carry, [root], placement, recipe, run, True)[root]
+    if steps[-1].last:
+        _evaluate(win, steps[-1].epoch, end, val, placement, recipe, run)
+    win.ends = [end]
     return win
 
 

@@ -26,13 +26,14 @@ from bokeh.resources import INLINE
 
 from dtrain import figures
 from dtrain.errors import UserError
-from dtrain.report import atomic_write
+from dtrain.report import atomic_write, split_lines
 from dtrain.tasktypes import color, family, numbers, task_type
 
 STEP_TYPES = ("forward-backward", "reduce", "update")
 SUMMARY_KEYS = ("dataset", "strategy", "workers", "shards", "fan_in", "epochs", "steps",
                 "batch_size", "train_samples", "seconds", "samples_per_second",
-                "final_train_loss", "final_val_accuracy", "test_loss", "test_accuracy")
+                "final_train_loss", "final_train_accuracy", "final_val_accuracy", "test_loss",
+                "test_accuracy", "work_split")
 
 
 @dataclass
@@ -79,12 +80,15 @@ def _records(timeline: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def step_times(timeline: dict[str, Any] | None) -> dict[str, list[float]]:
-    """Per recorded step: wall time (update end to update end), compute on its critical
-    path (slowest ``forward-backward`` + slowest ``reduce`` of each level + ``update``), and
-    overhead (wall - compute), in milliseconds."""
+    """Per recorded step: wall time (from the previous step's end to this one's), compute on
+    its critical path (slowest ``forward-backward`` + slowest ``reduce`` of each level +
+    ``update``), and overhead (wall - compute), in milliseconds.  A step ends with its update,
+    or, where every worker updates (``update-<step>-<shard>``, off the critical path), with
+    its last gradient task."""
     fb: dict[int, float] = defaultdict(float)
     levels: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    upd: dict[int, tuple[float, float]] = {}
+    upd: dict[int, float] = defaultdict(float)
+    end: dict[int, float] = {}
     begin: dict[int, float] = {}
     for r in _records(timeline):
         kind = task_type(r["key"])
@@ -92,19 +96,21 @@ def step_times(timeline: dict[str, Any] | None) -> dict[str, list[float]]:
             continue
         nums, took = numbers(r["key"]), r["stop"] - r["start"]
         step = nums[0]
+        if kind == "update" and len(nums) > 1:
+            continue                                # replicated: not on the critical path
         begin[step] = min(begin.get(step, r["start"]), r["start"])
+        end[step] = max(end.get(step, r["stop"]), r["stop"])
         if kind == "forward-backward":
             fb[step] = max(fb[step], took)
         elif kind == "reduce":
             levels[step][nums[1]] = max(levels[step][nums[1]], took)
         else:
-            upd[step] = (took, r["stop"])
+            upd[step] = took
     out: dict[str, list[float]] = {"step": [], "wall": [], "compute": [], "overhead": []}
-    for step in sorted(upd):
-        took, end = upd[step]
-        start = upd[step - 1][1] if step - 1 in upd else begin[step]
-        compute = fb[step] + sum(levels[step].values()) + took
-        wall = end - start
+    for step in sorted(end):
+        start = end[step - 1] if step - 1 in end else begin[step]
+        compute = fb[step] + sum(levels[step].values()) + upd[step]
+        wall = end[step] - start
         for name, value in (("step", step), ("wall", wall * 1e3), ("compute", compute * 1e3),
                             ("overhead", max(wall - compute, 0.0) * 1e3)):
             out[name].append(value)
@@ -139,7 +145,8 @@ def timeline_rows(timeline: dict[str, Any] | None) -> dict[str, list[Any]]:
 # --- figures ------------------------------------------------------------------------------
 
 def _epochs_source(run: RunData) -> ColumnDataSource:
-    keys = ("epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_second")
+    keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
+            "samples_per_second")
     return ColumnDataSource({k: [m.get(k) if m.get(k) is not None else float("nan")
                                  for m in run.metrics] for k in keys})
 
@@ -181,6 +188,13 @@ def _timeline_figure(run: RunData) -> Any:
     return fig
 
 
+def _summary_value(summary: dict[str, Any], key: str) -> Any:
+    if key == "work_split":         # only worth a row where CPU and GPU workers mixed
+        return "; ".join(line.removeprefix("work split: ")
+                         for line in split_lines(summary)) or None
+    return summary.get(key)
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> str:
     def cell(v: Any) -> str:
         text = f"{v:.6g}" if isinstance(v, float) else ("-" if v is None else str(v))
@@ -219,7 +233,8 @@ def build(runs: list[RunData]) -> Any:
                         legend_label=f"{label + ': ' if label else ''}test accuracy")
     names = ", ".join(html.escape(r.name) for r in runs)
     summary = _table(["", *(r.name for r in runs)],
-                     [[k, *((r.summary or {}).get(k) for r in runs)] for k in SUMMARY_KEYS])
+                     [[k, *(_summary_value(r.summary or {}, k) for r in runs)]
+                      for k in SUMMARY_KEYS])
     config = _table(["config key", *(r.name for r in runs)], _config_rows(runs))
     title = "config (keys that differ)" if len(runs) > 1 else "config"
     per_run = [column(_step_figure(r), _timeline_figure(r), sizing_mode="stretch_width")

@@ -61,6 +61,7 @@ def step_event(run: str, step: Any, before: Any, after: Any) -> None:
     worker.log_event(topic(run), {
         "kind": "step", "step": step.index + 1, "epoch": step.epoch + 1,
         "loss": step_loss / step.count, "epoch_loss": after.epoch_loss / after.epoch_samples,
+        "epoch_accuracy": after.epoch_correct / after.epoch_samples,
         "seen": after.epoch_samples, "t": time.time()})
 
 
@@ -232,6 +233,8 @@ class _Collector:
         g = {"step": gauge("step", "Training steps done"),
              "epoch": gauge("epoch", "Current epoch (from 1)"),
              "loss": gauge("train_loss", "Training loss of the last reported minibatch"),
+             "train_accuracy": gauge("train_accuracy", "Training accuracy over the current "
+                                     "epoch's minibatches so far"),
              "rate": gauge("samples_per_second", "Training samples per second"),
              "val_loss": gauge("val_loss", "Validation loss after the last epoch"),
              "val_accuracy": gauge("val_accuracy", "Validation accuracy after the last epoch"),
@@ -247,6 +250,10 @@ class _Collector:
                     g[name].add_metric(labels, step["loss" if name == "loss" else name])
                 if step["rate"] is not None:
                     g["rate"].add_metric(labels, step["rate"])
+                if step.get("epoch_accuracy") is not None:
+                    g["train_accuracy"].add_metric(labels, step["epoch_accuracy"])
+            elif log.epochs and log.epochs[-1].get("train_accuracy") is not None:
+                g["train_accuracy"].add_metric(labels, log.epochs[-1]["train_accuracy"])
             if log.epochs:
                 for name in ("val_loss", "val_accuracy"):
                     if log.epochs[-1].get(name) is not None:

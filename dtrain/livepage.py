@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 ROUTE = "/dtrain"
 REFRESH_MS = 500
 STEP_COLUMNS = ("epoch", "step", "loss", "epoch_loss", "rate")
-EPOCH_COLUMNS = ("epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_second")
+EPOCH_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
+                 "samples_per_second")
 BUSY_NOTE = (f"<b>Busy vs idle</b>: the share of the last {BUSY_WINDOW:g} s each worker "
              "spent computing this run's tasks (by type) or receiving their inputs (transfer), "
              "from the scheduler's records of finished tasks (what the task stream shows); "
@@ -36,8 +37,8 @@ BUSY_NOTE = (f"<b>Busy vs idle</b>: the share of the last {BUSY_WINDOW:g} s each
 # distributed's page template, plus a line for readers without JavaScript (and for curl).
 TEMPLATE = """{% extends "simple.html" %}
 {% block content %}
-<noscript>dtrain live training page: loss, validation accuracy, samples/s and per-worker
-busy vs idle time, drawn by Bokeh with JavaScript.</noscript>
+<noscript>dtrain live training page: training and validation loss and accuracy, samples/s
+and per-worker busy vs idle time, drawn by Bokeh with JavaScript.</noscript>
 {{ super() }}
 {% endblock %}"""
 
@@ -61,7 +62,7 @@ class LivePage:
                           sizing_mode="stretch_width", name="dtrain-header")
         loss = figures.new_figure("Loss", "loss", name="dtrain-loss")
         figures.add_loss(loss, self.epochs, figures.RUN_COLORS[0], steps=self.steps)
-        acc = figures.new_figure("Validation accuracy", "accuracy", name="dtrain-accuracy")
+        acc = figures.new_figure("Accuracy", "accuracy", name="dtrain-accuracy")
         figures.add_accuracy(acc, self.epochs, figures.RUN_COLORS[1])
         rate = figures.new_figure("Training throughput", "samples/s", name="dtrain-rate")
         figures.add_rate(rate, self.steps, "rate", figures.RUN_COLORS[2])
@@ -127,10 +128,13 @@ class LivePage:
                  f"step {step}/{total}, epoch {last['epoch'] if last else 0}/{m.get('epochs', '?')}"]
         if last:
             parts.append(f"loss {last['epoch_loss']:.4f}")
+            if last.get("epoch_accuracy") is not None:
+                parts.append(f"train_acc {last['epoch_accuracy']:.4f}")
             if last["rate"] is not None:
                 parts.append(f"{last['rate']:,.0f} samples/s")
         if log.epochs and log.epochs[-1].get("val_accuracy") is not None:
-            parts.append(f"val_acc {log.epochs[-1]['val_accuracy']:.4f}")
+            ev = log.epochs[-1]
+            parts.append(f"val_acc {ev['val_accuracy']:.4f} (epoch {ev.get('epoch', '?')})")
         return "<h2>dtrain</h2><p>" + " &middot; ".join(parts) + "</p>"
 
 

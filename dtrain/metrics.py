@@ -3,7 +3,8 @@
 :class:`StepTimer` is a scheduler plugin that adds up, per run, the compute
 time the workers report for each ``forward-backward``, ``reduce`` and
 ``update`` task, and the compute on each step's critical path (the slowest
-shard, the slowest task of each reduce level, the update).  It keeps only the
+shard, the slowest task of each reduce level, the update; a replicated
+update is off that path, its copy inside the next ``forward-backward`` on it).  It keeps only the
 steps still in flight, so its memory does not grow with the run.
 """
 from __future__ import annotations
@@ -81,8 +82,12 @@ class StepTimer(SchedulerPlugin):
         elif kind == "update":
             r.update += seconds
             done = [k for k in r.open if k[0] <= step]   # a step, or a round ending here
-            r.critical += seconds + sum(r.open.pop(k) for k in done)
-            r.updates += 1
+            if rest:        # replicated (update-<step>-<shard>): off the critical path, and
+                r.critical += sum(r.open.pop(k) for k in done)   # the first one ends the step
+                r.updates += bool(done)
+            else:
+                r.critical += seconds + sum(r.open.pop(k) for k in done)
+                r.updates += 1
 
     def report(self, run: str) -> dict[str, float]:
         """The totals of ``run``, forgotten once read."""
@@ -142,6 +147,8 @@ def peak_rss_mb() -> float:
 
 def worker_peak_rss_mb(client: Client) -> dict[str, float]:
     """Each worker's peak resident memory in MB, by worker name."""
+    from dtrain.cluster import scheduler_workers      # a fresh answer, not the client's cache
+
     peaks = client.run(peak_rss_mb)
-    names = {a: str(w.get("name", a)) for a, w in client.scheduler_info()["workers"].items()}
+    names = {a: str(w.get("name", a)) for a, w in scheduler_workers(client).items()}
     return {names.get(addr, addr): round(mb, 1) for addr, mb in sorted(peaks.items())}

@@ -7,7 +7,8 @@ CuPy; nothing here knows which.  Shapes: ``B`` batch rows, ``I`` inputs,
 Parameters live in one flat vector ``[W1, b1, W2, b2, ...]`` (``W`` is
 ``(O, I)``, row-major); :meth:`Network.unflatten` gives per-layer views, so a
 training step moves one buffer.  Gradients are written straight into the
-views of one flat buffer too.
+views of one flat buffer too: ``[grad (P) | loss | correct]``, the summed
+loss and the number of correct predictions trailing the gradient (``TAIL``).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from dtrain.config import ModelConfig
+
+TAIL = 2    # numbers after the gradient in a buffer: summed loss (at P), correct predictions
 
 
 def array_module(x: Any) -> Any:
@@ -211,15 +214,23 @@ class Network:
             outs.append(z if n == len(layers) - 1 else act(xp, z))
         return outs
 
+    @property
+    def buffer_size(self) -> int:
+        """Length of a gradient buffer: ``P + TAIL``."""
+        return self.size + TAIL
+
     def loss_and_grad(self, params, x, y):
         """Summed loss and gradient over a batch, as one flat buffer.
 
-        Returns ``buf`` of length ``P + 1``: ``buf[:P]`` is the gradient of the
-        summed per-sample loss, ``buf[P]`` the summed loss.  Sums (not means)
-        so that shards add up exactly; the update divides by the batch size.
+        Returns ``buf`` of length ``P + 2``: ``buf[:P]`` is the gradient of the
+        summed per-sample loss, ``buf[P]`` the summed loss and ``buf[P + 1]``
+        the number of correct predictions (argmax of the outputs, before this
+        step's update).  Sums (not means) so that shards add up exactly (the
+        count is an integer, exact in float); the update divides by the batch
+        size.
         """
         xp = array_module(params)
-        buf = xp.zeros(self.size + 1, dtype=params.dtype)
+        buf = xp.zeros(self.buffer_size, dtype=params.dtype)
         if x.shape[0] == 0:
             return buf
         with np.errstate(all="ignore"):     # a diverging run is caught by the update's check
@@ -230,8 +241,10 @@ class Network:
         layers = self.unflatten(params)
         outs = self._forward(xp, layers, x)
         loss, dz = LOSSES[self.loss](xp, outs[-1], y)        # dz (B, C)
-        buf[-1] = loss
-        grads = self.unflatten(buf[:-1])
+        P = self.size
+        buf[P] = loss
+        buf[P + 1] = (outs[-1].argmax(axis=1) == y).sum()
+        grads = self.unflatten(buf[:P])
         for n in reversed(range(len(layers))):
             W, _ = layers[n]
             dW, db = grads[n]

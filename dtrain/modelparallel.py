@@ -10,7 +10,8 @@ activations the width of a block's output cross the network, not weights::
     forward-<s>-<j>-<m>      z = A W_r[U_m]^T + b_r[U_m]; a = act(z); partial = a W_c[:, U_m]^T
     reduce-<s>f<j>-...       tree sum of the partials over slices, in slice order
     combine-<s>-<j>          (root) A_next = act(sum + b_c)           (blocks before the last)
-    loss-<s>                 (root) logits, loss, dL/dZ; head and bias gradients
+    loss-<s>                 (root) logits, loss, correct predictions, dL/dZ; head and
+                             bias gradients
     backward-<s>-<j>-<m>     recompute a, then dW_c, dW_r, db_r and this slice's update;
                              for j > 0 also the slice's share of dL/dA (input-grad-<s>-<j>-<m>)
     reduce-<s>b<j>-...       tree sum of those shares
@@ -37,7 +38,7 @@ from dtrain.data import Shard
 from dtrain import live
 from dtrain.data import load_shards
 from dtrain.graph import DataItem, Placement, Recipe, Window, Worker, evaluate, key, tree
-from dtrain.model import ACTIVATIONS, LOSSES, Layout, Network, align_on_unpickle, array_module
+from dtrain.model import ACTIVATIONS, LOSSES, TAIL, Layout, Network, align_on_unpickle, array_module
 from dtrain.optim import Optimizer, Step, TrainState, update
 
 
@@ -108,8 +109,7 @@ class Slicing:
     def split(self, state: TrainState, slots: int) -> tuple[TrainState, dict]:
         """The root's state (with the epoch sums) and each slice's, from a full state."""
         v = state.vector
-        root = TrainState(self._gather(v, self.root_index, slots), state.epoch_loss,
-                          state.epoch_samples)
+        root = state.sums(self._gather(v, self.root_index, slots))
         return root, {jm: TrainState(self._gather(v, idx, slots)) for jm, idx in self.index.items()}
 
     def join(self, root: TrainState, parts: dict, slots: int) -> TrainState:
@@ -121,7 +121,7 @@ class Slicing:
             n = len(index)
             for s in range(slots + 1):
                 v[index + s * P] = part.vector[s * n:(s + 1) * n]
-        return TrainState(v, root.epoch_loss, root.epoch_samples)
+        return root.sums(v)
 
 
 @align_on_unpickle
@@ -138,11 +138,13 @@ class SliceOut:
 @dataclass(frozen=True)
 class Signal:
     """What the root sends back down: dL/dZ of a block's output, with the root's own
-    gradients (column bias, head) and, from the loss, the summed loss."""
+    gradients (column bias, head) and, from the loss, the summed loss and the number of
+    correct predictions."""
 
     dZ: Any
     grads: Any
     loss: float = 0.0
+    correct: int = 0
 
 
 @sizeof.register(SliceOut)
@@ -237,12 +239,15 @@ def loss(spec: Spec, step: Step, root: TrainState, shards, *partials) -> Signal:
         if spec.slicing.head:
             Wh, bh = _head(spec, root.vector)
             A = act(xp, Z)
-            total, dlogits = LOSSES[spec.net.loss](xp, A @ Wh.T + bh, y)
+            logits = A @ Wh.T + bh                                           # (B, C)
+            total, dlogits = LOSSES[spec.net.loss](xp, logits, y)
             head = [(dlogits.T @ A).ravel(), dlogits.sum(axis=0)]
             dZ = (dlogits @ Wh) * act_backward(xp, A)
         else:
+            logits = Z
             total, dZ = LOSSES[spec.net.loss](xp, Z, y)
-        return Signal(dZ, xp.concatenate([dZ.sum(axis=0), *head]), float(total))
+        correct = int((logits.argmax(axis=1) == y).sum())
+        return Signal(dZ, xp.concatenate([dZ.sum(axis=0), *head]), float(total), correct)
 
 
 def backward(spec: Spec, step: Step, j: int, m: int, prev: SliceOut, below, signal: Signal,
@@ -255,7 +260,8 @@ def backward(spec: Spec, step: Step, j: int, m: int, prev: SliceOut, below, sign
     with np.errstate(all="ignore"):
         grad, dA = slice_backward(xp, act, act_backward, Wr, br, Wc, A, signal.dZ, j > 0)
         opt = Optimizer(spec.opt.cfg, spec.slicing.layout(j, m), spec.opt.l2)
-        state = opt.apply(prev.state, xp.concatenate([grad, xp.zeros(1, grad.dtype)]), step)
+        tail = xp.zeros(TAIL, grad.dtype)              # no loss or count of its own
+        state = opt.apply(prev.state, xp.concatenate([grad, tail]), step)
     return SliceOut(state, dA)
 
 
@@ -280,7 +286,8 @@ def root_update(spec: Spec, step: Step, root: TrainState, last: Signal, *earlier
     grads.update({j: s.grads for j, s in enumerate(earlier)})
     head = last.grads[spec.net.layers[2 * spec.slicing.blocks]:]
     parts = [grads[j][: spec.net.layers[2 * j + 2]] for j in range(spec.slicing.blocks)]
-    buf = xp.concatenate([*parts, head, xp.asarray([last.loss], dtype=root.vector.dtype)])
+    tail = xp.asarray([last.loss, last.correct], dtype=root.vector.dtype)
+    buf = xp.concatenate([*parts, head, tail])          # [grad | loss | correct]
     opt = Optimizer(spec.opt.cfg, spec.slicing.root_layout, spec.opt.l2)
     new = update(opt, step, True, root, buf)
     if spec.recipe.reports(step):

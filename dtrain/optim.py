@@ -2,7 +2,7 @@
 
 The training state is one buffer ``[params | optimizer slots]`` (SGD: no
 slots, momentum: velocity, Adam: first and second moments) plus the running
-sums of the current epoch's training loss.  Every function is pure: it
+sums of the current epoch's training loss and correct predictions.  Every function is pure: it
 returns a new state and never writes into its inputs, which Dask may share
 between tasks.
 """
@@ -23,6 +23,7 @@ from dtrain.errors import Diverged
 from dtrain.model import Layout, Network, align_on_unpickle, array_module
 
 SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
+ROUND_TAIL = 3      # a local SGD leaf's buffer: [w * vector | loss sum | correct | w]
 
 
 @align_on_unpickle
@@ -30,14 +31,21 @@ SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
 class TrainState:
     """What one step hands to the next.
 
-    ``vector`` is ``[params (P) | slots (k*P)]``; ``epoch_loss`` and
-    ``epoch_samples`` sum the training loss over this epoch's steps so far.
+    ``vector`` is ``[params (P) | slots (k*P)]``; ``epoch_loss``,
+    ``epoch_samples`` and ``epoch_correct`` sum the training loss, the samples
+    and the correct predictions over this epoch's steps so far (each step's
+    predictions are made with the parameters before its update).
     """
 
     vector: Any
     epoch_loss: float = 0.0
     epoch_samples: int = 0
+    epoch_correct: int = 0
     _arrays = ("vector",)
+
+    def sums(self, vector: Any) -> TrainState:
+        """A state with ``vector`` and this state's epoch sums."""
+        return TrainState(vector, self.epoch_loss, self.epoch_samples, self.epoch_correct)
 
 
 @dataclass(frozen=True)
@@ -114,7 +122,8 @@ class Optimizer:
         return state.vector[: self.net.size]
 
     def apply(self, state: TrainState, grad, step: Step) -> TrainState:
-        """Apply one update from the summed gradient buffer ``grad`` (``P + 1``)."""
+        """Apply one update from the summed gradient buffer ``grad``
+        (``[grad (P) | loss | correct]``)."""
         P, cfg = self.net.size, self.cfg
         xp = array_module(state.vector)
         g = grad[:P] / step.count                          # (P,) mean gradient
@@ -141,9 +150,17 @@ class Optimizer:
             m_hat = m / (1 - cfg.beta1 ** t)
             v_hat = v / (1 - cfg.beta2 ** t)
             p -= step.lr * m_hat / (xp.sqrt(v_hat) + cfg.eps)
-        base_loss = 0.0 if step.first else state.epoch_loss
-        base_samples = 0 if step.first else state.epoch_samples
-        return TrainState(new, base_loss + float(grad[P]), base_samples + step.count)
+        return _add_to_epoch(state, step, new, float(grad[P]), step.count, int(grad[P + 1]))
+
+
+def _add_to_epoch(state: TrainState, step: Step, vector: Any, loss: float, samples: int,
+                  correct: int) -> TrainState:
+    """``vector`` with ``state``'s epoch sums plus one step's (restarted on an epoch's
+    first step)."""
+    if step.first:
+        return TrainState(vector, loss, samples, correct)
+    return TrainState(vector, state.epoch_loss + loss, state.epoch_samples + samples,
+                      state.epoch_correct + correct)
 
 
 def sum_buffers(*buffers):
@@ -164,43 +181,45 @@ def update(opt: Optimizer, step: Step, host: bool, state: TrainState, *grads) ->
     """Reduce the incoming gradient buffers (in order) and apply one optimizer step, where
     the gradient is (GPU or host); the new state goes to host memory if ``host``.
 
-    Raises :class:`~dtrain.errors.Diverged` if the step's loss is NaN or infinite.
+    Raises :class:`~dtrain.errors.Diverged` if the step's loss (the slot after the
+    gradient) is NaN or infinite.
     """
     grad = sum_buffers(*grads)
     loss = float(grad[opt.net.size])
     if not math.isfinite(loss):
         raise Diverged(step.index, step.epoch, loss)
-    state = TrainState(like(state.vector, grad), state.epoch_loss, state.epoch_samples)
+    state = state.sums(like(state.vector, grad))
     with np.errstate(all="ignore"):   # overflow shows up as a non-finite loss next step
         new = opt.apply(state, grad, step)
-    return TrainState(to_host(new.vector), new.epoch_loss, new.epoch_samples) if host else new
+    return new.sums(to_host(new.vector)) if host else new
 
 
 def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch) -> Any:
     """Run ``steps`` on one shard alone, from ``state``; the local SGD leaf task.
 
     ``batch(step)`` gives the shard's rows of that step.  Returns one buffer
-    ``[w * vector | loss sum | w]`` where ``w`` is the number of samples the
-    shard saw: the tree reduce sums these, and :func:`average` divides by the
-    total weight, so the result is the sample-weighted mean of the local
-    states.  With one step per round and SGD or momentum that is exactly the
-    synchronous step, up to floating-point reassociation.
+    ``[w * vector | loss sum | correct | w]`` where ``w`` is the number of
+    samples the shard saw and ``correct`` its correct predictions: the tree
+    reduce sums these, and :func:`average` divides by the total weight, so the
+    result is the sample-weighted mean of the local states.  With one step per
+    round and SGD or momentum that is exactly the synchronous step, up to
+    floating-point reassociation.
     """
-    xp = array_module(state.vector)
-    local, loss, seen = TrainState(state.vector), 0.0, 0
+    xp, P = array_module(state.vector), opt.net.size
+    local, loss, correct, seen = TrainState(state.vector), 0.0, 0, 0
     for step in steps:
         x, y = batch(step)
         if len(y) == 0:
             continue
-        grad = opt.net.loss_and_grad(local.vector[: opt.net.size], x, y)
-        if not math.isfinite(float(grad[-1])):
-            raise Diverged(step.index, step.epoch, float(grad[-1]))
+        grad = opt.net.loss_and_grad(local.vector[:P], x, y)     # [grad | loss | correct]
+        if not math.isfinite(float(grad[P])):
+            raise Diverged(step.index, step.epoch, float(grad[P]))
         with np.errstate(all="ignore"):
             local = opt.apply(local, grad, dataclasses.replace(step, count=len(y)))
-        loss, seen = loss + float(grad[-1]), seen + len(y)
-    out = xp.empty(local.vector.size + 2, dtype=local.vector.dtype)   # (P * (1 + k) + 2,)
-    out[:-2] = local.vector * seen
-    out[-2:] = (loss, seen)
+        loss, correct, seen = loss + float(grad[P]), correct + int(grad[P + 1]), seen + len(y)
+    out = xp.empty(local.vector.size + ROUND_TAIL, dtype=local.vector.dtype)  # (P(1+k) + 3,)
+    out[:-ROUND_TAIL] = local.vector * seen
+    out[-ROUND_TAIL:] = (loss, correct, seen)
     return out
 
 
@@ -208,13 +227,12 @@ def average(opt: Optimizer, step: Step, host: bool, state: TrainState,
             *buffers) -> TrainState:
     """Root of a local SGD round: the sample-weighted mean of the shards' local states."""
     total = sum_buffers(*buffers)
-    loss, seen = float(total[-2]), float(total[-1])
+    loss = float(total[-3])
     if not math.isfinite(loss):
         raise Diverged(step.index, step.epoch, loss)
-    base_loss = 0.0 if step.first else state.epoch_loss
-    base_samples = 0 if step.first else state.epoch_samples
-    mean = total[:-2] / seen
-    return TrainState(to_host(mean) if host else mean, base_loss + loss, base_samples + int(seen))
+    correct, seen = int(total[-2]), float(total[-1])
+    mean = total[:-ROUND_TAIL] / seen
+    return _add_to_epoch(state, step, to_host(mean) if host else mean, loss, int(seen), correct)
 
 
 def learning_rate(cfg: OptimConfig, epoch: int, epochs: int) -> float:

@@ -9,7 +9,9 @@ written go through a temporary file and a rename.
 
 On a terminal the console shows a progress bar (epoch, step, loss,
 accuracy, samples/s) under the epoch lines; elsewhere (CI, mpirun logs)
-only the epoch lines.
+plain lines: the epoch lines and, while an epoch runs long, a progress line
+(step, epoch, loss, accuracy, samples/s) at most every ``PLAIN_EVERY``
+seconds.
 """
 from __future__ import annotations
 
@@ -27,12 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from dtrain import checkpoint, live
+from dtrain import checkpoint, cluster, live
 from dtrain.config import Config
 
 logger = logging.getLogger(__name__)
 
 Echo = Callable[[str], None]
+
+PLAIN_EVERY = 30.0      # off a terminal: seconds of console silence before a progress line
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -116,10 +120,21 @@ def epoch_line(row: dict[str, Any], epochs: int) -> str:
     """One console line per epoch."""
     return (f"epoch {row['epoch']:>{len(str(epochs))}}/{epochs}"
             f"  train_loss {_fmt(row.get('train_loss'), '.4f')}"
+            f"  train_acc {_fmt(row.get('train_accuracy'), '.4f')}"
             f"  val_loss {_fmt(row.get('val_loss'), '.4f')}"
             f"  val_acc {_fmt(row.get('val_accuracy'), '.4f')}"
             f"  {_fmt(row.get('samples_per_second'), ',.0f')} samples/s"
             f"  {row['seconds']:.3f} s")
+
+
+def progress_line(msg: dict[str, Any], steps: int, epochs: int, rate: float | None) -> str:
+    """A plain progress line from a ``step`` event (see :mod:`dtrain.live`); ``loss`` and
+    ``train_acc`` are the running means over the epoch's minibatches so far."""
+    return (f"step {msg['step']:>{len(str(steps))}}/{steps}"
+            f"  epoch {msg['epoch']:>{len(str(epochs))}}/{epochs}"
+            f"  loss {msg['epoch_loss']:.4f}"
+            f"  train_acc {_fmt(msg.get('epoch_accuracy'), '.4f')}"
+            f"  {_fmt(rate, ',.0f')} samples/s")
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
@@ -134,7 +149,20 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"efficiency {_fmt(summary.get('efficiency'), '.1%')} (time in forward-backward / wall "
         f"time, over workers)  step {_ms(summary.get('step_seconds'))}  overhead "
         f"{_ms(summary.get('overhead_per_step'))} per step",
-    ]
+    ] + ([f"bytes between workers per step {summary['comm_bytes_per_step']:,.0f} (from the "
+          f"graph), {_fmt(summary.get('comm_bytes_measured_per_step'), ',.0f')} (measured)"]
+         if summary.get("comm_bytes_per_step") is not None else []) + split_lines(summary)
+
+
+def split_lines(summary: dict[str, Any]) -> list[str]:
+    """How a run with CPU and GPU workers split its shards (nothing for one kind)."""
+    split = summary.get("work_split") or {}
+    if len({v.get("device") for v in split.values()}) < 2:
+        return []
+    return ["work split: " + ", ".join(
+        f"worker {name} ({v['device']}) {v['leaves']} shards"
+        + (f", {v['samples_per_second']:,.0f} samples/s measured"
+           if v.get("samples_per_second") else "") for name, v in split.items())]
 
 
 def _ms(seconds: float | None) -> str:
@@ -169,20 +197,25 @@ class Progress:
         rate = self.rate.add(msg)
         self.stepped = True
         self.info.update(epoch=f"{msg['epoch']}/{self.epochs}", loss=f"{msg['epoch_loss']:.4f}")
+        if msg.get("epoch_accuracy") is not None:
+            self.info["train_acc"] = f"{msg['epoch_accuracy']:.4f}"
         if rate is not None:
             self.info["samples/s"] = f"{rate:,.0f}"
         self._show(msg["step"])
 
     def epoch(self, row: dict[str, Any]) -> None:
-        """An epoch row; its validation accuracy, and the rest where no step events come."""
+        """An epoch row; its validation accuracy (labelled with its epoch: the bar's epoch
+        may be ahead), and the rest where no step events come."""
         if not self.stepped:
             self.info["epoch"] = f"{row['epoch']}/{self.epochs}"
             if row.get("train_loss") is not None:
                 self.info["loss"] = f"{row['train_loss']:.4f}"
+            if row.get("train_accuracy") is not None:
+                self.info["train_acc"] = f"{row['train_accuracy']:.4f}"
             if row.get("samples_per_second") is not None:
                 self.info["samples/s"] = f"{row['samples_per_second']:,.0f}"
         if row.get("val_accuracy") is not None:
-            self.info["val_acc"] = f"{row['val_accuracy']:.4f}"
+            self.info["val_acc"] = f"{row['val_accuracy']:.4f} (ep {row['epoch']})"
         self._show(row["epoch"] * self.per_epoch)
 
     def write(self, line: str) -> None:
@@ -192,6 +225,30 @@ class Progress:
     def close(self) -> None:
         with self.lock:
             self.bar.close()
+
+
+class PlainProgress:
+    """Off a terminal: a :func:`progress_line` from the step events, once ``every`` seconds
+    have passed without a console line (a long epoch is not silent; a short one adds
+    nothing to its epoch line)."""
+
+    def __init__(self, say: Echo, epochs: int, steps_per_epoch: int, train_samples: int,
+                 every: float):
+        self.say, self.every = say, every
+        self.epochs, self.steps = epochs, epochs * steps_per_epoch
+        self.rate = live.StepRate(train_samples)
+        self.last = time.monotonic()
+
+    def quiet(self) -> None:
+        """A console line was just written: the silence starts again."""
+        self.last = time.monotonic()
+
+    def step(self, msg: dict[str, Any]) -> None:
+        """A ``step`` event (arrives on the client's event loop)."""
+        rate = self.rate.add(msg)
+        if time.monotonic() - self.last >= self.every:
+            self.say(progress_line(msg, self.steps, self.epochs, rate))
+            self.quiet()
 
 
 class Recorder:
@@ -213,13 +270,16 @@ class Recorder:
         Called with each console line; None for silence.
     progress
         Show a progress bar; by default when ``echo`` is ``print`` and
-        standard output is a terminal.
+        standard output is a terminal.  Without a bar, ``echo`` gets a plain
+        progress line after every ``plain_every`` seconds of console silence
+        (default ``PLAIN_EVERY``; 0 or less: never), from the step events.
     resume_epochs
         Reopen an interrupted run's directory, keeping this many epoch rows.
     """
 
     def __init__(self, config: Config, out: str | Path | None, echo: Echo | None = print,
-                 progress: bool | None = None, resume_epochs: int | None = None):
+                 progress: bool | None = None, resume_epochs: int | None = None,
+                 plain_every: float | None = None):
         self.config = config
         self.echo = echo
         self.run_dir = RunDir(Path(out), config, resume_epochs) if out is not None else None
@@ -227,6 +287,8 @@ class Recorder:
         self.saved: checkpoint.Checkpoint | None = None
         self.progress = (echo is print and sys.stdout.isatty()) if progress is None else progress
         self.bar: Progress | None = None
+        self.plain_every = PLAIN_EVERY if plain_every is None else plain_every
+        self.plain: PlainProgress | None = None
         self.client: Any = None
         self.meta: dict[str, Any] = {}
         self.timeline: dict[str, Any] | None = None
@@ -248,6 +310,9 @@ class Recorder:
             self.bar.write(line)
         elif self.echo is not None:
             self.echo(line)
+        plain = self.plain
+        if plain is not None:
+            plain.quiet()
 
     def start(self, run: str, steps_per_epoch: int, train_samples: int) -> None:
         """The run's id (the end of its task keys) and shape, before any step."""
@@ -283,9 +348,13 @@ class Recorder:
             self.say(f"live page: {link[:-len('status')]}dtrain")
         self.client = client
         topic = live.topic(self.meta["run"])
-        client.log_event(topic, {**self.meta, "workers": len(info["workers"])})
+        # asked fresh: the client's cached worker list can be empty
+        client.log_event(topic, {**self.meta, "workers": len(cluster.workers(client))})
         self._start_bar()
-        if self.bar is not None:
+        if self.bar is None and self.echo is not None and self.plain_every > 0:
+            self.plain = PlainProgress(self.say, self.meta["epochs"], self.meta["steps_per_epoch"],
+                                       self.meta["train_samples"], self.plain_every)
+        if self.bar is not None or self.plain is not None:
             client.subscribe_topic(topic, self._on_event)
 
     @contextlib.contextmanager
@@ -299,8 +368,13 @@ class Recorder:
 
     def _on_event(self, event: tuple[float, Any]) -> None:
         msg = event[1]
-        if self.bar is not None and isinstance(msg, dict) and msg.get("kind") == "step":
-            self.bar.step(msg)
+        if not isinstance(msg, dict) or msg.get("kind") != "step":
+            return
+        bar, plain = self.bar, self.plain       # the driver may drop them meanwhile
+        if bar is not None:
+            bar.step(msg)
+        elif plain is not None:
+            plain.step(msg)
 
     def detach(self) -> None:
         """Say the run has ended and fetch its task records, while the client is still up."""
@@ -308,8 +382,9 @@ class Recorder:
         if client is None:
             return
         topic = live.topic(self.meta["run"])
+        plain, self.plain = self.plain, None
         try:
-            if self.bar is not None:
+            if self.bar is not None or plain is not None:
                 client.unsubscribe_topic(topic)
             client.log_event(topic, {"kind": "end"})
             if self.run_dir is not None:                 # for timeline.json

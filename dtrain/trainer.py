@@ -70,8 +70,12 @@ class Plan:
         cfg = self.config
         seed = cfg.data.seed if cfg.data.shuffle and self.schedule.steps_per_epoch > 1 else None
         g = cfg.graph
-        self.recipe = Recipe(self.net, self.opt, seed, g.strategy, g.fan_in, g.fuse_update,
-                             g.sync_every, g.step_events)
+        # a one-step local SGD round is the synchronous step: run it as one, which is exact
+        # for every optimizer (averaging Adam's moments would not be)
+        strategy = "allreduce" if g.strategy == "local-sgd" and g.sync_every == 1 else g.strategy
+        replicated = g.update == "replicated" or (g.update == "auto" and strategy == "allreduce")
+        self.recipe = Recipe(self.net, self.opt, seed, strategy, g.fan_in, g.fuse_update,
+                             g.sync_every, g.step_events, replicated)
         load = (cfg.data, self.ranges, self.info.train, cfg.model.dtype)
         self.strategy = ModelParallel(self.recipe, g.slices, self.run, *load) \
             if g.strategy == "model-parallel" else graph.DataParallel(self.recipe, *load)
@@ -236,6 +240,7 @@ def _summary(plan: Plan, outcome: Outcome) -> dict[str, Any]:
         "samples_per_second": plan.train_samples * cfg.train.epochs / outcome.seconds
         if outcome.seconds else None,
         "final_train_loss": last.get("train_loss"),
+        "final_train_accuracy": last.get("train_accuracy"),
         "final_val_accuracy": last.get("val_accuracy"),
         "test_loss": outcome.test["loss"] if outcome.test else None,
         "test_accuracy": outcome.test["accuracy"] if outcome.test else None,

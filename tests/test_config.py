@@ -30,6 +30,14 @@ def test_bare_word_override_is_a_string(tmp_path):
     assert cfg.graph.strategy == "parameter-server"
 
 
+def test_a_string_key_takes_a_word_that_is_also_toml_as_written(tmp_path):
+    cfg = load_config(None, [f"data.path={tmp_path}/2024", "cluster.interface=true",
+                             "cluster.scheduler_address=1e3"])
+    assert cfg.cluster.interface == "true" and cfg.cluster.scheduler_address == "1e3"
+    with pytest.raises(ConfigError, match="train.epochs = 'many'"):
+        load_config(None, ["train.epochs=many"])          # other keys still check the type
+
+
 def test_relative_data_path_becomes_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None, ["data.path=some/dir"])

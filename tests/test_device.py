@@ -14,7 +14,7 @@ from distributed import Client
 
 import dtrain
 from dtrain import cluster, device, graph
-from dtrain.config import ClusterConfig
+from dtrain.config import CONFIG_DIR, ClusterConfig
 from dtrain.errors import UserError
 from dtrain.trainer import plan
 
@@ -26,8 +26,26 @@ def test_weighted_placement_gives_fast_workers_more_shards():
     assert graph.place(["a", "b"], 5, "allreduce").leaves == ("a", "a", "a", "b", "b")
 
 
+@pytest.mark.parametrize("weights, shards, expected", [
+    ((5.0, 1.0), 4, [4, 0]),          # proportional (3, 1) would make the GPU wait: 1.0 > 0.8
+    ((9.0, 1.0), 10, [9, 1]),         # fine enough to split by speed
+    ((1.0, 1.0), 5, [3, 2]), ((1.0, 1.0, 1.0), 4, [1, 2, 1]),   # equal: as even as it gets
+    ((2.0, 1.0), 6, [4, 2]),
+])
+def test_blocks_let_no_kind_wait_for_the_other(weights, shards, expected):
+    counts = graph.blocks(weights, shards)
+    assert counts == expected and sum(counts) == shards
+    slowest = max(n / w for n, w in zip(counts, weights) if n)
+    # no other split into contiguous blocks finishes sooner
+    import itertools
+    for cut in itertools.product(range(shards + 1), repeat=len(weights) - 1):
+        c = [*cut, shards - sum(cut)]
+        if c[-1] >= 0:
+            assert max(n / w for n, w in zip(c, weights) if n) >= slowest - 1e-12
+
+
 def test_values_leave_the_gpu_only_to_cross_workers():
-    p = plan(dtrain.load_config(None, ["data.shards=4"]))
+    p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=root"]))
     placement = graph.place([graph.Worker("g", True), graph.Worker("c", False)], 4, "allreduce")
     win = graph.window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
                              [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
@@ -47,6 +65,15 @@ def test_values_leave_the_gpu_only_to_cross_workers():
                              [TaskRef(f"s{i}") for i in range(4)], None, single, p.recipe, "r")
     assert host("update-0-r") is False                    # one GPU: the state stays on it
     assert host("update-1-r") is True                     # but the driver takes the last one
+    # replicated updates: the partial sums go to every worker, the states stay where they are
+    p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=replicated"]))
+    win = graph.window_graph([p.schedule[t] for t in range(3)], p.initial_state(),
+                             [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
+    assert [host(f"forward-backward-0-{i}-r") for i in range(4)] == [False] * 4
+    assert host("reduce-0-1-0-r") is True and host("reduce-0-1-2-r") is True
+    assert host("update-0-0-r") is False and host("update-0-2-r") is False
+    assert host("reduce-2-1-0-r") is False                # after the last step, only g reads
+    assert host("update-2-0-r") is True                   # the window's end, for the driver
 
 
 def test_no_gpu_is_one_clear_error():
@@ -56,6 +83,10 @@ def test_no_gpu_is_one_clear_error():
         device.require_gpu("cluster.device = 'gpu'")
     # model.dtype = "auto" (the default): float32 where the run uses GPUs
     assert dtrain.load_config({"cluster": {"device": "gpu"}}).model.dtype == "float32"
+    for shipped in ("iris", "digits"):                  # the shipped configs say "auto" too
+        cfg = dtrain.load_config(CONFIG_DIR / f"{shipped}.toml", ["cluster.device=gpu"])
+        assert cfg.model.dtype == "float32"
+        assert dtrain.load_config(CONFIG_DIR / f"{shipped}.toml").model.dtype == "float64"
     assert dtrain.load_config({"cluster": {"device": "auto"}}).model.dtype == "float64"
     assert dtrain.load_config({"cluster": {"device": "gpu"},
                                "model": {"dtype": "float64"}}).model.dtype == "float64"
@@ -82,6 +113,10 @@ def test_mixed_cluster_places_by_measured_speed_and_marks_gpu_tasks(tmp_path):
                          out=tmp_path / "mixed", echo=echo)
     split = r.summary["work_split"]
     assert [v["device"] for v in split.values()] == ["gpu", "gpu", "cpu"]
+    from dtrain.report import split_lines
+    (line,) = split_lines(r.summary)                   # the console and report.html say it
+    assert line.startswith("work split: worker 0 (gpu)") and "worker 2 (cpu)" in line
+    assert line.split("work split: ")[1] in (tmp_path / "mixed" / "report.html").read_text()
     assert sum(v["leaves"] for v in split.values()) == 6
     assert all(v["samples_per_second"] > 0 for v in split.values())
     assert restricted and any(res == {"GPU": 1} for _, res in restricted)
@@ -89,6 +124,21 @@ def test_mixed_cluster_places_by_measured_speed_and_marks_gpu_tasks(tmp_path):
     dtrain.train(dtrain.load_config(None, sets), out=tmp_path / "cpu", echo=None)
     assert (tmp_path / "mixed" / "params.npz").read_bytes() == \
         (tmp_path / "cpu" / "params.npz").read_bytes()
+
+
+def test_a_gpu_resource_without_a_usable_gpu_is_one_clear_error(tmp_path):
+    """device = 'gpu' trusts no resource label: a worker that says GPU but cannot load CuPy
+    stops the run at once (exit 2 from the CLI), naming the worker and the reason."""
+    if device.cupy() is not None:
+        pytest.skip("this machine has a GPU")
+    cfg = ClusterConfig(workers=1, device="gpu", dashboard_address="")
+    with cluster.local_gpu_cluster(cfg, gpus=1) as sc, Client(sc) as c:
+        c.wait_for_workers(1)
+        with pytest.raises(UserError, match=r"worker 0 advertises a GPU resource and cannot "
+                                            r"compute on a GPU: CuPy cannot be imported"):
+            dtrain.train(dtrain.load_config(None, ["cluster.device=gpu", "train.epochs=1"]),
+                         client=c, out=tmp_path / "r", echo=None)
+    assert not (tmp_path / "r" / "summary.json").exists()
 
 
 def test_device_gpu_needs_a_worker_with_a_gpu(client):

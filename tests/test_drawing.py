@@ -30,7 +30,8 @@ def _cluster(source: str, i: int) -> str:
 
 
 def test_tasks_sit_in_their_workers_boxes():
-    cfg = dtrain.load_config(None, ["data.shards=8", "cluster.workers=4", "graph.fan_in=2"])
+    cfg = dtrain.load_config(None, ["data.shards=8", "cluster.workers=4", "graph.fan_in=2",
+                                    "graph.update=root"])
     source = drawing.step_graph(cfg).source
     boxes = [_cluster(source, i) for i in range(4)]
     for i, box in enumerate(boxes):                 # two shards per worker, in blocks
@@ -44,6 +45,21 @@ def test_tasks_sit_in_their_workers_boxes():
     assert ("reduce-0-2-0", "update-0") in edges and ("reduce-0-2-4", "update-0") in edges
     assert ("state-0", "forward-backward-0-7") in edges
     assert 'fillcolor="#0072B2"' in source and "fan-in 2" in source
+
+
+def test_replicated_updates_sit_on_every_worker():
+    cfg = dtrain.load_config(None, ["data.shards=8", "cluster.workers=4", "graph.fan_in=2"])
+    source = drawing.step_graph(cfg).source
+    for i, box in enumerate(_cluster(source, w) for w in range(4)):
+        nodes = set(re.findall(r'^\t\t"([\w-]+)" \[', box, re.M))
+        assert f"update-0-{2 * i}" in nodes                   # this worker's copy of step 0
+        assert {f"forward-backward-{s}-{2 * i + j}" for s in (0, 1) for j in (0, 1)} <= nodes
+    edges = set(re.findall(r'^\t"([\w-]+)" -> "([\w-]+)"$', source, re.M))
+    # step 1's maths reads the partial sums of step 0 directly, not an update task
+    assert ("reduce-0-2-4", "forward-backward-1-0") in edges
+    assert not any(a.startswith("update-0-") and b.startswith("forward-backward-1-")
+                   for a, b in edges)
+    assert "replicated updates" in source
 
 
 def test_parameter_server_head_holds_no_shard():
@@ -62,9 +78,10 @@ def test_graph_command_draws_svg(tmp_path):
     assert proc.returncode == 0, proc.stderr
     svg = html.unescape(out.read_text())
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
-    # iris: 4 shards on 2 workers, fan-in 2: 4 forward-backward, 2 reduce, 1 update (+ legend)
+    # iris: 4 shards on 2 workers, fan-in 2, replicated updates, two steps: 8 forward-backward,
+    # 2 x 2 reduce, step 0's update on both workers and step 1's on the root (+ the legend)
     counts = {t: svg.count(f">{t}</text>") for t in ("forward-backward", "reduce", "update")}
-    assert counts == {"forward-backward": 5, "reduce": 3, "update": 2}
+    assert counts == {"forward-backward": 9, "reduce": 5, "update": 4}
 
 
 def test_graph_command_writes_dot_without_graphviz(tmp_path):

@@ -13,9 +13,13 @@ from dtrain.trainer import plan
 RUN = "t0"
 
 
-def _plan(shards=4, strategy="allreduce", fan_in=2, fuse=True, **extra):
+def _plan(shards=4, strategy="allreduce", fan_in=2, fuse=True, update="root", **extra):
+    """A plan; the update on the reduce root unless ``update`` says otherwise (the structure
+    tests below are about the tree; replicated updates have their own)."""
+    update = update if strategy == "allreduce" else "auto"
     sets = [f"data.shards={shards}", f"graph.strategy={strategy}", f"graph.fan_in={fan_in}",
-            f"graph.fuse_update={'true' if fuse else 'false'}", "train.epochs=2"]
+            f"graph.fuse_update={'true' if fuse else 'false'}", "train.epochs=2",
+            f"graph.update={update}"]
     return plan(load_config(None, sets + [f"{k}={v}" for k, v in extra.items()]))
 
 
@@ -138,6 +142,73 @@ def test_fusing_the_update_and_placement_change_nothing():
     assert (fused.vector == unfused.vector).all()
 
 
+def _replicated(shards, k, workers, steps=3):
+    p = _plan(shards=shards, fan_in=k, update="replicated")
+    assert p.recipe.replicated
+    return p, *_window(p, range(steps), workers=workers)
+
+
+def _reduce_levels(win, key):
+    """Reduce tasks on the longest chain into ``key`` from the forward-backward tasks before."""
+    deps = [d for d in win.dsk[key].dependencies if d.startswith("reduce-")]
+    return max((1 + _reduce_levels(win, d) for d in deps), default=0)
+
+
+@pytest.mark.parametrize("shards, k, workers", [(1, 2, 1), (2, 2, 2), (4, 2, 2), (6, 2, 3),
+                                                (8, 4, 2), (9, 3, 3), (16, 2, 4)])
+def test_replicated_update_structure(shards, k, workers):
+    names = [f"w{i}" for i in range(workers)]
+    p, win, placement = _replicated(shards, k, names)
+    first = {w: placement.leaves.index(w) for w in names if w in placement.leaves}
+    updates = [key for key in win.dsk if key.startswith("update-")]
+    # step 0: one update per worker, on that worker, named by its first shard; step 1 is
+    # read by the window's last step on every worker, but its updates' results only by the
+    # root (for the last); the root's update of the last step makes the window's end
+    assert updates == [f"update-0-{i}-{RUN}" for i in first.values()] + [
+        f"update-1-0-{RUN}", f"update-2-0-{RUN}"]
+    for w, i in first.items():
+        assert win.where[f"update-0-{i}-{RUN}"] == [w]
+    assert win.ends == [f"update-2-0-{RUN}"] and placement.root == placement.leaves[0]
+    depth = graph.tree_depth(shards, graph.fan_in("allreduce", k, shards))
+    for s in (1, 2):
+        for i, w in enumerate(placement.leaves):
+            fb = win.dsk[f"forward-backward-{s}-{i}-{RUN}"]
+            assert win.where[fb.key] == [w]
+            # one hop per step: the next forward-backward reads the partial sums and its own
+            # worker's state, never an update task of the step before it
+            base = f"state-0-{RUN}" if s == 1 else f"update-{s - 2}-{first[w]}-{RUN}"
+            assert base in fb.dependencies and f"load-shard-{i}" in fb.dependencies
+            assert not any(d.startswith(f"update-{s - 1}-") for d in fb.dependencies)
+            assert _reduce_levels(win, fb.key) == max(depth - 1, 0)
+            # the same partial sums as that step's update(s)
+            def sums(key):
+                return {d for d in win.dsk[key].dependencies
+                        if d.startswith(("forward-backward-", "reduce-"))}
+            top = shards
+            for _ in range(depth - 1):
+                top = -(-top // k)
+            assert sums(fb.key) == sums(f"update-{s - 1}-0-{RUN}") and len(sums(fb.key)) == top
+
+
+def test_replicated_updates_equal_the_root_update_bit_for_bit():
+    n = 9
+    root = _execute(_plan(shards=6, fan_in=2), n, workers=("a", "b", "c"))
+    for k, workers in ((2, ("a", "b", "c")), (4, ("a", "b")), (2, ("a",))):
+        p = _plan(shards=6, fan_in=k, update="replicated")
+        same_k = _execute(_plan(shards=6, fan_in=k), n)
+        state = _execute(p, n, workers=workers)
+        assert state.vector.tobytes() == same_k.vector.tobytes()
+        assert state.epoch_loss == same_k.epoch_loss
+    assert _execute(_plan(shards=6, fan_in=2, update="replicated"), n,
+                    workers=("a", "b", "c")).vector.tobytes() == root.vector.tobytes()
+
+
+def test_replicated_updates_are_the_allreduce_default():
+    assert plan(load_config(None, [])).recipe.replicated
+    assert not _plan(update="root").recipe.replicated
+    assert not _plan(strategy="parameter-server").recipe.replicated
+
+
 def test_keys_read_well_in_the_dashboard():
     p = _plan(shards=4)
     win, _ = _window(p, range(p.schedule.steps_per_epoch))
@@ -160,15 +231,19 @@ def test_local_sgd_rounds_align_to_epochs():
     assert all(win.where[f"local-sgd-0-{i}-{RUN}"] == [placement.leaves[i]] for i in range(3))
 
 
-@pytest.mark.parametrize("strategy, expected", [
-    # iris 4-16-3, float64, P = 131: a gradient is (P + 1) * 8 = 1056 bytes, a state 1112
-    ("allreduce", 1112 + 1056),                # state to worker 1; one reduce edge back
-    ("parameter-server", 1112 + 4 * 1056),     # state to the trainer; 4 gradients to the head
+@pytest.mark.parametrize("strategy, update, expected", [
+    # iris 4-16-3, float64, P = 131: a gradient [grad | loss | correct] is (P + 2) * 8 = 1064
+    # bytes, a state 1112
+    ("allreduce", "root", 3 * (1112 + 1064)),   # state to worker 1; one reduce edge back
+    ("parameter-server", "auto", 3 * (1112 + 4 * 1064)),  # state out; 4 gradients to the head
+    # the window's state to worker 1 once; then each worker reads the other's partial sum,
+    # but after the last step only the root does
+    ("allreduce", "replicated", 1112 + 2 * 2 * 1064 + 1064),
 ])
-def test_bytes_per_step_from_the_graph(strategy, expected):
-    p = _plan(shards=4, strategy=strategy)
+def test_bytes_per_step_from_the_graph(strategy, update, expected):
+    p = _plan(shards=4, strategy=strategy, update=update)
     win, placement = _window(p, [0, 1, 2])
     located = {f"load-shard-{i}": w for i, w in enumerate(placement.leaves)}
     located["load-val"] = placement.root
-    assert win.transfer_bytes(located) == 3 * expected
+    assert win.transfer_bytes(located) == expected
     assert all(src != dst for _, src, dst in win.transfers(located))

@@ -42,7 +42,8 @@ def test_every_key_the_graph_builds_reads_back():
     seen = {k: (task_type(k), numbers(k), run_of(k)) for k in [*win.dsk, val.key, shards[3].key]}
     assert seen["forward-backward-0-4-12345678"] == ("forward-backward", [0, 4], "12345678")
     assert seen["reduce-0-3-0-12345678"] == ("reduce", [0, 3, 0], "12345678")
-    assert seen["update-0-12345678"] == ("update", [0], "12345678")
+    assert seen["update-0-0-12345678"] == ("update", [0, 0], "12345678")   # replicated: + shard
+    assert task_type("update-7-12345678") == "update" and numbers("update-7-r") == [7]  # root
     assert seen["evaluate-1-12345678"] == ("evaluate", [1], "12345678")
     assert seen["load-val-12345678"] == ("load-val", [], "12345678")
     assert seen["load-shard-3-12345678"] == ("load-shard", [3], "12345678")
@@ -113,6 +114,7 @@ def test_update_tasks_send_step_events(client, every, expected_steps):
         last = steps[-1]
         assert last["epoch"] == 2 and last["seen"] == 105
         assert last["epoch_loss"] == pytest.approx(result.metrics[-1]["train_loss"], rel=1e-12)
+        assert last["epoch_accuracy"] == result.metrics[-1]["train_accuracy"]
 
 
 def test_update_outside_a_worker_sends_nothing():
@@ -220,6 +222,7 @@ def test_prometheus_gauges_next_to_dask_metrics(training):
     assert _gauge(later, "step") > _gauge(first, "step")
     assert 0 <= _gauge(later, "val_accuracy") <= 1
     assert _gauge(later, "samples_per_second") > 0 and _gauge(later, "train_loss") > 0
+    assert 0 <= _gauge(later, "train_accuracy") <= 1
     assert re.search(r'^dtrain_worker_busy_fraction\{run="\w+",worker="1"\} ', later, re.M)
 
 
@@ -239,6 +242,7 @@ def test_live_page_renders_and_updates_in_chromium(training):
     assert drawn["dtrain-loss"]["rows"][0] > steps > 0                 # points keep coming
     assert drawn["dtrain-busy"]["rows"][0] == 2                        # one bar per worker
     assert "training" in header and "iris, allreduce on 2 worker(s)" in header
+    assert "train_acc" in header and re.search(r"val_acc [\d.]+ \(epoch \d+\)", header)
 
 
 # --- a scheduler in another process -------------------------------------------------------

@@ -12,7 +12,7 @@ from dtrain.optim import Optimizer, Step, TrainState
 
 def _objective(net: Network, l2: float, params, x, y) -> float:
     """The training objective: mean per-sample loss + 0.5 * l2 * ||W||^2."""
-    return float(net.loss_and_grad(params, x, y)[-1]) / len(y) + l2_penalty(net, params, l2)
+    return float(net.loss_and_grad(params, x, y)[net.size]) / len(y) + l2_penalty(net, params, l2)
 
 
 def _analytic(net: Network, l2: float, params, x, y):
@@ -67,6 +67,22 @@ def test_loss_sums_are_additive_over_rows():
     parts = net.loss_and_grad(p, x[:4], y[:4]) + net.loss_and_grad(p, x[4:], y[4:])
     np.testing.assert_allclose(parts, whole, rtol=1e-12, atol=1e-14)
     assert not net.loss_and_grad(p, x[:0], y[:0]).any()      # an empty slice adds nothing
+
+
+def test_buffer_tail_is_the_loss_then_the_correct_count():
+    """``[grad (P) | loss | correct]``: the count is what evaluate counts on the same rows,
+    an exact integer in the buffer's dtype, summed over shards like the rest."""
+    for dtype in ("float64", "float32"):
+        net = Network((4, 8, 3), "tanh", "cross-entropy", dtype)
+        rng = np.random.default_rng(2)
+        x, y, p = rng.standard_normal((50, 4)).astype(dtype), rng.integers(0, 3, 50), net.init(0)
+        buf = net.loss_and_grad(p, x, y)
+        assert buf.shape == (net.size + 2,) == (net.buffer_size,)
+        loss, correct, n = net.evaluate(p, x, y)
+        assert buf[net.size] == pytest.approx(loss, rel=1e-5)
+        assert buf[net.size + 1] == correct and 0 < correct < n
+        halves = net.loss_and_grad(p, x[:20], y[:20]) + net.loss_and_grad(p, x[20:], y[20:])
+        assert halves[net.size + 1] == correct
 
 
 def test_init_is_seeded_and_typed():

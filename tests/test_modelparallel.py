@@ -24,10 +24,11 @@ def test_split_and_join_are_inverse(layers, slices):
     assert sorted(every) == list(range(net.size))                # each parameter owned once
     opt = Optimizer(OptimConfig(name="adam"), net)
     state = opt.init_state(net.init(0))
-    state = type(state)(np.random.default_rng(0).standard_normal(state.vector.size), 1.5, 7)
+    state = type(state)(np.random.default_rng(0).standard_normal(state.vector.size), 1.5, 7, 5)
     root, parts = sl.split(state, opt.slots)
     back = sl.join(root, parts, opt.slots)
-    assert (back.vector == state.vector).all() and (back.epoch_loss, back.epoch_samples) == (1.5, 7)
+    assert (back.vector == state.vector).all()
+    assert (back.epoch_loss, back.epoch_samples, back.epoch_correct) == (1.5, 7, 5)
     (W1, _), (W2, _), *_ = net.unflatten(state.vector[: net.size])
     u0, u1 = sl.units(0)[slices - 1]
     part = parts[0, slices - 1].vector
@@ -85,6 +86,9 @@ def test_matches_the_serial_reference(client, layers):
         np.testing.assert_allclose(mp.params[name], value, rtol=1e-10, atol=1e-13)
     assert_moved_as_predicted(mp.summary)
     assert mp.metrics[-1]["val_accuracy"] == serial.metrics[-1]["val_accuracy"]
+    # the loss task counts the minibatch's correct predictions, as serial's buffer does
+    assert [m["train_accuracy"] for m in mp.metrics] == \
+        [m["train_accuracy"] for m in serial.metrics]
 
 
 def test_bit_identical_on_one_or_two_workers(client, tmp_path):

@@ -14,8 +14,8 @@ def _step(index=0, count=2, lr=0.1, first=False):
     return Step(index, 0, index, lr, count, first, False, ())
 
 
-def _grad(values, loss=1.0):
-    return np.array([*values, loss], dtype=float)
+def _grad(values, loss=1.0, correct=0):
+    return np.array([*values, loss, correct], dtype=float)      # [grad | loss | correct]
 
 
 def test_sgd_with_l2_penalty_on_weights_only():
@@ -65,11 +65,12 @@ def test_inputs_are_never_written():
 def test_epoch_loss_sums_restart_each_epoch():
     opt = Optimizer(OptimConfig(), NET)
     s = opt.init_state(np.zeros(6))
-    s = opt.apply(s, _grad([0] * 6, loss=3.0), _step(count=2, first=True))
-    s = opt.apply(s, _grad([0] * 6, loss=1.0), _step(count=2))
-    assert (s.epoch_loss, s.epoch_samples) == (4.0, 4)
-    s = opt.apply(s, _grad([0] * 6, loss=5.0), _step(count=3, first=True))
-    assert (s.epoch_loss, s.epoch_samples) == (5.0, 3)
+    s = opt.apply(s, _grad([0] * 6, loss=3.0, correct=1), _step(count=2, first=True))
+    s = opt.apply(s, _grad([0] * 6, loss=1.0, correct=2), _step(count=2))
+    assert (s.epoch_loss, s.epoch_samples, s.epoch_correct) == (4.0, 4, 3)
+    s = opt.apply(s, _grad([0] * 6, loss=5.0, correct=2), _step(count=3, first=True))
+    assert (s.epoch_loss, s.epoch_samples, s.epoch_correct) == (5.0, 3, 2)
+    assert isinstance(s.epoch_correct, int)
 
 
 def test_sum_buffers_is_a_left_fold():
@@ -83,6 +84,17 @@ def test_update_reduces_then_steps():
     s = TrainState(np.zeros(6))
     out = update(opt, _step(count=4, lr=1.0), True, s, _grad([1.0] * 6), _grad([3.0] * 6))
     np.testing.assert_allclose(out.vector, -np.ones(6))
+
+
+def test_update_checks_the_loss_slot_not_the_count():
+    from dtrain.errors import Diverged
+    opt = Optimizer(OptimConfig(name="sgd"), NET)
+    s = TrainState(np.zeros(6), 1.0, 2, 1)
+    with pytest.raises(Diverged):
+        update(opt, _step(count=2), True, s, _grad([0.0] * 6, loss=np.inf, correct=2))
+    out = update(opt, _step(count=2), True, s, _grad([0.0] * 6, loss=1.0, correct=2),
+                 _grad([0.0] * 6, loss=0.5, correct=1))
+    assert (out.epoch_loss, out.epoch_samples, out.epoch_correct) == (2.5, 4, 4)
 
 
 @pytest.mark.parametrize("schedule, expected", [
@@ -105,3 +117,37 @@ def test_schedule_steps_cover_every_epoch():
     assert steps[5].epoch == 1 and steps[5].index == 5
     full = Schedule([10, 10], batch_size=10**9, cfg=OptimConfig(), epochs=2)
     assert full.steps_per_epoch == 1 and full[0].count == 20
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum"])
+def test_a_one_step_local_sgd_round_is_the_synchronous_step(name):
+    """local_sgd on each shard + the sample-weighted average = one update from the summed
+    gradient, for SGD and momentum (the trainer runs one-step rounds as that update)."""
+    from dtrain.optim import average, local_sgd
+    net = Network((3, 4, 2), "tanh", "cross-entropy", "float64")
+    opt = Optimizer(OptimConfig(name=name, momentum=0.9), net, l2=0.01)
+    rng = np.random.default_rng(0)
+    state = opt.init_state(net.init(0))
+    state = opt.apply(state, _grad(rng.normal(size=net.size)), _step(count=1))   # velocity != 0
+    shards = [(rng.normal(size=(n, 3)), rng.integers(0, 2, n)) for n in (5, 3, 4)]
+    step = Step(1, 0, 1, 0.1, 12, False, False, ())
+    leaves = [local_sgd(opt, (step,), state, lambda s, d=d: d) for d in shards]
+    averaged = average(opt, step, True, state, *leaves)
+    sync = update(opt, step, True, state, *(net.loss_and_grad(opt.params(state), x, y)
+                                            for x, y in shards))
+    np.testing.assert_allclose(averaged.vector, sync.vector, rtol=1e-12, atol=1e-14)
+    assert averaged.epoch_samples == sync.epoch_samples == 1 + 12
+    assert averaged.epoch_correct == sync.epoch_correct
+    leaf = leaves[0]                                  # [w * vector | loss | correct | w]
+    assert leaf.size == state.vector.size + 3 and leaf[-1] == 5 and 0 <= leaf[-2] <= 5
+
+
+def test_checkpoints_keep_every_epoch_sum(tmp_path):
+    """A resumed epoch goes on from the checkpoint's loss, sample and correct sums."""
+    import dtrain
+    from dtrain import checkpoint
+    state = TrainState(np.arange(6.0), 2.5, 48, 31)
+    checkpoint.save(tmp_path, checkpoint.Checkpoint(3, 0, state), dtrain.load_config())
+    back = checkpoint.load(tmp_path)[0].state
+    assert (back.epoch_loss, back.epoch_samples, back.epoch_correct) == (2.5, 48, 31)
+    assert (back.vector == state.vector).all()

@@ -37,6 +37,9 @@ def test_report_is_standalone_with_the_run_in_it(run_dir):
     assert "cdn.bokeh.org" not in page
     for name in ("report-loss", "report-accuracy", "report-step-time", "report-timeline"):
         assert name in page, name
+    assert "train accuracy" in page and "validation accuracy" in page      # legend labels
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < r["train_accuracy"] <= 1 for r in rows)
     timeline = json.loads((run_dir / "timeline.json").read_text())
     kinds = {task_type(row[0]) for row in timeline["rows"]}
     assert {"forward-backward", "reduce", "update", "load-shard", "evaluate"} <= kinds
@@ -111,7 +114,52 @@ def test_console_without_a_terminal_is_plain_lines(tmp_path):
                    "--dashboard-address", "127.0.0.1:0")
     assert proc.returncode == 0, proc.stderr
     assert "\r" not in proc.stdout and not re.search(r"\d+/\d+ steps", proc.stdout)
-    assert re.search(r"^epoch 2/2  train_loss [\d.]+  val_loss", proc.stdout, re.M)
+    assert re.search(r"^epoch 2/2  train_loss [\d.]+  train_acc [\d.]+  val_loss [\d.]+  "
+                     r"val_acc [\d.]+", proc.stdout, re.M)
+    assert not re.search(r"^step \d+/", proc.stdout, re.M)     # a short run: no progress lines
+
+
+def test_console_without_a_terminal_prints_progress_lines_in_a_long_epoch(client, monkeypatch):
+    """Off a terminal, the step events give a plain progress line once ``PLAIN_EVERY`` seconds
+    pass without a console line (here almost at once: every step event prints one)."""
+    from dtrain import report
+    monkeypatch.setattr(report, "PLAIN_EVERY", 1e-6)
+    lines: list[str] = []
+    dtrain.train(dtrain.load_config(None, ["train.epochs=2"]), client=client, echo=lines.append)
+    progress = [line for line in lines if line.startswith("step ")]
+    assert progress, lines
+    assert all(re.fullmatch(r"step +\d+/14  epoch [12]/2  loss [\d.]+  train_acc [\d.]+  "
+                            r"(-|[\d,]+) samples/s", line) for line in progress), progress
+    assert sum(line.startswith("epoch ") for line in lines) == 2      # as well as the epochs
+
+
+def test_plain_progress_waits_for_silence():
+    from dtrain.report import PlainProgress
+    said: list[str] = []
+    plain = PlainProgress(said.append, 2, 7, 105, every=30.0)
+    msg = {"kind": "step", "step": 1, "epoch": 1, "loss": 1.0, "epoch_loss": 1.0,
+           "epoch_accuracy": 0.5, "seen": 16, "t": 0.0}
+    plain.step(msg)
+    assert said == []                               # less than 30 s since the start
+    plain.last -= 31
+    plain.step({**msg, "step": 2, "seen": 32, "t": 1.0})
+    assert said == ["step  2/14  epoch 1/2  loss 1.0000  train_acc 0.5000  16 samples/s"]
+    plain.step({**msg, "step": 3, "seen": 48, "t": 2.0})
+    assert len(said) == 1                           # the line restarted the silence
+
+
+def test_progress_bar_labels_val_accuracy_with_its_epoch():
+    from dtrain.report import Progress
+    bar = Progress(3, 7, 105)
+    try:
+        bar.epoch({"epoch": 1, "train_loss": 0.9, "train_accuracy": 0.6, "val_accuracy": 0.73,
+                   "samples_per_second": 100.0})
+        bar.step({"kind": "step", "step": 9, "epoch": 2, "loss": 0.5, "epoch_loss": 0.6,
+                  "epoch_accuracy": 0.7, "seen": 32, "t": 0.0})
+        assert bar.info["epoch"] == "2/3" and bar.info["train_acc"] == "0.7000"
+        assert bar.info["val_acc"] == "0.7300 (ep 1)"
+    finally:
+        bar.close()
 
 
 def test_console_on_a_terminal_shows_a_progress_bar(tmp_path):
@@ -140,6 +188,7 @@ def test_console_on_a_terminal_shows_a_progress_bar(tmp_path):
     screen = b"".join(chunks).decode(errors="replace")
     assert "28/28 steps" in screen                  # 4 epochs x 7 steps, all counted
     bar = [line for line in re.split(r"[\r\n]", screen) if "28/28 steps" in line][-1]
-    for part in ("epoch 4/4", "loss ", "val_acc ", "samples/s"):
+    for part in ("epoch 4/4", "loss ", "train_acc ", "val_acc ", "samples/s"):
         assert part in bar, bar
+    assert re.search(r"val_acc [\d.]+ \(ep 4\)", bar), bar
     assert "epoch 4/4  train_loss" in screen and "test_accuracy" in screen
