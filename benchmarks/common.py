@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import dtrain
-from dtrain import data, graph
+from dtrain import data
 from dtrain.config import Config
+from dtrain.placement import place
 from dtrain.trainer import Plan, plan
 
 RSS_FILE = "rss.json"
@@ -37,23 +38,16 @@ def load_run(run_dir: str | Path) -> tuple[Config, Plan]:
     return cfg, plan(cfg)
 
 
-def buffer_size(net) -> int:
-    """Length of dtrain's gradient buffer as ``Network.loss_and_grad`` returns it: the ``P``
-    gradient and what trails it (the summed loss; newer dtrain adds the correct-prediction
-    count, and says how long the buffer is)."""
-    return getattr(net, "buffer_size", net.size + 1)
-
-
 def own_shards(the_plan: Plan, ranks: int, rank: int, strategy: str) -> list[data.Shard]:
     """The shards rank ``rank`` of ``ranks`` holds, in shard order, built from the files here.
 
     Shards go to ranks in contiguous blocks exactly as dtrain places them on
-    workers (:func:`dtrain.graph.place`; with ``parameter-server`` rank 0 is the
+    workers (:func:`dtrain.placement.place`; with ``parameter-server`` rank 0 is the
     server and holds none).  The process's cached copy of the dataset is dropped
     once they are built, as dtrain's workers do.
     """
     cfg = the_plan.config
-    owners = graph.place([str(r) for r in range(ranks)], len(the_plan.ranges), strategy).leaves
+    owners = place([str(r) for r in range(ranks)], len(the_plan.ranges), strategy).leaves
     shards = [data.load_shard(cfg.data, i, a, b, the_plan.info.train, cfg.model.dtype)
               for i, (a, b) in enumerate(the_plan.ranges) if owners[i] == str(rank)]
     data.clear_cache()

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from dtrain.config import Config
+from dtrain.errors import UserError
+from dtrain.trainer import plan
 
 from benchmarks.workloads import Workload
 
@@ -141,27 +143,25 @@ class Contender:
         if self.kind == "torch":
             return "torch is not installed: pip install torch==2.13.0" if not tools.torch \
                 else torch_unsupported(cfg)
-        if self.strategy == "model-parallel":
-            hidden = list(cfg.model.layers[1:-1:2])         # the layers it splits
-            network = "-".join(map(str, cfg.model.layers))
-            if not hidden:
-                return f"model-parallel splits hidden layers; {network} has none"
-            if cfg.graph.slices > min(hidden):
-                return (f"model-parallel: {cfg.graph.slices} slices but {network}'s narrowest "
-                        f"split layer has {min(hidden)} units")
+        if self.strategy == "model-parallel":           # dtrain's own check of the split
+            try:
+                plan(cfg)
+            except UserError as exc:
+                return str(exc)
         return None
 
     def formula_bytes(self, parameters: int, itemsize: int, workers: int,
-                      buffer: int | None = None) -> float | None:
+                      buffer: int) -> float | None:
         """Pencil-and-paper bytes between processes per step, for the contenders that are not
         dtrain (dtrain measures its own), or None.
 
         mpi4py Allreduce and DDP: a ring allreduce sends ``2 (W - 1) / W`` buffers per rank,
         ``2 (W - 1)`` in all (the buffer is dtrain's gradient buffer of ``buffer`` numbers,
-        ``P + 1`` by default: the gradient and the loss; DDP's is the ``P`` gradient); the
+        ``P + 2``: the gradient, the loss and the correct count; DDP's is the ``P``
+        gradient); the
         parameter server gathers ``W`` buffers and broadcasts ``W`` parameter vectors.  One
         worker moves nothing."""
-        w, grad = workers, (buffer or parameters + 1) * itemsize
+        w, grad = workers, buffer * itemsize
         if self.kind == "mpi" and self.strategy == "allreduce":
             return 2 * (w - 1) * grad if w > 1 else 0.0
         if self.kind == "mpi" and self.server:

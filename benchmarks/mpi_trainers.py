@@ -28,7 +28,7 @@ from mpi4py import MPI
 from dtrain.optim import Optimizer, Step, TrainState, sum_buffers
 from dtrain.report import RunDir
 
-from benchmarks.common import (buffer_size, epoch_row, load_run, own_shards, peak_rss_mb,
+from benchmarks.common import (epoch_row, load_run, own_shards, peak_rss_mb,
                                write_rss)
 
 
@@ -37,7 +37,7 @@ def local_gradient(p, params, shards, step: Step) -> np.ndarray:
     shard order; zeros on a rank without shards."""
     grads = [p.net.loss_and_grad(params, *s.batch(step.epoch, *step.bounds[s.index],
                                                   p.recipe.shuffle_seed)) for s in shards]
-    return sum_buffers(*grads) if grads else np.zeros(buffer_size(p.net), dtype=params.dtype)
+    return sum_buffers(*grads) if grads else np.zeros(p.net.buffer_size, dtype=params.dtype)
 
 
 class Allreduce:
@@ -61,7 +61,7 @@ class ParameterServer:
     def __init__(self, comm: MPI.Comm, opt: Optimizer, state: TrainState):
         self.comm, self.opt, self.state = comm, opt, state
         self.params = opt.params(state).copy()
-        self.inbox = np.empty((comm.size, buffer_size(opt.net)),
+        self.inbox = np.empty((comm.size, opt.net.buffer_size),
                               dtype=state.vector.dtype) if comm.rank == 0 else None
 
     def step(self, grad: np.ndarray, step: Step) -> None:

@@ -23,14 +23,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from dtrain.errors import UserError
 from dtrain.trainer import plan
 
 from benchmarks import report
-from benchmarks.common import buffer_size
 from benchmarks.contenders import BY_NAME, CONTENDERS, REPO, Contender, Tools
 from benchmarks.workloads import Workload, load_workloads
 
@@ -171,7 +169,7 @@ def run_one(wl: Workload, workers: int, contender: Contender, repeat: int, args,
     read_run(run, run_dir)
     if run.comm_bytes is None:
         formula = contender.formula_bytes(the_plan.net.size, np.dtype(cfg.model.dtype).itemsize,
-                                          workers, buffer_size(the_plan.net))
+                                          workers, the_plan.net.buffer_size)
         if formula is not None:
             run.comm_bytes, run.comm_source = float(formula), "formula"
     return run

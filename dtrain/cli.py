@@ -107,7 +107,7 @@ def prepare(argv: list[str]) -> tuple[Config, Job]:
     finished, the same config, a readable checkpoint), before any cluster starts.
     """
     from dtrain import checkpoint
-    from dtrain.trainer import default_out_dir, resume, train
+    from dtrain.trainer import check_resume, default_out_dir, resume_checked, train
 
     args = build_parser().parse_args(argv)
     if args.resume:
@@ -115,11 +115,10 @@ def prepare(argv: list[str]) -> tuple[Config, Job]:
             raise UserError(f"--out {args.out} with --resume: a resumed run stays in its own "
                             f"directory ({args.resume})")
         run_dir = Path(args.resume)
-        checkpoint.resumable(run_dir, None)       # started by dtrain and not finished
-        config = checkpoint.resumable(
+        checkpoint.resumable(run_dir, None)       # a run dtrain started: config.toml is there
+        point = check_resume(
             run_dir, load_config(args.config or run_dir / "config.toml", _overrides(args)))
-        checkpoint.load(run_dir)                  # readable, if there is one
-        return config, lambda client: resume(run_dir, config=config, client=client)
+        return point.config, lambda client: resume_checked(point, client=client)
     config = load_config(args.config, _overrides(args))
     return config, lambda client: train(
         config, client=client, out=Path(args.out) if args.out else default_out_dir(args.config))

@@ -338,17 +338,12 @@ def apply_overrides(data: dict[str, dict[str, Any]], overrides: Iterable[str]) -
     """Apply ``--set`` strings to a nested dict (in place) and return it."""
     for text in overrides:
         section, name, value = parse_override(text)
-        fields = {f.name: f for f in dataclasses.fields(SECTIONS.get(section, _NoSection))}
-        if name in fields and fields[name].type in (str, "str") and \
-                isinstance(value, (int, float, bool)):
+        kinds = {f.name: f.type for f in dataclasses.fields(SECTIONS[section])} \
+            if section in SECTIONS else {}
+        if kinds.get(name) in (str, "str") and isinstance(value, (int, float, bool)):
             value = text.partition("=")[2].strip()   # a string key takes the word as written
         data.setdefault(section, {})[name] = value
     return data
-
-
-@dataclass(frozen=True)
-class _NoSection:
-    """An unknown section: no fields (load_config reports it)."""
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

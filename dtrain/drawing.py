@@ -104,16 +104,16 @@ def step_graph(config: Config) -> graphviz.Digraph:
     items = p.strategy.data(where)
     refs = [TaskRef(graph.key(*item.name, run=RUN)) for item in items]
     val = TaskRef(graph.key("load-val", run=RUN)) if p.info.val else None
-    first = graph.units([p.schedule[t] for t in range(p.schedule.steps_per_epoch)], p.recipe)[0]
-    shown = len(first)
+    steps = list(graph.units([p.schedule[t] for t in range(p.schedule.steps_per_epoch)],
+                             p.recipe)[0])
     if p.recipe.replicated:
-        # two steps of a longer window: every worker's update of step 0 and the next
-        # forward-backward tasks that read the same partial sums
-        first, shown = tuple(p.schedule[t] for t in range(3)), 2
-    win = p.strategy.window(list(first), p.initial_state(), refs, val, where, RUN)
-    if shown < len(first):
+        # steps 0 and 1 of a longer window: every worker's update of step 0, and the step 1
+        # forward-backward tasks that read the same partial sums (step 2 is built, not shown)
+        steps = [p.schedule[t] for t in range(3)]
+    win = p.strategy.window(steps, p.initial_state(), refs, val, where, RUN)
+    if p.recipe.replicated:
         for k in [k for k in win.dsk if task_type(k) in ("forward-backward", "reduce", "update")
-                  and numbers(k)[0] >= shown]:
+                  and numbers(k)[0] == 2]:
             del win.dsk[k], win.where[k]
     nodes = {ref.key: [item.worker] for ref, item in zip(refs, items)}
     deps = {k: sorted(win.dsk[k].dependencies) for k in win.dsk}

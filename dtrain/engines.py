@@ -22,11 +22,11 @@ import numpy as np
 from dask.task_spec import TaskRef
 from distributed import Client, Future, wait
 
-from dtrain import cluster, data, device, graph
+from dtrain import cluster, data, device, graph, tasks
 from dtrain import metrics as dtrain_metrics
 from dtrain.checkpoint import Checkpoint
 from dtrain.errors import UserError
-from dtrain.graph import Placement
+from dtrain.placement import Placement, Worker
 from dtrain.modelparallel import ModelParallel
 from dtrain.optim import TrainState, update
 from dtrain.report import Recorder
@@ -117,14 +117,14 @@ class SerialEngine:
                 fb, upd = fb + t2 - t1, upd + time.perf_counter() - t2
                 if step.last:
                     now = time.perf_counter()
-                    row = _epoch_row(p, graph.evaluate(p.net, step.epoch, state, val), now - last)
+                    row = _epoch_row(p, tasks.evaluate(p.net, step.epoch, state, val), now - last)
                     last = now
                     metrics.append(row)
                     recorder.epoch(row)
             recorder.checkpoint(Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch,
                                            state))
         seconds = time.perf_counter() - began
-        result = graph.evaluate(p.net, -1, state, test) if p.info.test else None
+        result = tasks.evaluate(p.net, -1, state, test) if p.info.test else None
         compute = {"forward_backward_seconds": fb, "reduce_seconds": 0.0, "update_seconds": upd,
                    "critical_seconds": fb + upd}
         return Outcome(metrics, state, result, 0, seconds, began - t0,
@@ -161,7 +161,7 @@ class DaskEngine:
     def _key(self, name: str, *parts: int | str) -> str:
         return graph.key(name, *parts, run=self.run_id)
 
-    def _workers(self) -> list[graph.Worker]:
+    def _workers(self) -> list[Worker]:
         """The workers there now, as placement sees them: GPU or not, and how fast."""
         cfg = self.plan.config
         info = cluster.workers(self.client)
@@ -186,7 +186,7 @@ class DaskEngine:
             for a in info.keys() - self.speed.keys():
                 self.speed[a] = self.client.run(device.throughput, self.plan.net, rows, gpu[a],
                                                 workers=[a])[a]
-        return [graph.Worker(a, gpu[a], self.speed.get(a, 1.0)) for a in info]
+        return [Worker(a, gpu[a], self.speed.get(a, 1.0)) for a in info]
 
     def _place(self) -> Placement:
         """Placement over the workers there now; (re)load data that must move."""
@@ -245,13 +245,8 @@ class DaskEngine:
             return cluster.INLINE if inline and key.startswith(("update-", "reduce-")) \
                 else "default"
 
-        replicated = self.plan.recipe.replicated
-
-        def priority(key: str) -> int:          # a replicated update is off the critical path:
-            return -1 if replicated and key.startswith("update-") else 0   # the shard's maths first
-
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
-                           resources=resources, executor=executor, priority=priority):
+                           resources=resources, executor=executor):
             return self.client.get(win.dsk, [*win.ends, *win.evals.values()], sync=False)
 
     def split(self) -> dict[str, dict[str, Any]]:
@@ -314,7 +309,7 @@ class DaskEngine:
         seconds = time.perf_counter() - began
         result = None
         if test is not None:
-            result = self.client.submit(graph.evaluate, p.net, -1, state, test,
+            result = self.client.submit(tasks.evaluate, p.net, -1, state, test,
                                         key=self._key("evaluate-test"), workers=[placement.root],
                                         allow_other_workers=True).result()
         workers = len(cluster.worker_addresses(self.client))

@@ -11,7 +11,13 @@ One training step is::
 hop.  The tree has ``depth = ceil(log_k shards)`` levels, counting the fused
 root; a group of one child passes through without a task.  ``parameter-server``
 is the same graph with one flat level (``k = shards``) whose root sits on a
-head worker that holds no shard.
+head worker that holds no shard.  With replicated updates (the ``allreduce``
+default) every worker runs its own ``update-<step>-<first shard>`` from the
+root level's partial sums, and the next step's ``forward-backward`` tasks
+apply the same update first instead of waiting for it.
+
+Where the tasks run is :mod:`dtrain.placement`; what they compute is
+:mod:`dtrain.tasks`.
 
 A *window* chains many steps into one graph, starting from the state as a
 literal (``state-<step>``): the scheduler can recompute anything inside the
@@ -28,12 +34,12 @@ import numpy as np
 from dask.sizeof import sizeof
 from dask.task_spec import DataNode, Task, TaskRef
 
-from dtrain import live
 from dtrain.data import load_shard
-from dtrain.device import like, to_host
 from dtrain.model import Network
-from dtrain.optim import (ROUND_TAIL, Optimizer, Step, TrainState, average, local_sgd,
-                          sum_buffers, update)
+from dtrain.optim import ROUND_TAIL, Optimizer, Step, TrainState, average, update
+from dtrain.placement import Placement, Worker, place
+from dtrain.tasks import (average_and_report, evaluate, forward_backward, local_steps, reduce,
+                          update_and_report, update_copy, update_forward_backward)
 
 
 def fan_in(strategy: str, requested: int, shards: int) -> int:
@@ -50,150 +56,6 @@ def tree_depth(shards: int, k: int) -> int:
     while width > 1:
         width, depth = -(-width // k), depth + 1
     return depth
-
-
-# --- placement ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Worker:
-    """A worker as placement sees it: its address, whether it computes on a GPU, and its
-    relative speed (measured when CPU and GPU workers mix; else 1)."""
-
-    address: str
-    gpu: bool = False
-    weight: float = 1.0
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where tasks run: leaf ``i``'s tasks (shard ``i``, or slice ``i`` of a model-parallel
-    net) on ``leaves[i]``, the update on ``root``; ``gpus`` are the GPU workers."""
-
-    leaves: tuple[str, ...]
-    root: str
-    gpus: frozenset[str] = frozenset()
-
-    @property
-    def workers(self) -> list[str]:
-        return sorted(set(self.leaves) | {self.root})
-
-
-def place(workers: Sequence[Worker | str], shards: int, strategy: str) -> Placement:
-    """Assign shards to workers in contiguous blocks, so a reduce subtree stays on one worker.
-
-    Blocks are sized by the workers' weights (equal unless calibrated): a GPU
-    worker ten times faster than a CPU worker gets ten times the shards.
-    ``allreduce``: every worker holds shards, the update runs with shard 0.
-    ``parameter-server``: the first worker is the head; it reduces and updates
-    and holds no shard.
-    """
-    workers = [w if isinstance(w, Worker) else Worker(w) for w in workers]
-    head, trainers = (workers[0], workers[1:]) if strategy == "parameter-server" \
-        else (None, workers)
-    counts = blocks([w.weight for w in trainers], shards)
-    owner = tuple(w.address for w, n in zip(trainers, counts) for _ in range(n))
-    return Placement(owner, head.address if head else owner[0],
-                     frozenset(w.address for w in workers if w.gpu))
-
-
-def blocks(weights: Sequence[float], shards: int) -> list[int]:
-    """Shards per worker, in worker order, so the slowest worker finishes first.
-
-    Blocks proportional to the weights, unless shards are too few to split
-    that finely; then the fewest-time blocks (a worker too slow to help gets
-    none: a GPU five times faster than a CPU takes all 4 shards, rather than
-    3 while the CPU takes 1 and makes everyone wait for it).
-    """
-    edges = np.cumsum(weights) / sum(weights)
-    owner = [min(int(np.searchsorted(edges, (i + 0.5) / shards)), len(weights) - 1)
-             for i in range(shards)]
-    counts = [owner.count(j) for j in range(len(weights))]
-
-    def slowest(c: list[int]) -> float:
-        return max(n / w for n, w in zip(c, weights) if n)
-
-    def fill(limit: float) -> list[int] | None:       # greedy blocks within a time limit
-        out, left = [], shards
-        for w in weights:
-            out.append(min(left, int(limit * w + 1e-9)))
-            left -= out[-1]
-        return None if left else out
-
-    times = sorted({n / w for w in weights for n in range(1, shards + 1)})
-    lo, hi = 0, len(times) - 1
-    while lo < hi:                                     # the least feasible time limit
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if fill(times[mid]) else (mid + 1, hi)
-    best = fill(times[lo])
-    return best if best is not None and slowest(best) < slowest(counts) * (1 - 1e-9) \
-        else counts
-
-
-# --- tasks (run on workers) -----------------------------------------------------------------
-
-def forward_backward(net: Network, shuffle_seed: int | None, epoch: int, lo: int, hi: int,
-                     host: bool, state: TrainState, shard) -> Any:
-    """Summed gradient, loss and correct predictions of one shard's rows ``lo:hi`` this
-    epoch: ``[grad (P) | loss | correct]``, ``(P + 2,)``, computed where the shard lives
-    (host or GPU), returned to host memory if ``host``."""
-    x, y = shard.batch(epoch, lo, hi, shuffle_seed)
-    buf = net.loss_and_grad(like(state.vector[: net.size], x), x, y)
-    return to_host(buf) if host else buf
-
-
-def update_forward_backward(opt: Optimizer, prev: Step, shuffle_seed: int | None, epoch: int,
-                            lo: int, hi: int, host: bool, state: TrainState, shard,
-                            *grads) -> Any:
-    """A replicated update's first half: the update of step ``prev`` (exactly what that step's
-    ``update`` tasks compute), then :func:`forward_backward` from the new state, in one task."""
-    new = update(opt, prev, False, state, *grads)
-    return forward_backward(opt.net, shuffle_seed, epoch, lo, hi, host, new, shard)
-
-
-def reduce(host: bool, *grads) -> Any:
-    """Sum gradient buffers in the given (shard) order; to host memory if ``host``."""
-    total = sum_buffers(*grads)
-    return to_host(total) if host else total
-
-
-def local_steps(opt: Optimizer, shuffle_seed: int | None, steps: tuple[Step, ...], index: int,
-                host: bool, state: TrainState, shard) -> Any:
-    """Local SGD leaf: shard ``index`` runs ``steps`` alone from ``state``, where it lives."""
-    local = TrainState(like(state.vector, shard.x))
-    out = local_sgd(opt, steps, local,
-                    lambda s: shard.batch(s.epoch, *s.bounds[index], shuffle_seed))
-    return to_host(out) if host else out
-
-
-def update_and_report(opt: Optimizer, step: Step, run: str, host: bool, state: TrainState,
-                      *grads) -> TrainState:
-    """:func:`~dtrain.optim.update`, then a ``step`` event to the scheduler (see
-    :mod:`dtrain.live`); the event is queued, not waited for."""
-    new = update(opt, step, host, state, *grads)
-    live.step_event(run, step, state, new)
-    return new
-
-
-def average_and_report(opt: Optimizer, step: Step, run: str, host: bool, state: TrainState,
-                       *buffers) -> TrainState:
-    """:func:`~dtrain.optim.average` (a local SGD round's end), then a ``step`` event."""
-    new = average(opt, step, host, state, *buffers)
-    live.step_event(run, step, state, new)
-    return new
-
-
-def evaluate(net: Network, epoch: int, state: TrainState, part) -> dict[str, float]:
-    """Loss and accuracy of the state's parameters on a held-out shard (None: there is no
-    held-out data), plus the epoch's running train loss and accuracy (over its minibatches,
-    each predicted before its update)."""
-    out = {"epoch": epoch + 1}
-    if part is not None:
-        loss, correct, n = net.evaluate(like(state.vector[: net.size], part.x), part.x, part.y)
-        out.update(loss=loss / max(n, 1), accuracy=correct / max(n, 1))
-    if state.epoch_samples:
-        out["train_loss"] = state.epoch_loss / state.epoch_samples
-        out["train_accuracy"] = state.epoch_correct / state.epoch_samples
-    return out
 
 
 # --- builders ---------------------------------------------------------------------------------
@@ -323,12 +185,12 @@ def tree(win: Window, tag: str, leaves: list[Leaf], root: str, k: int, fuse: boo
     for g in level:
         readers_of.setdefault(g[0], set()).update({root, *readers})
     produced = {name: worker for name, _, worker in leaves} | {n: w for n, _, w in planned}
-    leaves_worker = {name: any(r != produced[name] for r in readers_of.get(name, ()))
+    crosses = {name: any(r != produced[name] for r in readers_of.get(name, ()))
                      for name in produced}
     for name, group, worker in planned:
-        win.add(Task(name, reduce, leaves_worker[name], *(TaskRef(g[0]) for g in group)),
+        win.add(Task(name, reduce, crosses[name], *(TaskRef(g[0]) for g in group)),
                 worker, nbytes)
-    return level, leaves_worker
+    return level, crosses
 
 
 def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, recipe: Recipe,
@@ -350,10 +212,10 @@ def add_step(win: Window, step: Step, state: str, shards: Sequence[TaskRef],
     ``host``: the new state must be in host memory (it leaves the root worker)."""
     leaves = [(key("forward-backward", step.index, i, run=run), i, placement.leaves[i])
               for i in range(len(shards))]
-    root, leaves_worker = _tree(win, step.index, leaves, placement, recipe, run)
+    root, crosses = _tree(win, step.index, leaves, placement, recipe, run)
     for (name, i, worker), (lo, hi) in zip(leaves, step.bounds):
         win.add(Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch, lo, hi,
-                     leaves_worker[name], TaskRef(state), shards[i]), worker,
+                     crosses[name], TaskRef(state), shards[i]), worker,
                 recipe.leaf_bytes)
     fn, extra = (update_and_report, (run,)) if recipe.reports(step) else (update, ())
     return win.add(Task(key("update", step.index, run=run), fn, recipe.opt, step, *extra, host,
@@ -379,7 +241,7 @@ def replicated_update(win: Window, carry: Carry, workers: Sequence[str], placeme
     out = dict(carry.base)
     for w in workers:
         fn, extra = (update_and_report, (run,)) if w == placement.root and recipe.reports(step) \
-            else (update, ())
+            else (update_copy, ())
         name = key("update", step.index, placement.leaves.index(w), run=run)
         out[w] = win.add(Task(name, fn, recipe.opt, step, *extra, host, TaskRef(carry.base[w]),
                               *(TaskRef(p) for p in partials)), w, recipe.state_bytes)
@@ -402,7 +264,7 @@ def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[
     workers = list(dict.fromkeys(placement.leaves))
     leaves = [(key("forward-backward", step.index, i, run=run), i, placement.leaves[i])
               for i in range(len(shards))]
-    top, leaves_worker = _tree(win, step.index, leaves, placement, recipe, run,
+    top, crosses = _tree(win, step.index, leaves, placement, recipe, run,
                                readers=() if last else workers)
     base = carry.base
     if carry.pending is not None:       # the previous step's updates, off the critical path
@@ -411,11 +273,11 @@ def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[
     for (name, i, worker), (lo, hi) in zip(leaves, step.bounds):
         if carry.pending is None:
             task = Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch,
-                        lo, hi, leaves_worker[name], TaskRef(carry.base[worker]), shards[i])
+                        lo, hi, crosses[name], TaskRef(carry.base[worker]), shards[i])
         else:
             prev, partials = carry.pending
             task = Task(name, update_forward_backward, recipe.opt, prev, recipe.shuffle_seed,
-                        step.epoch, lo, hi, leaves_worker[name], TaskRef(carry.base[worker]),
+                        step.epoch, lo, hi, crosses[name], TaskRef(carry.base[worker]),
                         shards[i], *(TaskRef(p) for p in partials))
         win.add(task, worker, recipe.leaf_bytes)
     return Carry(base, (step, [g[0] for g in top]))
@@ -427,10 +289,10 @@ def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[T
     last = steps[-1].index
     leaves = [(key("local-sgd", steps[0].index, i, run=run), i, placement.leaves[i])
               for i in range(len(shards))]
-    root, leaves_worker = _tree(win, last, leaves, placement, recipe, run)
+    root, crosses = _tree(win, last, leaves, placement, recipe, run)
     for name, i, worker in leaves:
         win.add(Task(name, local_steps, recipe.opt, recipe.shuffle_seed, tuple(steps), i,
-                     leaves_worker[name], TaskRef(state), shards[i]), worker,
+                     crosses[name], TaskRef(state), shards[i]), worker,
                 recipe.leaf_bytes)
     # the round is reported as its last step (its epoch sums restart with its first)
     report = dataclasses.replace(steps[0], index=last)

@@ -219,6 +219,17 @@ def fetch_timeline(client: Client, run: str) -> dict[str, Any] | None:
     return client.run_on_scheduler(_timeline_on_scheduler, run=run)
 
 
+def _last_step_on_scheduler(dask_scheduler: Any, run: str) -> dict[str, Any] | None:
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    log = plugin.runs.get(run) if plugin is not None else None
+    return log.last_step if log is not None else None
+
+
+def fetch_last_step(client: Client, run: str) -> dict[str, Any] | None:
+    """The newest ``step`` event the scheduler kept for ``run`` (None before the first)."""
+    return client.run_on_scheduler(_last_step_on_scheduler, run=run)
+
+
 # --- Prometheus ---------------------------------------------------------------------------
 
 class _Collector:

@@ -4,8 +4,9 @@
 time the workers report for each ``forward-backward``, ``reduce`` and
 ``update`` task, and the compute on each step's critical path (the slowest
 shard, the slowest task of each reduce level, the update; a replicated
-update is off that path, its copy inside the next ``forward-backward`` on it).  It keeps only the
-steps still in flight, so its memory does not grow with the run.
+update is off that path, its copy inside the next ``forward-backward`` on
+it).  It keeps only the steps still in flight, so its memory does not grow
+with the run.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from typing import Any
 
 from dask.sizeof import sizeof
 from distributed import Client, SchedulerPlugin, WorkerPlugin
+
+from dtrain import cluster
 
 
 def _compute_seconds(startstops: Any) -> float:
@@ -147,8 +150,6 @@ def peak_rss_mb() -> float:
 
 def worker_peak_rss_mb(client: Client) -> dict[str, float]:
     """Each worker's peak resident memory in MB, by worker name."""
-    from dtrain.cluster import scheduler_workers      # a fresh answer, not the client's cache
-
     peaks = client.run(peak_rss_mb)
-    names = {a: str(w.get("name", a)) for a, w in scheduler_workers(client).items()}
+    names = {a: str(w.get("name", a)) for a, w in cluster.scheduler_workers(client).items()}
     return {names.get(addr, addr): round(mb, 1) for addr, mb in sorted(peaks.items())}

@@ -34,12 +34,14 @@ import numpy as np
 from dask.sizeof import sizeof
 from dask.task_spec import DataNode, Task, TaskRef
 
-from dtrain.data import Shard
 from dtrain import live
-from dtrain.data import load_shards
-from dtrain.graph import DataItem, Placement, Recipe, Window, Worker, evaluate, key, tree
-from dtrain.model import ACTIVATIONS, LOSSES, TAIL, Layout, Network, align_on_unpickle, array_module
+from dtrain.data import Shard, load_shards
+from dtrain.graph import DataItem, Recipe, Window, key, tree
+from dtrain.model import (ACTIVATIONS, LOSSES, TAIL, Layout, Network, align_on_unpickle,
+                          array_module)
 from dtrain.optim import Optimizer, Step, TrainState, update
+from dtrain.placement import Placement, Worker
+from dtrain.tasks import evaluate
 
 
 # --- layout ------------------------------------------------------------------------------------
@@ -109,7 +111,7 @@ class Slicing:
     def split(self, state: TrainState, slots: int) -> tuple[TrainState, dict]:
         """The root's state (with the epoch sums) and each slice's, from a full state."""
         v = state.vector
-        root = state.sums(self._gather(v, self.root_index, slots))
+        root = state.with_vector(self._gather(v, self.root_index, slots))
         return root, {jm: TrainState(self._gather(v, idx, slots)) for jm, idx in self.index.items()}
 
     def join(self, root: TrainState, parts: dict, slots: int) -> TrainState:
@@ -121,7 +123,7 @@ class Slicing:
             n = len(index)
             for s in range(slots + 1):
                 v[index + s * P] = part.vector[s * n:(s + 1) * n]
-        return root.sums(v)
+        return root.with_vector(v)
 
 
 @align_on_unpickle

@@ -43,7 +43,7 @@ class TrainState:
     epoch_correct: int = 0
     _arrays = ("vector",)
 
-    def sums(self, vector: Any) -> TrainState:
+    def with_vector(self, vector: Any) -> TrainState:
         """A state with ``vector`` and this state's epoch sums."""
         return TrainState(vector, self.epoch_loss, self.epoch_samples, self.epoch_correct)
 
@@ -188,10 +188,10 @@ def update(opt: Optimizer, step: Step, host: bool, state: TrainState, *grads) ->
     loss = float(grad[opt.net.size])
     if not math.isfinite(loss):
         raise Diverged(step.index, step.epoch, loss)
-    state = state.sums(like(state.vector, grad))
+    state = state.with_vector(like(state.vector, grad))
     with np.errstate(all="ignore"):   # overflow shows up as a non-finite loss next step
         new = opt.apply(state, grad, step)
-    return new.sums(to_host(new.vector)) if host else new
+    return new.with_vector(to_host(new.vector)) if host else new
 
 
 def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch) -> Any:

@@ -228,23 +228,49 @@ class Progress:
 
 
 class PlainProgress:
-    """Off a terminal: a :func:`progress_line` from the step events, once ``every`` seconds
-    have passed without a console line (a long epoch is not silent; a short one adds
-    nothing to its epoch line)."""
+    """Off a terminal: a :func:`progress_line` once ``every`` seconds have passed without a
+    console line (a long epoch is not silent; a short one adds nothing to its epoch line).
+
+    With ``latest`` (a callable that returns the run's newest ``step`` event, or None) a
+    daemon thread asks for it every ``every`` seconds: one message per interval, none per
+    training step.
+    """
+
+    MIN_POLL = 0.05          # seconds between asks, however small ``every`` is
 
     def __init__(self, say: Echo, epochs: int, steps_per_epoch: int, train_samples: int,
-                 every: float):
+                 every: float, latest: Callable[[], dict[str, Any] | None] | None = None):
         self.say, self.every = say, every
         self.epochs, self.steps = epochs, epochs * steps_per_epoch
         self.rate = live.StepRate(train_samples)
         self.last = time.monotonic()
+        self.stopped = threading.Event()
+        self.thread = None
+        if latest is not None:
+            self.thread = threading.Thread(target=self._poll, args=(latest,), daemon=True,
+                                           name="dtrain-plain-progress")
+            self.thread.start()
+
+    def _poll(self, latest: Callable[[], dict[str, Any] | None]) -> None:
+        while not self.stopped.wait(max(self.every, self.MIN_POLL)):
+            try:
+                msg = latest()
+            except Exception:      # the cluster is going away: so is the run
+                return
+            if msg is not None:
+                self.step(msg)
+
+    def close(self) -> None:
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
 
     def quiet(self) -> None:
         """A console line was just written: the silence starts again."""
         self.last = time.monotonic()
 
     def step(self, msg: dict[str, Any]) -> None:
-        """A ``step`` event (arrives on the client's event loop)."""
+        """A ``step`` event: printed if the console has been silent for ``every`` seconds."""
         rate = self.rate.add(msg)
         if time.monotonic() - self.last >= self.every:
             self.say(progress_line(msg, self.steps, self.epochs, rate))
@@ -351,11 +377,13 @@ class Recorder:
         # asked fresh: the client's cached worker list can be empty
         client.log_event(topic, {**self.meta, "workers": len(cluster.workers(client))})
         self._start_bar()
-        if self.bar is None and self.echo is not None and self.plain_every > 0:
-            self.plain = PlainProgress(self.say, self.meta["epochs"], self.meta["steps_per_epoch"],
-                                       self.meta["train_samples"], self.plain_every)
-        if self.bar is not None or self.plain is not None:
+        if self.bar is not None:                 # every step event, to move the bar
             client.subscribe_topic(topic, self._on_event)
+        elif self.echo is not None and self.plain_every > 0:
+            run = self.meta["run"]
+            self.plain = PlainProgress(self.say, self.meta["epochs"], self.meta["steps_per_epoch"],
+                                       self.meta["train_samples"], self.plain_every,
+                                       lambda: live.fetch_last_step(client, run))
 
     @contextlib.contextmanager
     def attached(self, client: Any) -> Iterator[None]:
@@ -370,11 +398,9 @@ class Recorder:
         msg = event[1]
         if not isinstance(msg, dict) or msg.get("kind") != "step":
             return
-        bar, plain = self.bar, self.plain       # the driver may drop them meanwhile
+        bar = self.bar                          # the driver may drop it meanwhile
         if bar is not None:
             bar.step(msg)
-        elif plain is not None:
-            plain.step(msg)
 
     def detach(self) -> None:
         """Say the run has ended and fetch its task records, while the client is still up."""
@@ -383,8 +409,10 @@ class Recorder:
             return
         topic = live.topic(self.meta["run"])
         plain, self.plain = self.plain, None
+        if plain is not None:
+            plain.close()
         try:
-            if self.bar is not None or plain is not None:
+            if self.bar is not None:
                 client.unsubscribe_topic(topic)
             client.log_event(topic, {"kind": "end"})
             if self.run_dir is not None:                 # for timeline.json

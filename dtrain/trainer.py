@@ -164,18 +164,39 @@ def resume(run_dir: str | Path, *, config: Config | None = None, client: Client 
     RunResult
         Whose ``params`` are byte-for-byte those of an uninterrupted run.
     """
+    return resume_checked(check_resume(run_dir, config), client=client, echo=echo)
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """A run directory checked for resuming, with its config and last checkpoint (None: the
+    run was killed before its first one)."""
+
+    run_dir: Path
+    config: Config
+    checkpoint: checkpoint.Checkpoint | None
+
+
+def check_resume(run_dir: str | Path, config: Config | None = None) -> Resumption:
+    """Everything :func:`resume` checks before it starts a cluster (a run dtrain started and
+    did not finish, the same config but for ``[cluster]``, a readable checkpoint), reading
+    the checkpoint once."""
     run_dir = Path(run_dir)
     config = checkpoint.resumable(run_dir, config)
-    the_plan = plan(config)
     saved = checkpoint.load(run_dir)
-    start = Start(the_plan.initial_state())
-    if saved is not None:
-        ckpt, _ = saved
-        start = Start(ckpt.state, ckpt.step, ckpt.epochs_done)
-    recorder = Recorder(config, run_dir, echo, resume_epochs=start.epochs_done)
+    return Resumption(run_dir, config, saved[0] if saved is not None else None)
+
+
+def resume_checked(point: Resumption, *, client: Client | None = None,
+                   echo: Echo | None = print) -> RunResult:
+    """:func:`resume` from a :func:`check_resume` result."""
+    the_plan, ckpt = plan(point.config), point.checkpoint
+    start = Start(ckpt.state, ckpt.step, ckpt.epochs_done) if ckpt is not None \
+        else Start(the_plan.initial_state())
+    recorder = Recorder(point.config, point.run_dir, echo, resume_epochs=start.epochs_done)
     if start.step:
-        recorder.say(f"resuming {run_dir} at step {start.step} of {len(the_plan.schedule)} "
-                     f"(epoch {start.epochs_done + 1})")
+        recorder.say(f"resuming {point.run_dir} at step {start.step} of "
+                     f"{len(the_plan.schedule)} (epoch {start.epochs_done + 1})")
     return _run(the_plan, recorder, start, client)
 
 

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -84,12 +83,13 @@ def test_every_dtrain_strategy_has_a_contender_with_its_own_config(shared_data):
         assert note and "has none" in note and "hidden" in note
     assert [c.synchronous for c in (local, split, threads)] == [False, True, True]
     # pencil-and-paper bytes per step for the others: P = 9 parameters of 4 bytes
-    assert BY_NAME["mpi-allreduce"].formula_bytes(9, 4, 1) == 0
-    assert BY_NAME["mpi-allreduce"].formula_bytes(9, 4, 4) == 2 * 3 * 40     # 2 (W - 1) buffers
-    assert BY_NAME["mpi-allreduce"].formula_bytes(9, 4, 2, buffer=11) == 2 * 44
-    assert BY_NAME["mpi-ps"].formula_bytes(9, 4, 2) == 2 * (40 + 36)      # gather + broadcast
-    assert BY_NAME["torch-ddp"].formula_bytes(9, 4, 2) == 2 * 36
-    assert BY_NAME["dtrain-allreduce"].formula_bytes(9, 4, 2) is None    # dtrain measures
+    # P = 9 parameters of 4 bytes; dtrain's buffer has P + 2 = 11 numbers
+    assert BY_NAME["mpi-allreduce"].formula_bytes(9, 4, 1, 11) == 0
+    assert BY_NAME["mpi-allreduce"].formula_bytes(9, 4, 4, 11) == 2 * 3 * 44  # 2 (W - 1) buffers
+    assert BY_NAME["mpi-allreduce"].formula_bytes(9, 4, 2, 11) == 2 * 44
+    assert BY_NAME["mpi-ps"].formula_bytes(9, 4, 2, 11) == 2 * (44 + 36)  # gather + broadcast
+    assert BY_NAME["torch-ddp"].formula_bytes(9, 4, 2, 11) == 2 * 36
+    assert BY_NAME["dtrain-allreduce"].formula_bytes(9, 4, 2, 11) is None  # dtrain measures
 
 
 def test_bad_arguments_are_one_line_and_exit_2():
@@ -294,11 +294,12 @@ def test_the_performance_model_counts_the_tasks_dtrain_builds(workers, k):
 
     from benchmarks.model import tasks_per_step
     from dtrain import graph, load_config
+    from dtrain.placement import place
 
     p = plan(load_config(None, [f"data.shards={workers}", f"graph.fan_in={k}",
                                 "train.epochs=1"]))
     names = [f"w{i}" for i in range(workers)]
-    placement = graph.place(names, workers, "allreduce")
+    placement = place(names, workers, "allreduce")
     win = graph.window_graph([p.schedule[1]], p.initial_state(),
                              [TaskRef(f"load-shard-{i}") for i in range(workers)],
                              TaskRef("load-val"), placement, p.recipe, "run")

@@ -8,7 +8,7 @@ from distributed import Client, Security
 
 import dtrain
 from conftest import run_cli
-from dtrain import cluster, mpi
+from dtrain import cluster, mpi, rankgpus
 from dtrain.config import ClusterConfig, ConfigError
 from dtrain.errors import UserError
 
@@ -71,10 +71,10 @@ def test_ranks_needed(strategy, ranks):
 
 
 def test_gpus_are_dealt_round_robin_to_the_worker_ranks_of_a_node(monkeypatch):
-    assert [mpi.gpu_for(i, ["0", "1", "2"]) for i in range(5)] == ["0", "1", "2", "0", "1"]
-    assert mpi.gpu_for(0, []) is None
+    assert [rankgpus.gpu_for(i, ["0", "1", "2"]) for i in range(5)] == ["0", "1", "2", "0", "1"]
+    assert rankgpus.gpu_for(0, []) is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    assert mpi.visible_gpus() == ["3", "5"]
-    assert mpi.pin_gpu("cpu", 1) is None
-    assert mpi.pin_gpu("gpu", 1) == "5"
+    assert rankgpus.visible_gpus() == ["3", "5"]
+    assert rankgpus.pin_gpu("cpu", 1) is None
+    assert rankgpus.pin_gpu("gpu", 1) == "5"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"     # monkeypatch restores it

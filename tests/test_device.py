@@ -16,14 +16,17 @@ import dtrain
 from dtrain import cluster, device, graph
 from dtrain.config import CONFIG_DIR, ClusterConfig
 from dtrain.errors import UserError
+from dtrain.placement import Worker, blocks, place
+from dtrain.report import split_lines
+from dtrain.tasks import update_and_report
 from dtrain.trainer import plan
 
 
 def test_weighted_placement_gives_fast_workers_more_shards():
-    ws = [graph.Worker("gpu", True, 9.0), graph.Worker("cpu", False, 1.0)]
-    p = graph.place(ws, 10, "allreduce")
+    ws = [Worker("gpu", True, 9.0), Worker("cpu", False, 1.0)]
+    p = place(ws, 10, "allreduce")
     assert p.leaves == ("gpu",) * 9 + ("cpu",) and p.root == "gpu" and p.gpus == {"gpu"}
-    assert graph.place(["a", "b"], 5, "allreduce").leaves == ("a", "a", "a", "b", "b")
+    assert place(["a", "b"], 5, "allreduce").leaves == ("a", "a", "a", "b", "b")
 
 
 @pytest.mark.parametrize("weights, shards, expected", [
@@ -33,7 +36,7 @@ def test_weighted_placement_gives_fast_workers_more_shards():
     ((2.0, 1.0), 6, [4, 2]),
 ])
 def test_blocks_let_no_kind_wait_for_the_other(weights, shards, expected):
-    counts = graph.blocks(weights, shards)
+    counts = blocks(weights, shards)
     assert counts == expected and sum(counts) == shards
     slowest = max(n / w for n, w in zip(counts, weights) if n)
     # no other split into contiguous blocks finishes sooner
@@ -46,7 +49,7 @@ def test_blocks_let_no_kind_wait_for_the_other(weights, shards, expected):
 
 def test_values_leave_the_gpu_only_to_cross_workers():
     p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=root"]))
-    placement = graph.place([graph.Worker("g", True), graph.Worker("c", False)], 4, "allreduce")
+    placement = place([Worker("g", True), Worker("c", False)], 4, "allreduce")
     win = graph.window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
                              [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
     def host(key: str) -> bool:                        # the flag each task was given
@@ -54,13 +57,13 @@ def test_values_leave_the_gpu_only_to_cross_workers():
         if key.startswith("forward"):
             return task.args[5]
         if key.startswith("update"):                   # update(opt, step, [run,] host, ...)
-            return task.args[3 if task.func is graph.update_and_report else 2]
+            return task.args[3 if task.func is update_and_report else 2]
         return task.args[0]
     assert [host(f"forward-backward-0-{i}-r") for i in range(4)] == [False, False, False, False]
     assert host("reduce-0-1-0-r") is False                # summed on g, consumed on g
     assert host("reduce-0-1-2-r") is True                 # made on c, consumed by g's update
     assert host("update-0-r") is True                     # the state goes to worker c too
-    single = graph.place([graph.Worker("g", True)], 4, "allreduce")
+    single = place([Worker("g", True)], 4, "allreduce")
     win = graph.window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
                              [TaskRef(f"s{i}") for i in range(4)], None, single, p.recipe, "r")
     assert host("update-0-r") is False                    # one GPU: the state stays on it
@@ -113,7 +116,6 @@ def test_mixed_cluster_places_by_measured_speed_and_marks_gpu_tasks(tmp_path):
                          out=tmp_path / "mixed", echo=echo)
     split = r.summary["work_split"]
     assert [v["device"] for v in split.values()] == ["gpu", "gpu", "cpu"]
-    from dtrain.report import split_lines
     (line,) = split_lines(r.summary)                   # the console and report.html say it
     assert line.startswith("work split: worker 0 (gpu)") and "worker 2 (cpu)" in line
     assert line.split("work split: ")[1] in (tmp_path / "mixed" / "report.html").read_text()

@@ -8,6 +8,7 @@ from dask.task_spec import DataNode, TaskRef
 
 from dtrain import data, graph
 from dtrain.config import load_config
+from dtrain.placement import place
 from dtrain.trainer import plan
 
 RUN = "t0"
@@ -24,7 +25,7 @@ def _plan(shards=4, strategy="allreduce", fan_in=2, fuse=True, update="root", **
 
 
 def _window(p, steps, workers=("w0", "w1"), shard_refs=None):
-    placement = graph.place(list(workers), len(p.ranges), p.config.graph.strategy)
+    placement = place(list(workers), len(p.ranges), p.config.graph.strategy)
     refs = shard_refs or [TaskRef(f"load-shard-{i}") for i in range(len(p.ranges))]
     win = graph.window_graph([p.schedule[t] for t in steps], p.initial_state(), refs,
                              TaskRef("load-val"), placement, p.recipe, RUN)
@@ -247,3 +248,37 @@ def test_bytes_per_step_from_the_graph(strategy, update, expected):
     located["load-val"] = placement.root
     assert win.transfer_bytes(located) == expected
     assert all(src != dst for _, src, dst in win.transfers(located))
+
+
+def test_a_worker_computes_each_replicated_update_once(monkeypatch):
+    """The update task and the next step's forward-backward tasks on one worker get the same
+    input objects: the update is computed once among them, and it is the same update."""
+    from dtrain import tasks
+    p = _plan(shards=2, update="replicated")
+    calls = []
+    real = tasks.update
+    monkeypatch.setattr(tasks, "update", lambda *a: calls.append(a[1].index) or real(*a))
+    shard = data.load_shard(p.config.data, 0, *p.ranges[0], p.info.train, "float64")
+    state, step = p.initial_state(), p.schedule[0]
+    grads = tuple(tasks.forward_backward(p.net, None, 0, lo, hi, False, state, shard)
+                  for lo, hi in [step.bounds[0], step.bounds[0]])
+    nxt = p.schedule[1]
+    out = [tasks.update_forward_backward(p.opt, step, None, 0, *nxt.bounds[0], False, state,
+                                         shard, *grads) for _ in range(2)]
+    copy = tasks.update_copy(p.opt, step, False, state, *grads)
+    assert calls == [0]                                   # three users, one update
+    assert copy.vector.tobytes() == real(p.opt, step, False, state, *grads).vector.tobytes()
+    assert out[0].tobytes() == out[1].tobytes()
+    tasks.update_copy(p.opt, step, False, state, *(g.copy() for g in grads))
+    assert calls == [0, 0]                                # other inputs: computed again
+    tasks.update_copy(p.opt, step, True, state, *grads)
+    assert calls == [0, 0, 0]                             # for the driver: always computed
+
+
+@pytest.mark.parametrize("optimizer, slots", [("sgd", 0), ("momentum", 1), ("adam", 2)])
+def test_replicated_updates_move_gradients_never_the_optimizer_slots(optimizer, slots):
+    p = _plan(shards=4, update="replicated", **{"optim.name": optimizer})
+    win, placement = _window(p, [0, 1, 2])
+    located = {f"load-shard-{i}": w for i, w in enumerate(placement.leaves)}
+    state = (1 + slots) * 131 * 8 + 64                     # the window's start, sent once
+    assert win.transfer_bytes(located) == state + 2 * 2 * 1064 + 1064

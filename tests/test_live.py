@@ -25,6 +25,8 @@ import dtrain
 from browser import bokeh_figures, errors, open_browser, screenshot
 from conftest import REPO
 from dtrain import data, graph, live, readable
+from dtrain.placement import place
+from dtrain.tasks import update_and_report
 from dtrain.tasktypes import numbers, run_of, task_type
 from dtrain.trainer import plan
 
@@ -34,7 +36,7 @@ from dtrain.trainer import plan
 def test_every_key_the_graph_builds_reads_back():
     p = plan(dtrain.load_config(None, ["data.shards=5", "graph.fuse_update=false",
                                        "train.batch_size=1000"]))
-    where = graph.place(["a", "b"], 5, "allreduce")
+    where = place(["a", "b"], 5, "allreduce")
     shards = [TaskRef(graph.key("load-shard", i, run="12345678")) for i in range(5)]
     val = TaskRef(graph.key("load-val", run="12345678"))
     win = graph.window_graph([p.schedule[0]], p.initial_state(), shards, val, where, p.recipe,
@@ -127,8 +129,8 @@ def test_update_outside_a_worker_sends_nothing():
             cfg.data, i, a, b, p.info.train, cfg.model.dtype)) for i, (a, b) in enumerate(p.ranges)]
         win = graph.window_graph([p.schedule[t] for t in range(3)], p.initial_state(),
                                  [TaskRef(s.key) for s in shards], None,
-                                 graph.place(["w"], 2, "allreduce"), p.recipe, run)
-        assert (win.dsk[win.ends[0]].func is graph.update_and_report) == bool(every)
+                                 place(["w"], 2, "allreduce"), p.recipe, run)
+        assert (win.dsk[win.ends[0]].func is update_and_report) == bool(every)
         states.append(dask.get({**win.dsk, **{s.key: s for s in shards}}, win.ends[0]))
     assert (states[0].vector == states[1].vector).all()
 

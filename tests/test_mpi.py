@@ -191,10 +191,11 @@ def test_tls_keeps_strangers_out(tmp_path):
 
 LOCAL_RANKS = """
 from mpi4py import MPI
-from dtrain import mpi
+from dtrain import rankgpus
 comm = MPI.COMM_WORLD
-index = mpi.local_worker_index(comm, is_worker=comm.rank != 0)
-row = [comm.rank, mpi.local_rank(), index, mpi.pin_gpu("gpu", index), mpi.pin_gpu("cpu", index)]
+index = rankgpus.local_worker_index(comm, is_worker=comm.rank != 0)
+row = [comm.rank, rankgpus.local_rank(), index, rankgpus.pin_gpu("gpu", index),
+       rankgpus.pin_gpu("cpu", index)]
 rows = comm.gather(row)
 if comm.rank == 0:
     print(rows)

@@ -120,8 +120,8 @@ def test_console_without_a_terminal_is_plain_lines(tmp_path):
 
 
 def test_console_without_a_terminal_prints_progress_lines_in_a_long_epoch(client, monkeypatch):
-    """Off a terminal, the step events give a plain progress line once ``PLAIN_EVERY`` seconds
-    pass without a console line (here almost at once: every step event prints one)."""
+    """Off a terminal, a plain progress line comes once ``PLAIN_EVERY`` seconds pass without a
+    console line (here almost at once: every ask for the newest step event prints one)."""
     from dtrain import report
     monkeypatch.setattr(report, "PLAIN_EVERY", 1e-6)
     lines: list[str] = []

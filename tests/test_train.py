@@ -11,8 +11,9 @@ from distributed import Client, LocalCluster
 
 import dtrain
 from conftest import assert_moved_as_predicted
-from dtrain import cluster, graph
+from dtrain import cluster
 from dtrain.engines import DaskEngine
+from dtrain.placement import place
 from dtrain.trainer import plan
 
 QUICK = ["train.epochs=4", "optim.name=momentum", "data.shards=5", "graph.fan_in=2"]
@@ -89,7 +90,7 @@ def test_shards_are_built_on_their_workers(client):
     p = plan(dtrain.load_config(None, ["data.shards=4"]))
     engine = DaskEngine(p, client)
     placement = engine._place()
-    assert placement == graph.place(cluster.worker_addresses(client), 4, "allreduce")
+    assert placement == place(cluster.worker_addresses(client), 4, "allreduce")
     engine._load_parts(placement)                           # waits for the loading tasks
     where = client.who_has(engine.data)
     assert [where[f.key] for f in engine.data] == [(w,) for w in placement.leaves]

@@ -1,0 +1,114 @@
+"""The functions a training graph's tasks run on the workers: pure, over NumPy or CuPy.
+
+Each takes the run's constants first (baked into the task) and the values of
+its dependencies last; a ``host`` flag says whether the result must leave GPU
+memory because another worker reads it.
+"""
+from __future__ import annotations
+
+import operator
+import threading
+from collections import deque
+from typing import Any
+
+from dtrain import live
+from dtrain.device import like, to_host
+from dtrain.model import Network
+from dtrain.optim import (Optimizer, Step, TrainState, average, local_sgd, sum_buffers,
+                          update)
+
+
+def forward_backward(net: Network, shuffle_seed: int | None, epoch: int, lo: int, hi: int,
+                     host: bool, state: TrainState, shard) -> Any:
+    """Summed gradient, loss and correct predictions of one shard's rows ``lo:hi`` this
+    epoch: ``[grad (P) | loss | correct]``, ``(P + 2,)``, computed where the shard lives
+    (host or GPU), returned to host memory if ``host``."""
+    x, y = shard.batch(epoch, lo, hi, shuffle_seed)
+    buf = net.loss_and_grad(like(state.vector[: net.size], x), x, y)
+    return to_host(buf) if host else buf
+
+
+# The updates a worker applied last, with the very input objects they were applied to: a
+# replicated update task and the next step's forward-backward tasks on the same worker get
+# the same objects from the worker's memory, so whichever runs first computes the update
+# and the others reuse it (the function is pure, so this changes no bit).
+_recent: deque[tuple[Optimizer, Step, TrainState, tuple, TrainState]] = deque(maxlen=2)
+_recent_lock = threading.Lock()
+
+
+def _update_once(opt: Optimizer, step: Step, host: bool, state: TrainState,
+                 grads: tuple) -> TrainState:
+    """:func:`~dtrain.optim.update`, computed once per worker for the same inputs."""
+    if host:                                   # the window's end, for the driver: once anyway
+        return update(opt, step, True, state, *grads)
+    with _recent_lock:
+        for o, st, s, gs, new in _recent:
+            if s is state and len(gs) == len(grads) and all(map(operator.is_, gs, grads)) \
+                    and st == step and o == opt:
+                return new
+    new = update(opt, step, False, state, *grads)
+    with _recent_lock:
+        _recent.append((opt, step, state, grads, new))
+    return new
+
+
+def update_copy(opt: Optimizer, step: Step, host: bool, state: TrainState,
+                *grads) -> TrainState:
+    """A replicated update: this worker's copy of the state after ``step``."""
+    return _update_once(opt, step, host, state, grads)
+
+
+def update_forward_backward(opt: Optimizer, prev: Step, shuffle_seed: int | None, epoch: int,
+                            lo: int, hi: int, host: bool, state: TrainState, shard,
+                            *grads) -> Any:
+    """A replicated update's first half: the update of step ``prev`` (what that step's
+    ``update`` task on this worker computes, and shares), then :func:`forward_backward`
+    from the new state, in one task."""
+    new = _update_once(opt, prev, False, state, grads)
+    return forward_backward(opt.net, shuffle_seed, epoch, lo, hi, host, new, shard)
+
+
+def reduce(host: bool, *grads) -> Any:
+    """Sum gradient buffers in the given (shard) order; to host memory if ``host``."""
+    total = sum_buffers(*grads)
+    return to_host(total) if host else total
+
+
+def local_steps(opt: Optimizer, shuffle_seed: int | None, steps: tuple[Step, ...], index: int,
+                host: bool, state: TrainState, shard) -> Any:
+    """Local SGD leaf: shard ``index`` runs ``steps`` alone from ``state``, where it lives."""
+    local = TrainState(like(state.vector, shard.x))
+    out = local_sgd(opt, steps, local,
+                    lambda s: shard.batch(s.epoch, *s.bounds[index], shuffle_seed))
+    return to_host(out) if host else out
+
+
+def update_and_report(opt: Optimizer, step: Step, run: str, host: bool, state: TrainState,
+                      *grads) -> TrainState:
+    """:func:`~dtrain.optim.update` (shared as in :func:`update_copy`), then a ``step``
+    event to the scheduler (see :mod:`dtrain.live`); the event is queued, not waited for."""
+    new = _update_once(opt, step, host, state, grads)
+    live.step_event(run, step, state, new)
+    return new
+
+
+def average_and_report(opt: Optimizer, step: Step, run: str, host: bool, state: TrainState,
+                       *buffers) -> TrainState:
+    """:func:`~dtrain.optim.average` (a local SGD round's end), then a ``step`` event."""
+    new = average(opt, step, host, state, *buffers)
+    live.step_event(run, step, state, new)
+    return new
+
+
+def evaluate(net: Network, epoch: int, state: TrainState, part) -> dict[str, float]:
+    """Loss and accuracy of the state's parameters on a held-out shard (None: there is no
+    held-out data), plus the epoch's running train loss and accuracy (over its minibatches,
+    each predicted before its update)."""
+    out = {"epoch": epoch + 1}
+    if part is not None:
+        loss, correct, n = net.evaluate(like(state.vector[: net.size], part.x), part.x, part.y)
+        out.update(loss=loss / max(n, 1), accuracy=correct / max(n, 1))
+    if state.epoch_samples:
+        out["train_loss"] = state.epoch_loss / state.epoch_samples
+        out["train_accuracy"] = state.epoch_correct / state.epoch_samples
+    return out
