@@ -133,6 +133,9 @@ class GraphConfig:
                          "for allreduce")
     step_events: int = at_least(1, 0, "steps between live metrics events from the update "
                                 "task to the scheduler (0: none)")
+    state_every: int = at_least(8, 1, "replicated updates: steps between the tasks that keep "
+                                "each worker's state (fewer tasks per step; a lost worker "
+                                "costs at most this many updates again)")
 
 
 @dataclass(frozen=True)

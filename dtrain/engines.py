@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 
 INLINE_MAX_BYTES = 1 << 20    # states up to this size are reduced and updated in the event loop
+INLINE_MAX_FLOPS = 2e6        # forward-backward tasks up to this are too (~1 ms of NumPy)
 
 
 @dataclass(frozen=True)
@@ -239,11 +240,16 @@ class DaskEngine:
         def resources(key: str) -> dict:            # the maths of shards on GPU workers
             return need if win.where[key][0] in gpus and graph.is_leaf(key) else {}
 
-        inline = self.plan.recipe.state_bytes <= INLINE_MAX_BYTES and self.inline
+        p = self.plan
+        inline = p.recipe.state_bytes <= INLINE_MAX_BYTES and self.inline
+        rows = p.config.train.batch_size / len(p.ranges)       # rows per leaf and step
+        tiny = inline and not isinstance(p.strategy, ModelParallel) and \
+            p.recipe.strategy != "local-sgd" and 6 * rows * p.net.size <= INLINE_MAX_FLOPS
 
         def executor(key: str) -> str:           # small reduce/update: no thread handoff
-            return cluster.INLINE if inline and key.startswith(("update-", "reduce-")) \
-                else "default"
+            small = key.startswith(("update-", "reduce-")) or \
+                (tiny and key.startswith("forward-backward-"))
+            return cluster.INLINE if inline and small and not resources(key) else "default"
 
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
                            resources=resources, executor=executor):

@@ -26,6 +26,7 @@ window after a worker loss, and forgets it once the window is done.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 from dask.sizeof import sizeof
 from dask.task_spec import DataNode, Task, TaskRef
+from dask.tokenize import normalize_token
 
 from dtrain.data import load_shard
 from dtrain.model import Network
@@ -83,6 +85,7 @@ class Recipe:
     sync_every: int = 1
     step_events: int = 0           # send a step event every this many steps (0: never)
     replicated: bool = False       # every worker applies each update (add_replicated_step)
+    state_every: int = 1           # replicated: steps between the tasks keeping each state
 
     def reports(self, step: Step) -> bool:
         """Whether ``step``'s update sends a step event (always at an epoch's end)."""
@@ -102,6 +105,21 @@ class Recipe:
         return width * np.dtype(self.net.dtype).itemsize
 
 
+class TaskGraph(dict):
+    """A plain dict of tasks, with a Dask token of its own: the graph is submitted once and
+    its keys are already unique, while tokenizing it task by task (what ``Client.get`` does
+    to name it) costs the driver about 0.3 ms per task on every window's critical path."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.token = uuid.uuid4().hex
+
+
+@normalize_token.register(TaskGraph)
+def _token(graph: TaskGraph) -> str:
+    return graph.token
+
+
 @dataclass
 class Window:
     """A graph of consecutive steps, with the placement and output size of every key.
@@ -110,7 +128,7 @@ class Window:
     ``join`` turns those values into one :class:`~dtrain.optim.TrainState`.
     """
 
-    dsk: dict[str, Task | DataNode] = field(default_factory=dict)
+    dsk: TaskGraph = field(default_factory=TaskGraph)     # {key: Task | DataNode}
     where: dict[str, list[str]] = field(default_factory=dict)
     nbytes: dict[str, int] = field(default_factory=dict)    # as Dask's sizeof counts them
     ends: list[str] = field(default_factory=list)
@@ -217,34 +235,46 @@ def add_step(win: Window, step: Step, state: str, shards: Sequence[TaskRef],
         win.add(Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch, lo, hi,
                      crosses[name], TaskRef(state), shards[i]), worker,
                 recipe.leaf_bytes)
-    fn, extra = (update_and_report, (run,)) if recipe.reports(step) else (update, ())
-    return win.add(Task(key("update", step.index, run=run), fn, recipe.opt, step, *extra, host,
+    fn, extra = (update_and_report, ((step,), run)) if recipe.reports(step) \
+        else (update, (step,))
+    return win.add(Task(key("update", step.index, run=run), fn, recipe.opt, *extra, host,
                         TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
                    recipe.state_bytes)
+
+
+Link = tuple[Step, tuple[TaskRef, ...]]     # a step, and its reduced partial sums
 
 
 @dataclass(frozen=True)
 class Carry:
     """What a replicated step hands to the next: on worker ``w`` the state before the step
-    is ``update(opt, pending step, base[w], *pending partials)``, or ``base[w]`` itself
-    when nothing is pending (a window's first step)."""
+    is ``base[w]`` after the updates of the ``chain``'s steps, in order."""
 
     base: dict[str, str]
-    pending: tuple[Step, list[str]] | None = None
+    chain: tuple[Link, ...] = ()
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return tuple(step for step, _ in self.chain)
+
+    @property
+    def partials(self) -> list[TaskRef]:
+        return [ref for _, refs in self.chain for ref in refs]
 
 
 def replicated_update(win: Window, carry: Carry, workers: Sequence[str], placement: Placement,
                       recipe: Recipe, run: str, host: bool) -> dict[str, str]:
-    """``update-<step>-<first shard>`` on each of ``workers``: the pending update, applied
-    to each worker's own copy of the state.  Returns the new state key per worker."""
-    step, partials = carry.pending
+    """``update-<step>-<first shard>`` on each of ``workers``: the chain's updates, applied
+    to each worker's own copy of the state, named by the chain's last step.  The window's
+    end (``host``) also sends that step's event.  Returns the new state key per worker."""
+    last = carry.chain[-1][0]
     out = dict(carry.base)
     for w in workers:
-        fn, extra = (update_and_report, (run,)) if w == placement.root and recipe.reports(step) \
+        fn, extra = (update_and_report, (run,)) if host and recipe.reports(last) \
             else (update_copy, ())
-        name = key("update", step.index, placement.leaves.index(w), run=run)
-        out[w] = win.add(Task(name, fn, recipe.opt, step, *extra, host, TaskRef(carry.base[w]),
-                              *(TaskRef(p) for p in partials)), w, recipe.state_bytes)
+        name = key("update", last.index, placement.leaves.index(w), run=run)
+        out[w] = win.add(Task(name, fn, recipe.opt, carry.steps, *extra, host,
+                              TaskRef(carry.base[w]), *carry.partials), w, recipe.state_bytes)
     return out
 
 
@@ -253,34 +283,41 @@ def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[
     """Add one minibatch where every worker applies the update itself, as DDP and Horovod do.
 
     The gradients are tree-reduced as in :func:`add_step` up to the root
-    level, whose few partial sums every worker reads.  Each worker's
-    ``update-<step>-<first shard>`` applies the step to its own copy of the
-    state, and each ``forward-backward`` of the next step applies the same
-    update first (the same function on the same bytes, so the same result)
-    instead of waiting for it: a step costs one scheduler round trip instead
-    of two, and only gradients cross the network.  ``last``: no step follows
-    in this window, so only the root reads the partials.
+    level, whose few partial sums every worker reads.  Each ``forward-backward``
+    applies the updates of the steps since its worker's state was last kept
+    (the carry's chain) and then computes, so a step costs one scheduler
+    round trip instead of two, and only gradients cross the network.  Every
+    ``recipe.state_every`` steps, and after an epoch's last step (its
+    evaluation reads the state), ``update-<step>-<first shard>`` keeps each
+    worker's state; between them a worker computes each update once, for all
+    the tasks that apply it (:mod:`dtrain.tasks`).  The root's first
+    ``forward-backward`` sends the chain's last step event.  ``last``: no
+    step follows in this window, so only the root reads the partials.
     """
     workers = list(dict.fromkeys(placement.leaves))
     leaves = [(key("forward-backward", step.index, i, run=run), i, placement.leaves[i])
               for i in range(len(shards))]
     top, crosses = _tree(win, step.index, leaves, placement, recipe, run,
-                               readers=() if last else workers)
-    base = carry.base
-    if carry.pending is not None:       # the previous step's updates, off the critical path
-        base = replicated_update(win, carry, [placement.root] if last else workers, placement,
-                                 recipe, run, False)
+                         readers=() if last else workers)
+    nxt = carry
+    if carry.chain and (len(carry.chain) >= recipe.state_every or carry.chain[-1][0].last):
+        # keep the state (off the critical path: these tasks wait for what the next step's
+        # forward-backward tasks wait for)
+        nxt = Carry(replicated_update(win, carry, [placement.root] if last else workers,
+                                      placement, recipe, run, False))
+    report = run if carry.chain and recipe.reports(carry.chain[-1][0]) else None
+    partials = carry.partials
     for (name, i, worker), (lo, hi) in zip(leaves, step.bounds):
-        if carry.pending is None:
+        if not carry.chain:
             task = Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch,
                         lo, hi, crosses[name], TaskRef(carry.base[worker]), shards[i])
         else:
-            prev, partials = carry.pending
-            task = Task(name, update_forward_backward, recipe.opt, prev, recipe.shuffle_seed,
-                        step.epoch, lo, hi, crosses[name], TaskRef(carry.base[worker]),
-                        shards[i], *(TaskRef(p) for p in partials))
+            task = Task(name, update_forward_backward, recipe.opt, carry.steps,
+                        recipe.shuffle_seed, step.epoch, lo, hi, crosses[name],
+                        report if i == 0 else None, TaskRef(carry.base[worker]), shards[i],
+                        *partials)
         win.add(task, worker, recipe.leaf_bytes)
-    return Carry(base, (step, [g[0] for g in top]))
+    return Carry(nxt.base, (*nxt.chain, (step, tuple(TaskRef(g[0]) for g in top))))
 
 
 def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[TaskRef],

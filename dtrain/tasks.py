@@ -29,18 +29,18 @@ def forward_backward(net: Network, shuffle_seed: int | None, epoch: int, lo: int
 
 
 # The updates a worker applied last, with the very input objects they were applied to: a
-# replicated update task and the next step's forward-backward tasks on the same worker get
-# the same objects from the worker's memory, so whichever runs first computes the update
-# and the others reuse it (the function is pure, so this changes no bit).
-_recent: deque[tuple[Optimizer, Step, TrainState, tuple, TrainState]] = deque(maxlen=2)
+# replicated update task and the forward-backward tasks that follow it on the same worker get
+# the same objects from the worker's memory, so whichever runs first computes each update and
+# the others reuse it (the function is pure, so this changes no bit).  A chain of updates is
+# found link by link: each link's input state is the object the link before it returned.
+_recent: deque[tuple[Optimizer, Step, TrainState, tuple, TrainState]] = deque()
 _recent_lock = threading.Lock()
 
 
-def _update_once(opt: Optimizer, step: Step, host: bool, state: TrainState,
-                 grads: tuple) -> TrainState:
-    """:func:`~dtrain.optim.update`, computed once per worker for the same inputs."""
-    if host:                                   # the window's end, for the driver: once anyway
-        return update(opt, step, True, state, *grads)
+def _update_once(opt: Optimizer, step: Step, state: TrainState, grads: tuple,
+                 keep: int) -> TrainState:
+    """:func:`~dtrain.optim.update`, computed once per worker for the same inputs; the
+    newest ``keep`` results are remembered."""
     with _recent_lock:
         for o, st, s, gs, new in _recent:
             if s is state and len(gs) == len(grads) and all(map(operator.is_, gs, grads)) \
@@ -49,22 +49,44 @@ def _update_once(opt: Optimizer, step: Step, host: bool, state: TrainState,
     new = update(opt, step, False, state, *grads)
     with _recent_lock:
         _recent.append((opt, step, state, grads, new))
+        while len(_recent) > keep:
+            _recent.popleft()
     return new
 
 
-def update_copy(opt: Optimizer, step: Step, host: bool, state: TrainState,
+def _advance(opt: Optimizer, steps: tuple[Step, ...], state: TrainState,
+             grads: tuple) -> TrainState:
+    """``state`` after ``steps`` in order; ``grads`` holds each step's partial sums in turn,
+    the same number per step."""
+    per = len(grads) // max(len(steps), 1)
+    for j, step in enumerate(steps):
+        state = _update_once(opt, step, state, grads[j * per:(j + 1) * per], len(steps) + 1)
+    return state
+
+
+def update_copy(opt: Optimizer, steps: tuple[Step, ...], host: bool, state: TrainState,
                 *grads) -> TrainState:
-    """A replicated update: this worker's copy of the state after ``step``."""
-    return _update_once(opt, step, host, state, grads)
+    """A replicated update: this worker's copy of the state after ``steps`` (the steps since
+    ``state`` was kept; each update computed once per worker).  ``host``: the state is for
+    the driver, computed afresh in host memory."""
+    if not host:
+        return _advance(opt, steps, state, grads)
+    per = len(grads) // len(steps)
+    before = _advance(opt, steps[:-1], state, grads[:-per])
+    return update(opt, steps[-1], True, before, *grads[-per:])
 
 
-def update_forward_backward(opt: Optimizer, prev: Step, shuffle_seed: int | None, epoch: int,
-                            lo: int, hi: int, host: bool, state: TrainState, shard,
-                            *grads) -> Any:
-    """A replicated update's first half: the update of step ``prev`` (what that step's
-    ``update`` task on this worker computes, and shares), then :func:`forward_backward`
-    from the new state, in one task."""
-    new = _update_once(opt, prev, False, state, grads)
+def update_forward_backward(opt: Optimizer, steps: tuple[Step, ...], shuffle_seed: int | None,
+                            epoch: int, lo: int, hi: int, host: bool, report: str | None,
+                            state: TrainState, shard, *grads) -> Any:
+    """Replicated updates' step: this worker's state after ``steps`` (shared with the
+    other tasks that apply them here, as in :func:`update_copy`), then
+    :func:`forward_backward` from it, in one task.  ``report``: the run whose ``step`` event
+    for the last of ``steps`` this task sends (see :mod:`dtrain.live`)."""
+    new = _advance(opt, steps, state, grads)
+    if report is not None:
+        per = len(grads) // len(steps)
+        live.step_event(report, steps[-1], _advance(opt, steps[:-1], state, grads[:-per]), new)
     return forward_backward(opt.net, shuffle_seed, epoch, lo, hi, host, new, shard)
 
 
@@ -83,12 +105,15 @@ def local_steps(opt: Optimizer, shuffle_seed: int | None, steps: tuple[Step, ...
     return to_host(out) if host else out
 
 
-def update_and_report(opt: Optimizer, step: Step, run: str, host: bool, state: TrainState,
-                      *grads) -> TrainState:
-    """:func:`~dtrain.optim.update` (shared as in :func:`update_copy`), then a ``step``
-    event to the scheduler (see :mod:`dtrain.live`); the event is queued, not waited for."""
-    new = _update_once(opt, step, host, state, grads)
-    live.step_event(run, step, state, new)
+def update_and_report(opt: Optimizer, steps: tuple[Step, ...], run: str, host: bool,
+                      state: TrainState, *grads) -> TrainState:
+    """:func:`update_copy`, then a ``step`` event for the last of ``steps`` to the
+    scheduler (see :mod:`dtrain.live`); the event is queued, not waited for."""
+    per = len(grads) // len(steps)
+    before = _advance(opt, steps[:-1], state, grads[:-per])
+    new = update(opt, steps[-1], host, before, *grads[-per:]) if host \
+        else _advance(opt, steps, state, grads)
+    live.step_event(run, steps[-1], before, new)
     return new
 
 

@@ -29,6 +29,8 @@ from dtrain.modelparallel import ModelParallel
 from dtrain.optim import Optimizer, Schedule, TrainState
 from dtrain.report import Echo, Recorder, new_run_dir
 
+CHAIN_BYTES = 64 << 20   # states a worker may hold between kept ones (graph.state_every)
+
 
 @dataclass
 class RunResult:
@@ -74,8 +76,11 @@ class Plan:
         # for every optimizer (averaging Adam's moments would not be)
         strategy = "allreduce" if g.strategy == "local-sgd" and g.sync_every == 1 else g.strategy
         replicated = g.update == "replicated" or (g.update == "auto" and strategy == "allreduce")
+        # a worker remembers the states between kept ones: at most CHAIN_BYTES of them
+        state_bytes = self.net.size * (1 + self.opt.slots) * np.dtype(self.net.dtype).itemsize
+        state_every = max(1, min(g.state_every, CHAIN_BYTES // state_bytes))
         self.recipe = Recipe(self.net, self.opt, seed, strategy, g.fan_in, g.fuse_update,
-                             g.sync_every, g.step_events, replicated)
+                             g.sync_every, g.step_events, replicated, state_every)
         load = (cfg.data, self.ranges, self.info.train, cfg.model.dtype)
         self.strategy = ModelParallel(self.recipe, g.slices, self.run, *load) \
             if g.strategy == "model-parallel" else graph.DataParallel(self.recipe, *load)

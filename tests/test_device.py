@@ -69,7 +69,8 @@ def test_values_leave_the_gpu_only_to_cross_workers():
     assert host("update-0-r") is False                    # one GPU: the state stays on it
     assert host("update-1-r") is True                     # but the driver takes the last one
     # replicated updates: the partial sums go to every worker, the states stay where they are
-    p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=replicated"]))
+    p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=replicated",
+                                      "graph.state_every=1"]))
     win = graph.window_graph([p.schedule[t] for t in range(3)], p.initial_state(),
                              [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
     assert [host(f"forward-backward-0-{i}-r") for i in range(4)] == [False] * 4

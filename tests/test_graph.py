@@ -143,8 +143,9 @@ def test_fusing_the_update_and_placement_change_nothing():
     assert (fused.vector == unfused.vector).all()
 
 
-def _replicated(shards, k, workers, steps=3):
-    p = _plan(shards=shards, fan_in=k, update="replicated")
+def _replicated(shards, k, workers, steps=3, state_every=1):
+    p = _plan(shards=shards, fan_in=k, update="replicated",
+              **{"graph.state_every": state_every})
     assert p.recipe.replicated
     return p, *_window(p, range(steps), workers=workers)
 
@@ -194,8 +195,8 @@ def test_replicated_update_structure(shards, k, workers):
 def test_replicated_updates_equal_the_root_update_bit_for_bit():
     n = 9
     root = _execute(_plan(shards=6, fan_in=2), n, workers=("a", "b", "c"))
-    for k, workers in ((2, ("a", "b", "c")), (4, ("a", "b")), (2, ("a",))):
-        p = _plan(shards=6, fan_in=k, update="replicated")
+    for k, workers, every in ((2, ("a", "b", "c"), 1), (4, ("a", "b"), 3), (2, ("a",), 8)):
+        p = _plan(shards=6, fan_in=k, update="replicated", **{"graph.state_every": every})
         same_k = _execute(_plan(shards=6, fan_in=k), n)
         state = _execute(p, n, workers=workers)
         assert state.vector.tobytes() == same_k.vector.tobytes()
@@ -251,28 +252,53 @@ def test_bytes_per_step_from_the_graph(strategy, update, expected):
 
 
 def test_a_worker_computes_each_replicated_update_once(monkeypatch):
-    """The update task and the next step's forward-backward tasks on one worker get the same
-    input objects: the update is computed once among them, and it is the same update."""
+    """The update task and the next steps' forward-backward tasks on one worker get the same
+    input objects: each update is computed once among them, and it is the same update."""
     from dtrain import tasks
     p = _plan(shards=2, update="replicated")
     calls = []
     real = tasks.update
     monkeypatch.setattr(tasks, "update", lambda *a: calls.append(a[1].index) or real(*a))
     shard = data.load_shard(p.config.data, 0, *p.ranges[0], p.info.train, "float64")
-    state, step = p.initial_state(), p.schedule[0]
+    state, step, nxt = p.initial_state(), p.schedule[0], p.schedule[1]
     grads = tuple(tasks.forward_backward(p.net, None, 0, lo, hi, False, state, shard)
                   for lo, hi in [step.bounds[0], step.bounds[0]])
-    nxt = p.schedule[1]
-    out = [tasks.update_forward_backward(p.opt, step, None, 0, *nxt.bounds[0], False, state,
-                                         shard, *grads) for _ in range(2)]
-    copy = tasks.update_copy(p.opt, step, False, state, *grads)
+    out = [tasks.update_forward_backward(p.opt, (step,), None, 0, *nxt.bounds[0], False, None,
+                                         state, shard, *grads) for _ in range(2)]
+    copy = tasks.update_copy(p.opt, (step,), False, state, *grads)
     assert calls == [0]                                   # three users, one update
     assert copy.vector.tobytes() == real(p.opt, step, False, state, *grads).vector.tobytes()
     assert out[0].tobytes() == out[1].tobytes()
-    tasks.update_copy(p.opt, step, False, state, *(g.copy() for g in grads))
+    tasks.update_copy(p.opt, (step,), False, state, *(g.copy() for g in grads))
     assert calls == [0, 0]                                # other inputs: computed again
-    tasks.update_copy(p.opt, step, True, state, *grads)
+    tasks.update_copy(p.opt, (step,), True, state, *grads)
     assert calls == [0, 0, 0]                             # for the driver: always computed
+    # a chain of two steps walks the remembered first update, then computes the second once
+    two = tasks.update_copy(p.opt, (step, nxt), False, state, *grads, *grads)
+    again = tasks.update_copy(p.opt, (step, nxt), False, state, *grads, *grads)
+    assert calls == [0, 0, 0, 1] and two is again
+    direct = real(p.opt, nxt, False, real(p.opt, step, False, state, *grads), *grads)
+    assert two.vector.tobytes() == direct.vector.tobytes()
+
+
+@pytest.mark.parametrize("every", [2, 3, 8])
+def test_replicated_states_are_kept_every_few_steps(every):
+    """Between kept states a forward-backward applies the whole chain since its worker's
+    last kept state; a state is kept every ``state_every`` steps and after an epoch's end."""
+    p, win, placement = _replicated(4, 2, ["w0", "w1"], steps=7, state_every=every)
+    assert p.recipe.state_every == every
+    updates = [k for k in win.dsk if k.startswith("update-")]
+    kept = sorted({int(k.split("-")[1]) for k in updates})
+    assert kept == [s for s in range(every - 1, 6, every)] + [6]   # + the window's end
+    base, chain = f"state-0-{RUN}", []
+    for s in range(7):
+        fb = win.dsk[f"forward-backward-{s}-0-{RUN}"]
+        parts = {d for d in fb.dependencies if d.startswith(("forward-backward-", "reduce-"))}
+        assert base in fb.dependencies and parts == set(chain) and len(chain) <= 2 * every
+        if s - 1 in kept[:-1]:        # kept alongside this step, read from the next one on
+            base, chain = f"update-{s - 1}-0-{RUN}", []
+        chain += [f"reduce-{s}-1-{i}-{RUN}" for i in (0, 2)]     # the root level's sums
+    assert win.ends == [f"update-6-0-{RUN}"]
 
 
 @pytest.mark.parametrize("optimizer, slots", [("sgd", 0), ("momentum", 1), ("adam", 2)])
