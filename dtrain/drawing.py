@@ -8,6 +8,8 @@ program.  ``graphs/`` holds the :data:`GALLERY`, one picture per strategy.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import html
 from collections.abc import Iterable
 from pathlib import Path
@@ -99,7 +101,9 @@ def step_graph(config: Config) -> graphviz.Digraph:
     if cfg.graph.strategy == "parameter-server" and len(workers) < 2:
         raise UserError("graph.strategy = 'parameter-server' needs 2 workers (a head and at "
                         "least one trainer); use --set cluster.workers=2 or more")
-    p = plan(cfg)
+    # replicated updates keep each state every graph.state_every steps; the picture keeps
+    # step 0's, to show where it would be kept
+    p = plan(dataclasses.replace(cfg, graph=dataclasses.replace(cfg.graph, state_every=1)))
     where = p.strategy.place(workers)
     items = p.strategy.data(where)
     refs = [TaskRef(graph.key(*item.name, run=RUN)) for item in items]
