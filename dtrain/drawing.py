@@ -9,7 +9,6 @@ program.  ``graphs/`` holds the :data:`GALLERY`, one picture per strategy.
 from __future__ import annotations
 
 import dataclasses
-
 import html
 from collections.abc import Iterable
 from pathlib import Path

@@ -64,16 +64,22 @@ def _advance(opt: Optimizer, steps: tuple[Step, ...], state: TrainState,
     return state
 
 
+def _last(opt: Optimizer, steps: tuple[Step, ...], host: bool, state: TrainState,
+          grads: tuple) -> tuple[TrainState, TrainState]:
+    """The state before and after the last of ``steps``, walking the chain once; ``host``:
+    the last update is for the driver, computed afresh in host memory."""
+    per = len(grads) // len(steps)
+    before = _advance(opt, steps[:-1], state, grads[:-per])
+    after = update(opt, steps[-1], True, before, *grads[-per:]) if host \
+        else _update_once(opt, steps[-1], before, grads[-per:], len(steps) + 1)
+    return before, after
+
+
 def update_copy(opt: Optimizer, steps: tuple[Step, ...], host: bool, state: TrainState,
                 *grads) -> TrainState:
     """A replicated update: this worker's copy of the state after ``steps`` (the steps since
-    ``state`` was kept; each update computed once per worker).  ``host``: the state is for
-    the driver, computed afresh in host memory."""
-    if not host:
-        return _advance(opt, steps, state, grads)
-    per = len(grads) // len(steps)
-    before = _advance(opt, steps[:-1], state, grads[:-per])
-    return update(opt, steps[-1], True, before, *grads[-per:])
+    ``state`` was kept; each update computed once per worker)."""
+    return _last(opt, steps, host, state, grads)[1]
 
 
 def update_forward_backward(opt: Optimizer, steps: tuple[Step, ...], shuffle_seed: int | None,
@@ -83,10 +89,9 @@ def update_forward_backward(opt: Optimizer, steps: tuple[Step, ...], shuffle_see
     other tasks that apply them here, as in :func:`update_copy`), then
     :func:`forward_backward` from it, in one task.  ``report``: the run whose ``step`` event
     for the last of ``steps`` this task sends (see :mod:`dtrain.live`)."""
-    new = _advance(opt, steps, state, grads)
+    before, new = _last(opt, steps, False, state, grads)
     if report is not None:
-        per = len(grads) // len(steps)
-        live.step_event(report, steps[-1], _advance(opt, steps[:-1], state, grads[:-per]), new)
+        live.step_event(report, steps[-1], before, new)
     return forward_backward(opt.net, shuffle_seed, epoch, lo, hi, host, new, shard)
 
 
@@ -109,10 +114,7 @@ def update_and_report(opt: Optimizer, steps: tuple[Step, ...], run: str, host: b
                       state: TrainState, *grads) -> TrainState:
     """:func:`update_copy`, then a ``step`` event for the last of ``steps`` to the
     scheduler (see :mod:`dtrain.live`); the event is queued, not waited for."""
-    per = len(grads) // len(steps)
-    before = _advance(opt, steps[:-1], state, grads[:-per])
-    new = update(opt, steps[-1], host, before, *grads[-per:]) if host \
-        else _advance(opt, steps, state, grads)
+    before, new = _last(opt, steps, host, state, grads)
     live.step_event(run, steps[-1], before, new)
     return new
 

@@ -9,6 +9,7 @@ Dask task graphs) and write the run directory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -76,11 +77,11 @@ class Plan:
         # for every optimizer (averaging Adam's moments would not be)
         strategy = "allreduce" if g.strategy == "local-sgd" and g.sync_every == 1 else g.strategy
         replicated = g.update == "replicated" or (g.update == "auto" and strategy == "allreduce")
+        recipe = Recipe(self.net, self.opt, seed, strategy, g.fan_in, g.fuse_update,
+                        g.sync_every, g.step_events, replicated)
         # a worker remembers the states between kept ones: at most CHAIN_BYTES of them
-        state_bytes = self.net.size * (1 + self.opt.slots) * np.dtype(self.net.dtype).itemsize
-        state_every = max(1, min(g.state_every, CHAIN_BYTES // state_bytes))
-        self.recipe = Recipe(self.net, self.opt, seed, strategy, g.fan_in, g.fuse_update,
-                             g.sync_every, g.step_events, replicated, state_every)
+        self.recipe = dataclasses.replace(recipe, state_every=max(
+            1, min(g.state_every, CHAIN_BYTES // recipe.state_bytes)))
         load = (cfg.data, self.ranges, self.info.train, cfg.model.dtype)
         self.strategy = ModelParallel(self.recipe, g.slices, self.run, *load) \
             if g.strategy == "model-parallel" else graph.DataParallel(self.recipe, *load)

@@ -211,6 +211,18 @@ def test_replicated_updates_are_the_allreduce_default():
     assert not _plan(strategy="parameter-server").recipe.replicated
 
 
+def test_a_window_is_tokenized_by_its_own_token_not_task_by_task():
+    from dask.tokenize import tokenize
+    p = _plan(shards=4, update="replicated")
+    one, _ = _window(p, range(3))
+    two, _ = _window(p, range(3))
+    assert one.dsk.keys() == two.dsk.keys()            # the same tasks, submitted twice
+    assert tokenize(one.dsk) != tokenize(two.dsk)      # still two graphs
+    assert tokenize(one.dsk) == tokenize(one.dsk)
+    task = next(iter(t for t in one.dsk.values() if isinstance(t, dask.task_spec.Task)))
+    assert getattr(task, "_token", None) is None       # no task was tokenized
+
+
 def test_keys_read_well_in_the_dashboard():
     p = _plan(shards=4)
     win, _ = _window(p, range(p.schedule.steps_per_epoch))
