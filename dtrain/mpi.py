@@ -353,6 +353,7 @@ def _worker(comm: Any, rank: int, head: int) -> int:
         return address.code
     if address is None:
         return 1
+    cluster.keep_freed_memory()      # before the worker starts its task threads
     try:
         asyncio.run(_serve_worker(address, go.config.cluster, go.security, rank, gpu is not None))
     except (OSError, TimeoutError) as exc:        # e.g. the scheduler is unreachable

@@ -161,6 +161,43 @@ def _new_mappings() -> int:
     return after - before
 
 
+def _mapped_while_held(mib: int) -> float | None:
+    """MiB that glibc has mapped outside its heaps while this task holds a fresh ``mib`` MiB
+    array (``mallinfo2().hblkhd``); None without glibc 2.33+."""
+    import ctypes
+    import ctypes.util
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+    try:
+        mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = MallInfo2
+    a = np.ones(mib << 17)                                   # mib MiB of float64
+    held = mallinfo2().hblkhd / 2**20
+    del a
+    return held
+
+
+def test_workers_take_a_full_batchs_arrays_from_the_heap():
+    """dtrain's local workers start with glibc settings under which a 200 MiB array made in a
+    task thread comes from the reusable heap (no fresh page-faulting mapping each step), where
+    Dask's defaults map it afresh."""
+    mapped = {}
+    for name, make in {"dask": lambda: LocalCluster(n_workers=1, threads_per_worker=1,
+                                                    processes=True, dashboard_address=None),
+                       "dtrain": lambda: cluster.local_cluster(
+                           dtrain.load_config(None, ["cluster.workers=1"]).cluster)}.items():
+        with make() as lc, Client(lc) as c:
+            mapped[name] = c.submit(_mapped_while_held, 200, pure=False).result()
+    if mapped["dask"] is None:
+        pytest.skip("no glibc 2.33+ (mallinfo2) here")
+    assert mapped["dask"] >= 200 and mapped["dtrain"] < 200, mapped
+
+
 def _thread() -> str:
     """'MainThread' where a worker's event loop runs; 'pool' in its executor's threads."""
     from distributed import get_worker
