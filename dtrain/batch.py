@@ -86,8 +86,12 @@ def make_cluster(cfg: ClusterConfig, security: Security | None) -> Any:
         options["dashboard_address"] = cfg.dashboard_address
     else:
         options["dashboard"] = False
+    # the workers' allocator settings first, so that a site's own prologue lines can override
+    prologue = dask.config.get(f"jobqueue.{cfg.kind}.job-script-prologue", None) or []
+    exports = "export " + " ".join(f"{k}={v}" for k, v in cluster.ALLOCATOR_ENV.items())
     kwargs: dict[str, Any] = {"processes": 1, "cores": cfg.threads_per_worker,
-                              "security": security, "scheduler_options": options}
+                              "security": security, "scheduler_options": options,
+                              "job_script_prologue": [exports, *prologue]}
     if cfg.interface:
         kwargs["interface"] = cfg.interface
     return getattr(_jobqueue(cfg.kind), CLUSTERS[cfg.kind][0])(**kwargs)

@@ -47,8 +47,11 @@ def _job_script(site: Path, kind: str, *sets: str) -> str:
 def test_slurm_worker_job_script(site):
     script = _job_script(site, "slurm", "cluster.threads_per_worker=2")
     for line in ("#SBATCH -J dtrain-worker", "#SBATCH --cpus-per-task=8", "#SBATCH --mem=15G",
-                 "#SBATCH -t 01:00:00", "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"):
+                 "#SBATCH -t 01:00:00", "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}",
+                 "export MALLOC_MMAP_THRESHOLD_=536870912 MALLOC_TRIM_THRESHOLD_=1073741824 "
+                 "MALLOC_ARENA_MAX=1"):    # before the site's own lines, which may override it
         assert line in script, line
+    assert script.index("MALLOC_ARENA_MAX") < script.index("OMP_NUM_THREADS")
     command = script.strip().splitlines()[-1]
     assert command.startswith(f"{sys.executable} -m distributed.cli.dask_worker tls://")
     assert "--nthreads 2 " in command and "--protocol tls://" in command
