@@ -186,11 +186,12 @@ def test_workers_take_a_full_batchs_arrays_from_the_heap():
     """dtrain's local workers start with glibc settings under which a 200 MiB array made in a
     task thread comes from the reusable heap (no fresh page-faulting mapping each step), where
     Dask's defaults map it afresh."""
+    ours = dtrain.load_config(None, ["cluster.workers=1", "cluster.dashboard_address=''"])
+    clusters = {"dask": lambda: LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                             dashboard_address=None),
+                "dtrain": lambda: cluster.local_cluster(ours.cluster)}
     mapped = {}
-    for name, make in {"dask": lambda: LocalCluster(n_workers=1, threads_per_worker=1,
-                                                    processes=True, dashboard_address=None),
-                       "dtrain": lambda: cluster.local_cluster(
-                           dtrain.load_config(None, ["cluster.workers=1"]).cluster)}.items():
+    for name, make in clusters.items():
         with make() as lc, Client(lc) as c:
             mapped[name] = c.submit(_mapped_while_held, 200, pure=False).result()
     if mapped["dask"] is None:
