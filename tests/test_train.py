@@ -182,7 +182,7 @@ def _mapped_while_held(mib: int) -> float | None:
     return held
 
 
-def test_workers_take_a_full_batchs_arrays_from_the_heap():
+def test_workers_take_a_full_batchs_arrays_from_the_heap(monkeypatch):
     """dtrain's local workers start with glibc settings under which a 200 MiB array made in a
     task thread comes from the reusable heap (no fresh page-faulting mapping each step), where
     Dask's defaults map it afresh."""
@@ -192,6 +192,8 @@ def test_workers_take_a_full_batchs_arrays_from_the_heap():
                 "dtrain": lambda: cluster.local_cluster(ours.cluster)}
     mapped = {}
     for name, make in clusters.items():
+        for var in cluster.ALLOCATOR_ENV:    # a nanny leaves what it set in this process's
+            monkeypatch.delenv(var, raising=False)     # environment, which outranks config
         with make() as lc, Client(lc) as c:
             mapped[name] = c.submit(_mapped_while_held, 200, pure=False).result()
     if mapped["dask"] is None:
