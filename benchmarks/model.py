@@ -194,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmarks.model: error: unknown workload {unknown[0]!r}; known: "
               f"{', '.join(table)}", file=sys.stderr)
         return 2
+    # dtrain's own worker settings: its allocator environment, then its low-latency streams
     with dask.config.set({"distributed.scheduler.work-stealing": False}), \
+            cluster.allocator_env(), \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                          dashboard_address=":0") as lc, Client(lc) as client:
         cluster.low_latency(client)
@@ -227,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
             runner = client if workers == 2 else None
             cfg = table[name].config_for(workers, "allreduce", 2, data_dir)
             if runner is None:
-                with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as one, Client(one) as c1:
+                with cluster.allocator_env(), \
+                        LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                     dashboard_address=":0") as one, Client(one) as c1:
                     got = measured_step(_epochs(cfg, args.epochs), c1)
             else:
                 got = measured_step(_epochs(cfg, args.epochs), runner)

@@ -77,7 +77,7 @@ def local_cluster(cfg: ClusterConfig, security: Security | None = None) -> Local
     """``cfg.workers`` worker processes on this machine."""
     # without a dashboard the scheduler still serves /health and /metrics: on any free port
     http = {} if cfg.dashboard_address else {"scheduler_kwargs": {"dashboard_address": ":0"}}
-    with _allocator_env():
+    with allocator_env():
         return LocalCluster(n_workers=cfg.workers, threads_per_worker=cfg.threads_per_worker,
                             processes=True, dashboard_address=cfg.dashboard_address or None,
                             silence_logs=logging.ERROR, security=security, **http)
@@ -98,7 +98,7 @@ def local_gpu_cluster(cfg: ClusterConfig, gpus: int,
     scheduler = {"cls": Scheduler, "options": {
         "dashboard": bool(cfg.dashboard_address), **protocol,
         "dashboard_address": cfg.dashboard_address or ":0"}}
-    with _allocator_env():
+    with allocator_env():
         return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR,
                            security=security)
 
@@ -225,8 +225,15 @@ ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
                  "MALLOC_ARENA_MAX": str(ARENA_MAX)}
 
 
-def _allocator_env() -> contextlib.AbstractContextManager:
-    """Dask config under which nannies start workers with :data:`ALLOCATOR_ENV`."""
+def allocator_env() -> contextlib.AbstractContextManager:
+    """Dask config under which nannies start workers with :data:`ALLOCATOR_ENV`.
+
+    Returns
+    -------
+    A ``dask.config.set`` context: clusters created inside it (their nannies read
+    ``distributed.nanny.pre-spawn-environ`` when made) start workers with dtrain's
+    allocator settings; variables already in this process's environment win.
+    """
     key = "distributed.nanny.pre-spawn-environ"
     return dask.config.set({key: {**dask.config.get(key, {}), **ALLOCATOR_ENV}})
 
