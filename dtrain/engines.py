@@ -39,6 +39,18 @@ INLINE_MAX_BYTES = 1 << 20    # states up to this size are reduced and updated i
 INLINE_MAX_FLOPS = 2e6        # forward-backward tasks up to this are too (~1 ms of NumPy)
 
 
+def inline_prefixes(plan: Plan) -> tuple[str, ...]:
+    """Key prefixes of the tasks short enough to run in the worker's event loop rather than
+    pay a thread handoff: the reduces and updates of a state up to ``INLINE_MAX_BYTES``, and
+    then forward-backward tasks of up to ``INLINE_MAX_FLOPS`` (data-parallel leaves only:
+    local SGD rounds and model-parallel slices have keys of their own)."""
+    if plan.recipe.state_bytes > INLINE_MAX_BYTES:
+        return ()
+    rows = plan.config.train.batch_size / max(len(plan.ranges), 1)    # per leaf and step
+    tiny = 6 * rows * plan.net.size <= INLINE_MAX_FLOPS
+    return ("update-", "reduce-", *(("forward-backward-",) if tiny else ()))
+
+
 @dataclass(frozen=True)
 class Start:
     """Where an engine begins: step 0, or a checkpoint's step."""
@@ -150,6 +162,7 @@ class DaskEngine:
         client.register_plugin(dtrain_metrics.TransferCounter())
         self.low_latency = plan.config.cluster.low_latency and cluster.low_latency(client)
         self.inline = False                         # see _place
+        self.inline_prefixes = inline_prefixes(plan)
         self.items: list[tuple[str, Future]] = []   # (worker, loading-task future)
         self.loads = 0
         self.predicted_bytes = 0                    # what the graphs say crosses workers
@@ -240,16 +253,11 @@ class DaskEngine:
         def resources(key: str) -> dict:            # the maths of shards on GPU workers
             return need if win.where[key][0] in gpus and graph.is_leaf(key) else {}
 
-        p = self.plan
-        inline = p.recipe.state_bytes <= INLINE_MAX_BYTES and self.inline
-        rows = p.config.train.batch_size / len(p.ranges)       # rows per leaf and step
-        tiny = inline and not isinstance(p.strategy, ModelParallel) and \
-            p.recipe.strategy != "local-sgd" and 6 * rows * p.net.size <= INLINE_MAX_FLOPS
+        inline = self.inline_prefixes if self.inline else ()
 
-        def executor(key: str) -> str:           # small reduce/update: no thread handoff
-            small = key.startswith(("update-", "reduce-")) or \
-                (tiny and key.startswith("forward-backward-"))
-            return cluster.INLINE if inline and small and not resources(key) else "default"
+        def executor(key: str) -> str:              # short tasks: no thread handoff
+            return cluster.INLINE if key.startswith(inline) and not resources(key) \
+                else "default"
 
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
                            resources=resources, executor=executor):

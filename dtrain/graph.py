@@ -267,14 +267,14 @@ def replicated_update(win: Window, carry: Carry, workers: Sequence[str], placeme
     """``update-<step>-<first shard>`` on each of ``workers``: the chain's updates, applied
     to each worker's own copy of the state, named by the chain's last step.  The window's
     end (``host``) also sends that step's event.  Returns the new state key per worker."""
-    last = carry.chain[-1][0]
+    steps, partials = carry.steps, carry.partials
+    fn, extra = (update_and_report, (run,)) if host and recipe.reports(steps[-1]) \
+        else (update_copy, ())
     out = dict(carry.base)
     for w in workers:
-        fn, extra = (update_and_report, (run,)) if host and recipe.reports(last) \
-            else (update_copy, ())
-        name = key("update", last.index, placement.leaves.index(w), run=run)
-        out[w] = win.add(Task(name, fn, recipe.opt, carry.steps, *extra, host,
-                              TaskRef(carry.base[w]), *carry.partials), w, recipe.state_bytes)
+        name = key("update", steps[-1].index, placement.leaves.index(w), run=run)
+        out[w] = win.add(Task(name, fn, recipe.opt, steps, *extra, host,
+                              TaskRef(carry.base[w]), *partials), w, recipe.state_bytes)
     return out
 
 
@@ -306,13 +306,13 @@ def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[
         nxt = Carry(replicated_update(win, carry, [placement.root] if last else workers,
                                       placement, recipe, run, False))
     report = run if carry.chain and recipe.reports(carry.chain[-1][0]) else None
-    partials = carry.partials
+    steps, partials = carry.steps, carry.partials
     for (name, i, worker), (lo, hi) in zip(leaves, step.bounds):
         if not carry.chain:
             task = Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch,
                         lo, hi, crosses[name], TaskRef(carry.base[worker]), shards[i])
         else:
-            task = Task(name, update_forward_backward, recipe.opt, carry.steps,
+            task = Task(name, update_forward_backward, recipe.opt, steps,
                         recipe.shuffle_seed, step.epoch, lo, hi, crosses[name],
                         report if i == 0 else None, TaskRef(carry.base[worker]), shards[i],
                         *partials)

@@ -1,6 +1,8 @@
 """Shared fixtures: a real LocalCluster of worker processes, the shared datasets, the CLI."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import subprocess
 import sys
@@ -49,3 +51,21 @@ def assert_moved_as_predicted(summary: dict) -> None:
     predicted, measured = summary["comm_bytes_per_step"], summary["comm_bytes_measured_per_step"]
     assert predicted > 0
     assert predicted <= measured <= predicted * 1.02, (predicted, measured)
+
+
+class MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2``."""
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+        "uordblks", "fordblks", "keepcost")]
+
+
+def mallinfo2() -> MallInfo2 | None:
+    """This process's allocator statistics (``uordblks``: heap bytes in use, ``hblkhd``:
+    bytes mapped outside the heaps); None without glibc 2.33+."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = MallInfo2
+    return fn()

@@ -214,25 +214,15 @@ def _worker_memory() -> tuple[int, float, float | None]:
     live allocations only, so unlike the RSS it does not move with what the allocator keeps
     after a free (dtrain's workers keep freed memory); None where there is no glibc 2.33+.
     """
-    import ctypes
-    import ctypes.util
     import gc
 
     import psutil
 
+    from conftest import mallinfo2
+
     gc.collect()
-    heap = None
-    try:
-        class MallInfo2(ctypes.Structure):
-            _fields_ = [(name, ctypes.c_size_t) for name in (
-                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-                "uordblks", "fordblks", "keepcost")]
-        mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-        mallinfo2.restype = MallInfo2
-        info = mallinfo2()
-        heap = (info.uordblks + info.hblkhd) / 2**20
-    except (OSError, AttributeError):
-        pass
+    info = mallinfo2()
+    heap = None if info is None else (info.uordblks + info.hblkhd) / 2**20
     return len(gc.get_objects()), psutil.Process().memory_info().rss / 2**20, heap
 
 

@@ -12,7 +12,7 @@ from distributed import Client, LocalCluster
 import dtrain
 from conftest import assert_moved_as_predicted
 from dtrain import cluster
-from dtrain.engines import DaskEngine
+from dtrain.engines import DaskEngine, inline_prefixes
 from dtrain.placement import place
 from dtrain.trainer import plan
 
@@ -164,18 +164,10 @@ def _new_mappings() -> int:
 def _mapped_while_held(mib: int) -> float | None:
     """MiB that glibc has mapped outside its heaps while this task holds a fresh ``mib`` MiB
     array (``mallinfo2().hblkhd``); None without glibc 2.33+."""
-    import ctypes
-    import ctypes.util
+    from conftest import mallinfo2
 
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-            "uordblks", "fordblks", "keepcost")]
-    try:
-        mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    if mallinfo2() is None:
         return None
-    mallinfo2.restype = MallInfo2
     a = np.ones(mib << 17)                                   # mib MiB of float64
     held = mallinfo2().hblkhd / 2**20
     del a
@@ -207,6 +199,18 @@ def _thread() -> str:
     get_worker()                          # a task run inline still sees its worker
     name = threading.current_thread().name
     return name if name == "MainThread" else "pool"
+
+
+def test_short_tasks_run_in_the_event_loop():
+    """Reduces and updates of a small state run inline; forward-backward tasks too while a
+    shard's step stays under INLINE_MAX_FLOPS; nothing does for a state over 1 MiB."""
+    def prefixes(*sets):
+        return inline_prefixes(plan(dtrain.load_config(None, list(sets))))
+    assert prefixes() == ("update-", "reduce-", "forward-backward-")     # iris: 131 params
+    wide = "model.layers=[4,5000,3]"                                     # 40k params, 320 KB
+    assert prefixes(wide) == ("update-", "reduce-", "forward-backward-")  # 4 rows: 1 MFLOP
+    assert prefixes(wide, "train.batch_size=64") == ("update-", "reduce-")   # 16 rows: 4 MFLOP
+    assert prefixes("model.layers=[4,40000,3]") == ()                    # a 2.6 MB state
 
 
 def test_low_latency_falls_back_when_distributed_changes():
