@@ -211,6 +211,17 @@ def test_replicated_updates_are_the_allreduce_default():
     assert not _plan(strategy="parameter-server").recipe.replicated
 
 
+def test_the_states_a_worker_holds_between_kept_ones_are_capped():
+    """A worker remembers every state of the chain since its last kept one: at most
+    CHAIN_BYTES of them, whatever graph.state_every asks."""
+    from dtrain.trainer import CHAIN_BYTES
+    assert _plan(update="replicated").recipe.state_every == 8          # the default
+    big = _plan(update="replicated", **{"model.layers": "[4,500000,3]"}).recipe   # 32 MB
+    assert big.state_every == CHAIN_BYTES // big.state_bytes == 2
+    huge = _plan(update="replicated", **{"model.layers": "[4,5000000,3]"}).recipe  # 320 MB
+    assert huge.state_every == 1
+
+
 def test_a_window_is_tokenized_by_its_own_token_not_task_by_task():
     from dask.tokenize import tokenize
     p = _plan(shards=4, update="replicated")
