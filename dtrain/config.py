@@ -126,6 +126,9 @@ class GraphConfig:
     slices: int = at_least(2, 1, "model-parallel: slices each hidden layer is split into")
     window: int = at_least(100, 1, "steps per submitted graph")
     fuse_update: bool = free(True, "apply the update inside the root reduce task")
+    fuse_shards: bool = free(True, "one forward-backward task for the shards of a reduce "
+                             "subtree that one worker holds, summed inside it (fewer tasks, "
+                             "the same sums in the same order)")
     update: str = choice("auto", "auto", "root", "replicated",
                          doc="where the optimizer step runs: on the reduce root, which sends "
                          "the new state to every worker, or on every worker from the reduced "
@@ -133,6 +136,9 @@ class GraphConfig:
                          "for allreduce")
     step_events: int = at_least(1, 0, "steps between live metrics events from the update "
                                 "task to the scheduler (0: none)")
+    step_event_gap: float = at_least(0.1, 0.0, "seconds: each worker sends step events at "
+                                     "most this often (an epoch's last step always); 0: "
+                                     "every step_events steps")
     state_every: int = at_least(8, 1, "replicated updates: steps between the tasks that keep "
                                 "each worker's state (fewer tasks per step; a lost worker "
                                 "costs at most this many updates again)")

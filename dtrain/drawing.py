@@ -25,6 +25,8 @@ from dtrain.tasktypes import TASK_COLORS, numbers, task_type
 GALLERY: dict[str, list[str]] = {
     "allreduce-fan-in-2": ["graph.strategy=allreduce", "graph.fan_in=2"],
     "allreduce-fan-in-4": ["graph.strategy=allreduce", "graph.fan_in=4"],
+    "allreduce-task-per-shard": ["graph.strategy=allreduce", "graph.fan_in=2",
+                                 "graph.fuse_shards=false"],
     "allreduce-root-update": ["graph.strategy=allreduce", "graph.fan_in=2", "graph.update=root"],
     "parameter-server": ["graph.strategy=parameter-server"],
     "local-sgd": ["graph.strategy=local-sgd", "graph.sync_every=4"],
@@ -50,7 +52,7 @@ def _span(shards: Iterable[int]) -> str:
 def _label(key: str, covers: set[int]) -> str:
     kind, nums = task_type(key), numbers(key)
     if kind == "forward-backward":
-        return f"forward-backward\\nstep {nums[0]}, shard {nums[1]}"
+        return f"forward-backward\\nstep {nums[0]}, {_span(covers)}"
     if kind == "local-sgd":
         return f"local-sgd\\nsteps {nums[0]}..., shard {nums[1]}"
     if kind in ("forward", "backward", "input-grad"):
@@ -128,7 +130,9 @@ def step_graph(config: Config) -> graphviz.Digraph:
     def cover(k: str) -> set[int]:
         if k not in covers:
             kind = task_type(k)
-            covers[k] = {numbers(k)[1]} if kind in ("forward-backward", "local-sgd") else \
+            covers[k] = {numbers(d)[0] for d in deps[k] if task_type(d) == "load-shard"} \
+                if kind == "forward-backward" else \
+                {numbers(k)[1]} if kind == "local-sgd" else \
                 {numbers(k)[2]} if kind in ("forward", "input-grad") else set().union(
                     *(cover(d) for d in deps.get(k, ()) if task_type(d) not in
                       ("state", "loss", "combine", "back-combine", "update")))

@@ -13,6 +13,7 @@ report through a :class:`~dtrain.report.Recorder`.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,17 +37,20 @@ if TYPE_CHECKING:
 
 
 INLINE_MAX_BYTES = 1 << 20    # states up to this size are reduced and updated in the event loop
-INLINE_MAX_FLOPS = 2e6        # forward-backward tasks up to this are too (~1 ms of NumPy)
+INLINE_MAX_FLOPS = graph.TINY_FLOPS   # forward-backward tasks up to this are too
 
 
-def inline_prefixes(plan: Plan) -> tuple[str, ...]:
+def inline_prefixes(plan: Plan, placement: Placement | None = None) -> tuple[str, ...]:
     """Key prefixes of the tasks short enough to run in the worker's event loop rather than
     pay a thread handoff: the reduces and updates of a state up to ``INLINE_MAX_BYTES``, and
-    then forward-backward tasks of up to ``INLINE_MAX_FLOPS`` (data-parallel leaves only:
+    then forward-backward tasks of up to ``INLINE_MAX_FLOPS``, counting every shard a task
+    computes where a worker's shards share one task (``placement``; data-parallel leaves only:
     local SGD rounds and model-parallel slices have keys of their own)."""
     if plan.recipe.state_bytes > INLINE_MAX_BYTES:
         return ()
-    rows = plan.config.train.batch_size / max(len(plan.ranges), 1)    # per leaf and step
+    shared = max(Counter(placement.leaves).values()) \
+        if placement and placement.leaves and plan.recipe.fuse_shards else 1
+    rows = plan.config.train.batch_size / max(len(plan.ranges), 1) * shared   # per task, step
     tiny = 6 * rows * plan.net.size <= INLINE_MAX_FLOPS
     return ("update-", "reduce-", *(("forward-backward-",) if tiny else ()))
 
@@ -162,7 +166,7 @@ class DaskEngine:
         client.register_plugin(dtrain_metrics.TransferCounter())
         self.low_latency = plan.config.cluster.low_latency and cluster.low_latency(client)
         self.inline = False                         # see _place
-        self.inline_prefixes = inline_prefixes(plan)
+        self.inline_prefixes: tuple[str, ...] = ()  # see _place
         self.items: list[tuple[str, Future]] = []   # (worker, loading-task future)
         self.loads = 0
         self.predicted_bytes = 0                    # what the graphs say crosses workers
@@ -208,6 +212,7 @@ class DaskEngine:
         cluster.wait_for_workers(c, strategy.min_workers, cfg.cluster.timeout)
         self.inline = self.low_latency and cluster.inline_executor(c)
         placement = self.placement = strategy.place(self._workers())
+        self.inline_prefixes = inline_prefixes(self.plan, placement)
         wanted = strategy.data(placement)
         for j, item in enumerate(wanted):
             if j < len(self.items) and self.items[j][0] == item.worker:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,11 +37,16 @@ from dask.task_spec import DataNode, Task, TaskRef
 from dask.tokenize import normalize_token
 
 from dtrain.data import load_shard
+from dtrain.live import StepEvents
 from dtrain.model import Network
 from dtrain.optim import ROUND_TAIL, Optimizer, Step, TrainState, average, update
 from dtrain.placement import Placement, Worker, place
-from dtrain.tasks import (average_and_report, evaluate, forward_backward, local_steps, reduce,
-                          update_and_report, update_copy, update_forward_backward)
+from dtrain.tasks import (Group, average_and_report, evaluate, forward_backward,
+                          forward_backward_group, local_steps, reduce, update_and_report,
+                          update_copy, update_forward_backward, update_forward_backward_group)
+
+
+TINY_FLOPS = 2e6    # a shard's forward-backward this small (~1 ms of NumPy) is not worth a thread
 
 
 def fan_in(strategy: str, requested: int, shards: int) -> int:
@@ -86,6 +91,12 @@ class Recipe:
     step_events: int = 0           # send a step event every this many steps (0: never)
     replicated: bool = False       # every worker applies each update (add_replicated_step)
     state_every: int = 1           # replicated: steps between the tasks keeping each state
+    fuse_shards: bool = True       # a worker's reduce subtree in one leaf task (see tree)
+    event_gap: float = 0.0         # step events: at most one per this many seconds per worker
+
+    def events(self, run: str) -> StepEvents:
+        """Where the tasks of ``run`` send their step events."""
+        return StepEvents(run, self.event_gap)
 
     def reports(self, step: Step) -> bool:
         """Whether ``step``'s update sends a step event (always at an epoch's end)."""
@@ -169,29 +180,47 @@ def key(name: str, *parts: int | str, run: str) -> str:
 
 
 Leaf = tuple[str, int, str]         # (key, first shard, worker)
+Spec = int | tuple                  # a leaf's shard, or the nesting of a fused group's shards
+
+
+def _joins(group: list[Leaf], joinable: set[str]) -> bool:
+    return len(group) > 1 and len({g[2] for g in group}) == 1 and \
+        all(g[0] in joinable for g in group)
 
 
 def tree(win: Window, tag: str, leaves: list[Leaf], root: str, k: int, fuse: bool,
-         nbytes: int, run: str, readers: Sequence[str] = ()) -> tuple[list[Leaf], dict[str, bool]]:
+         nbytes: int, run: str, readers: Sequence[str] = (), fusable: bool = False
+         ) -> tuple[list[Leaf], dict[str, bool], dict[str, Spec]]:
     """Reduce ``leaves`` (in leaf order) level by level with fan-in ``k``.
 
     Returns the root level's inputs, for the root task to combine (``fuse``)
-    or one reduce task's output, and for every value the tree reads whether
-    it must leave its worker (so a GPU producer knows to copy it to host).
-    The root level is read on ``root`` and on every worker in ``readers``
-    (replicated updates).  Keys are ``reduce-<tag>-<level>-<first leaf>``; a
-    reduce runs where its first child runs, the last level on ``root``.
+    or one reduce task's output; for every value the tree reads whether it
+    must leave its worker (so a GPU producer knows to copy it to host); and
+    the leaves left, each with the shards it sums (see ``fusable``).  The root
+    level is read on ``root`` and on every worker in ``readers`` (replicated
+    updates).  Keys are ``reduce-<tag>-<level>-<first leaf>``; a reduce runs
+    where its first child runs, the last level on ``root``.  ``fusable``: a
+    group whose children are all leaves on one worker becomes one leaf, under
+    its first child's key, that sums them in the same order (a nested spec).
     """
     level, depth = leaves, tree_depth(len(leaves), k)
+    spec: dict[str, Spec] = {name: i for name, i, _ in leaves}
+    joinable = set(spec) if fusable else set()
     readers_of: dict[str, set[str]] = {}
     planned: list[tuple[str, list[Leaf], str]] = []
     for d in range(1, depth + 1):
-        if d == depth and fuse:
-            break                                   # the root task is this level's root
         groups = [level[j:j + k] for j in range(0, len(level), k)]
+        if d == depth and fuse and not _joins(groups[0], joinable):
+            break                                   # the root task is this level's root
         level = []
         for group in groups:
             if len(group) == 1:
+                level.append(group[0])
+                continue
+            if _joins(group, joinable):             # one worker's subtree: one leaf
+                spec[group[0][0]] = tuple(spec[g[0]] for g in group)
+                for g in group[1:]:
+                    del spec[g[0]]
                 level.append(group[0])
                 continue
             first, worker = group[0][1], root if d == depth else group[0][2]
@@ -202,20 +231,57 @@ def tree(win: Window, tag: str, leaves: list[Leaf], root: str, k: int, fuse: boo
             level.append((name, first, worker))
     for g in level:
         readers_of.setdefault(g[0], set()).update({root, *readers})
-    produced = {name: worker for name, _, worker in leaves} | {n: w for n, _, w in planned}
+    produced = {name: worker for name, _, worker in leaves if name in spec} | \
+        {n: w for n, _, w in planned}
     crosses = {name: any(r != produced[name] for r in readers_of.get(name, ()))
-                     for name in produced}
+               for name in produced}
     for name, group, worker in planned:
         win.add(Task(name, reduce, crosses[name], *(TaskRef(g[0]) for g in group)),
                 worker, nbytes)
-    return level, crosses
+    return level, crosses, spec
 
 
 def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, recipe: Recipe,
-          run: str, readers: Sequence[str] = ()) -> tuple[list[Leaf], dict[str, bool]]:
+          run: str, readers: Sequence[str] = ()
+          ) -> tuple[list[Leaf], dict[str, bool], dict[str, Spec]]:
     k = fan_in(recipe.strategy, recipe.fan_in, len(leaves))
     return tree(win, str(index), leaves, placement.root, k, recipe.fuse_update or bool(readers),
-                recipe.leaf_bytes, run, readers)
+                recipe.leaf_bytes, run, readers,
+                fusable=recipe.fuse_shards and recipe.strategy != "local-sgd")
+
+
+def _flat(spec: Spec) -> list[int]:
+    return [spec] if isinstance(spec, int) else [i for s in spec for i in _flat(s)]
+
+
+def _group(spec: tuple, step: Step, worker: str, placement: Placement, recipe: Recipe) -> Group:
+    """The :class:`~dtrain.tasks.Group` of a fused leaf: its shards' rows this step, their
+    nesting, and how many threads may share the work (none for tiny shards or a GPU)."""
+    shards = _flat(spec)
+    at = {i: p for p, i in enumerate(shards)}
+
+    def positions(s: Spec) -> int | tuple:
+        return at[s] if isinstance(s, int) else tuple(positions(c) for c in s)
+
+    rows = tuple(step.bounds[i] for i in shards)
+    flops = 6 * max(hi - lo for lo, hi in rows) * recipe.net.size
+    threads = len(shards) if flops > TINY_FLOPS and worker not in placement.gpus else 1
+    return Group(tuple(shards), rows, positions(spec), threads)
+
+
+def _leaf_tasks(leaves: list[Leaf], spec: dict[str, Spec], step: Step,
+                shards: Sequence[TaskRef], placement: Placement, recipe: Recipe
+                ) -> Iterator[tuple[str, int, str, tuple, tuple]]:
+    """``(key, first shard, worker, rows, shard refs)`` of each forward-backward task:
+    ``rows`` is ``(lo, hi)`` for one shard, ``(Group,)`` for a fused group."""
+    for name, i, worker in leaves:
+        if name not in spec:
+            continue
+        if isinstance(spec[name], int):
+            yield name, i, worker, step.bounds[i], (shards[i],)
+        else:
+            group = _group(spec[name], step, worker, placement, recipe)
+            yield name, i, worker, (group,), tuple(shards[j] for j in group.shards)
 
 
 def _state_leaves_root(placement: Placement) -> bool:
@@ -230,12 +296,13 @@ def add_step(win: Window, step: Step, state: str, shards: Sequence[TaskRef],
     ``host``: the new state must be in host memory (it leaves the root worker)."""
     leaves = [(key("forward-backward", step.index, i, run=run), i, placement.leaves[i])
               for i in range(len(shards))]
-    root, crosses = _tree(win, step.index, leaves, placement, recipe, run)
-    for (name, i, worker), (lo, hi) in zip(leaves, step.bounds):
-        win.add(Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch, lo, hi,
-                     crosses[name], TaskRef(state), shards[i]), worker,
-                recipe.leaf_bytes)
-    fn, extra = (update_and_report, ((step,), run)) if recipe.reports(step) \
+    root, crosses, spec = _tree(win, step.index, leaves, placement, recipe, run)
+    for name, _, worker, rows, refs in _leaf_tasks(leaves, spec, step, shards, placement,
+                                                  recipe):
+        fn = forward_backward_group if len(refs) > 1 else forward_backward
+        win.add(Task(name, fn, recipe.net, recipe.shuffle_seed, step.epoch, *rows,
+                     crosses[name], TaskRef(state), *refs), worker, recipe.leaf_bytes)
+    fn, extra = (update_and_report, ((step,), recipe.events(run))) if recipe.reports(step) \
         else (update, (step,))
     return win.add(Task(key("update", step.index, run=run), fn, recipe.opt, *extra, host,
                         TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
@@ -268,7 +335,8 @@ def replicated_update(win: Window, carry: Carry, workers: Sequence[str], placeme
     to each worker's own copy of the state, named by the chain's last step.  The window's
     end (``host``) also sends that step's event.  Returns the new state key per worker."""
     steps, partials = carry.steps, carry.partials
-    fn, extra = (update_and_report, (run,)) if host and recipe.reports(steps[-1]) \
+    fn, extra = (update_and_report, (recipe.events(run),)) \
+        if host and recipe.reports(steps[-1]) \
         else (update_copy, ())
     out = dict(carry.base)
     for w in workers:
@@ -297,25 +365,28 @@ def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[
     workers = list(dict.fromkeys(placement.leaves))
     leaves = [(key("forward-backward", step.index, i, run=run), i, placement.leaves[i])
               for i in range(len(shards))]
-    top, crosses = _tree(win, step.index, leaves, placement, recipe, run,
-                         readers=() if last else workers)
+    top, crosses, spec = _tree(win, step.index, leaves, placement, recipe, run,
+                               readers=() if last else workers)
     nxt = carry
     if carry.chain and (len(carry.chain) >= recipe.state_every or carry.chain[-1][0].last):
         # keep the state (off the critical path: these tasks wait for what the next step's
         # forward-backward tasks wait for)
         nxt = Carry(replicated_update(win, carry, [placement.root] if last else workers,
                                       placement, recipe, run, False))
-    report = run if carry.chain and recipe.reports(carry.chain[-1][0]) else None
+    report = recipe.events(run) if carry.chain and recipe.reports(carry.chain[-1][0]) else None
     steps, partials = carry.steps, carry.partials
-    for (name, i, worker), (lo, hi) in zip(leaves, step.bounds):
+    for name, i, worker, rows, refs in _leaf_tasks(leaves, spec, step, shards, placement,
+                                                  recipe):
+        group = len(refs) > 1
         if not carry.chain:
-            task = Task(name, forward_backward, recipe.net, recipe.shuffle_seed, step.epoch,
-                        lo, hi, crosses[name], TaskRef(carry.base[worker]), shards[i])
+            task = Task(name, forward_backward_group if group else forward_backward,
+                        recipe.net, recipe.shuffle_seed, step.epoch, *rows, crosses[name],
+                        TaskRef(carry.base[worker]), *refs)
         else:
-            task = Task(name, update_forward_backward, recipe.opt, steps,
-                        recipe.shuffle_seed, step.epoch, lo, hi, crosses[name],
-                        report if i == 0 else None, TaskRef(carry.base[worker]), shards[i],
-                        *partials)
+            task = Task(name, update_forward_backward_group if group else
+                        update_forward_backward, recipe.opt, steps, recipe.shuffle_seed,
+                        step.epoch, *rows, crosses[name], report if i == 0 else None,
+                        TaskRef(carry.base[worker]), *refs, *partials)
         win.add(task, worker, recipe.leaf_bytes)
     return Carry(nxt.base, (*nxt.chain, (step, tuple(TaskRef(g[0]) for g in top))))
 
@@ -326,14 +397,15 @@ def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[T
     last = steps[-1].index
     leaves = [(key("local-sgd", steps[0].index, i, run=run), i, placement.leaves[i])
               for i in range(len(shards))]
-    root, crosses = _tree(win, last, leaves, placement, recipe, run)
+    root, crosses, _ = _tree(win, last, leaves, placement, recipe, run)
     for name, i, worker in leaves:
         win.add(Task(name, local_steps, recipe.opt, recipe.shuffle_seed, tuple(steps), i,
                      crosses[name], TaskRef(state), shards[i]), worker,
                 recipe.leaf_bytes)
     # the round is reported as its last step (its epoch sums restart with its first)
     report = dataclasses.replace(steps[0], index=last)
-    fn, extra = (average_and_report, (run,)) if recipe.reports(steps[-1]) else (average, ())
+    fn, extra = (average_and_report, (recipe.events(run),)) if recipe.reports(steps[-1]) \
+        else (average, ())
     return win.add(Task(key("update", last, run=run), fn, recipe.opt, report, *extra, host,
                         TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
                    recipe.state_bytes)

@@ -2,8 +2,9 @@
 
 How the numbers travel, none of it on the training's critical path:
 
-* every ``graph.step_events`` steps (and at each epoch's last step) the
-  ``update`` task sends a ``step`` event from its worker with
+* every ``graph.step_events`` steps (and at each epoch's last step), at most
+  one per ``graph.step_event_gap`` seconds, the ``update`` task sends a
+  ``step`` event from its worker with
   ``Worker.log_event`` (queued on the worker's batched stream; the task does
   not wait for it);
 * the driver sends ``start``, ``epoch`` and ``end`` events with
@@ -22,10 +23,12 @@ Events are on the topic ``dtrain-<run>``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from distributed import Client
@@ -50,15 +53,35 @@ def topic(run: str) -> str:
 
 # --- worker side --------------------------------------------------------------------------
 
-def step_event(run: str, step: Any, before: Any, after: Any) -> None:
-    """Send a ``step`` event from the worker running this update (no-op outside a worker)."""
+@dataclass(frozen=True)
+class StepEvents:
+    """Where a task sends ``step`` events: the run's topic, each worker at most one per
+    ``gap`` seconds (an epoch's last step always): a live view needs a few a second, and a
+    message per step costs a near-zero-compute step about a fifth of its time."""
+
+    run: str
+    gap: float = 0.0
+
+
+_sent: dict[str, float] = {}       # run -> when this process last sent one of its events
+
+
+def step_event(events: StepEvents, step: Any, before: Any, after: Any) -> None:
+    """Send a ``step`` event from the worker running this update (no-op outside a worker,
+    or within ``events.gap`` seconds of this worker's last one for the run)."""
     try:
         from distributed import get_worker
         worker = get_worker()
     except (ImportError, ValueError):     # serial code, dask.get, a thread pool
         return
+    now = time.monotonic()
+    if not step.last and now - _sent.get(events.run, -math.inf) < events.gap:
+        return
+    if len(_sent) > 4 * KEEP_RUNS and events.run not in _sent:
+        _sent.clear()
+    _sent[events.run] = now
     step_loss = after.epoch_loss - (0.0 if step.first else before.epoch_loss)
-    worker.log_event(topic(run), {
+    worker.log_event(topic(events.run), {
         "kind": "step", "step": step.index + 1, "epoch": step.epoch + 1,
         "loss": step_loss / step.count, "epoch_loss": after.epoch_loss / after.epoch_samples,
         "epoch_accuracy": after.epoch_correct / after.epoch_samples,

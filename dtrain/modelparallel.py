@@ -293,7 +293,7 @@ def root_update(spec: Spec, step: Step, root: TrainState, last: Signal, *earlier
     opt = Optimizer(spec.opt.cfg, spec.slicing.root_layout, spec.opt.l2)
     new = update(opt, step, True, root, buf)
     if spec.recipe.reports(step):
-        live.step_event(spec.run, step, root, new)
+        live.step_event(spec.recipe.events(spec.run), step, root, new)
     return new
 
 
@@ -387,7 +387,7 @@ class ModelParallel:
                 win.add(Task(name, forward, spec, step, j, m, TaskRef(prev[j, m]),
                              TaskRef(below[j]) if j else None, data_on[w]), w, width)
                 leaves.append((name, m, w))
-            top, _ = tree(win, f"{s}f{j}", leaves, placement.root, k, True, width, run)
+            top, _, _ = tree(win, f"{s}f{j}", leaves, placement.root, k, True, width, run)
             if j < sl.blocks - 1:
                 below[j + 1] = win.add(Task(key("combine", s, j, run=run), combine, spec, j,
                                             TaskRef(root), *(TaskRef(t[0]) for t in top)),
@@ -414,7 +414,7 @@ class ModelParallel:
                     shares.append((win.add(Task(key("input-grad", s, j, m, run=run), input_grad,
                                                 TaskRef(name)), w, share), m, w))
             if j:
-                top, _ = tree(win, f"{s}b{j}", shares, placement.root, k, True, share, run)
+                top, _, _ = tree(win, f"{s}b{j}", shares, placement.root, k, True, share, run)
                 signal = earlier[j - 1] = win.add(
                     Task(key("back-combine", s, j - 1, run=run), back_combine, spec, j - 1,
                          TaskRef(below[j]), *(TaskRef(t[0]) for t in top)), placement.root,

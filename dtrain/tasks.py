@@ -9,7 +9,11 @@ from __future__ import annotations
 import operator
 import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
+
+from distributed import get_worker
 
 from dtrain import live
 from dtrain.device import like, to_host
@@ -26,6 +30,69 @@ def forward_backward(net: Network, shuffle_seed: int | None, epoch: int, lo: int
     x, y = shard.batch(epoch, lo, hi, shuffle_seed)
     buf = net.loss_and_grad(like(state.vector[: net.size], x), x, y)
     return to_host(buf) if host else buf
+
+
+@dataclass(frozen=True)
+class Group:
+    """Shards that one task computes and sums as their reduce subtree would.
+
+    ``rows[p]`` are shard ``shards[p]``'s rows this step; ``tree`` nests the
+    positions ``p`` as the tree groups them (``((0, 1), (2, 3))`` at fan-in 2);
+    ``threads``: compute the shards on up to this many of the worker's threads.
+    """
+
+    shards: tuple[int, ...]
+    rows: tuple[tuple[int, int], ...]
+    tree: tuple
+    threads: int = 1
+
+
+_pool: ThreadPoolExecutor | None = None       # a fused task's helper threads
+_pool_lock = threading.Lock()
+
+
+def _helpers() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(thread_name_prefix="dtrain-shards")
+        return _pool
+
+
+def _worker_threads() -> int:
+    """Threads of the Dask worker running this task (1 outside a worker)."""
+    try:
+        return get_worker().state.nthreads
+    except ValueError:
+        return 1
+
+
+def _nested_sum(tree: int | tuple, bufs: list) -> Any:
+    """The reduce tree's sums over ``bufs``, level by level, children in order."""
+    if isinstance(tree, int):
+        return bufs[tree]
+    return sum_buffers(*(_nested_sum(t, bufs) for t in tree))
+
+
+def forward_backward_group(net: Network, shuffle_seed: int | None, epoch: int, group: Group,
+                           host: bool, state: TrainState, *shards) -> Any:
+    """:func:`forward_backward` of each shard of ``group``, summed as its reduce subtree
+    would sum them: the same buffer, bit for bit, in one task instead of several."""
+    vector = state.vector[: net.size]
+
+    def run(positions: range) -> list:
+        out = []
+        for p in positions:
+            x, y = shards[p].batch(epoch, *group.rows[p], shuffle_seed)       # (b, D), (b,)
+            out.append(net.loss_and_grad(like(vector, x), x, y))              # (P + 2,)
+        return out
+
+    n, ways = len(shards), max(1, min(group.threads, len(shards), _worker_threads()))
+    parts = [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
+    helpers = [_helpers().submit(run, part) for part in parts[1:]]
+    bufs = run(parts[0]) + [b for f in helpers for b in f.result()]
+    total = _nested_sum(group.tree, bufs)
+    return to_host(total) if host else total
 
 
 # The updates a worker applied last, with the very input objects they were applied to: a
@@ -83,16 +150,30 @@ def update_copy(opt: Optimizer, steps: tuple[Step, ...], host: bool, state: Trai
 
 
 def update_forward_backward(opt: Optimizer, steps: tuple[Step, ...], shuffle_seed: int | None,
-                            epoch: int, lo: int, hi: int, host: bool, report: str | None,
-                            state: TrainState, shard, *grads) -> Any:
+                            epoch: int, lo: int, hi: int, host: bool,
+                            report: live.StepEvents | None, state: TrainState, shard,
+                            *grads) -> Any:
     """Replicated updates' step: this worker's state after ``steps`` (shared with the
     other tasks that apply them here, as in :func:`update_copy`), then
-    :func:`forward_backward` from it, in one task.  ``report``: the run whose ``step`` event
-    for the last of ``steps`` this task sends (see :mod:`dtrain.live`)."""
+    :func:`forward_backward` from it, in one task.  ``report``: where this task sends the
+    ``step`` event of the last of ``steps`` (see :mod:`dtrain.live`)."""
     before, new = _last(opt, steps, False, state, grads)
     if report is not None:
         live.step_event(report, steps[-1], before, new)
     return forward_backward(opt.net, shuffle_seed, epoch, lo, hi, host, new, shard)
+
+
+def update_forward_backward_group(opt: Optimizer, steps: tuple[Step, ...],
+                                  shuffle_seed: int | None, epoch: int, group: Group, host: bool,
+                                  report: live.StepEvents | None, state: TrainState,
+                                  *shards_and_grads) -> Any:
+    """:func:`update_forward_backward` for a :class:`Group`: its shards come first in
+    ``shards_and_grads``, then the steps' partial sums."""
+    shards, grads = shards_and_grads[:len(group.shards)], shards_and_grads[len(group.shards):]
+    before, new = _last(opt, steps, False, state, grads)
+    if report is not None:
+        live.step_event(report, steps[-1], before, new)
+    return forward_backward_group(opt.net, shuffle_seed, epoch, group, host, new, *shards)
 
 
 def reduce(host: bool, *grads) -> Any:
@@ -110,20 +191,20 @@ def local_steps(opt: Optimizer, shuffle_seed: int | None, steps: tuple[Step, ...
     return to_host(out) if host else out
 
 
-def update_and_report(opt: Optimizer, steps: tuple[Step, ...], run: str, host: bool,
-                      state: TrainState, *grads) -> TrainState:
+def update_and_report(opt: Optimizer, steps: tuple[Step, ...], events: live.StepEvents,
+                      host: bool, state: TrainState, *grads) -> TrainState:
     """:func:`update_copy`, then a ``step`` event for the last of ``steps`` to the
     scheduler (see :mod:`dtrain.live`); the event is queued, not waited for."""
     before, new = _last(opt, steps, host, state, grads)
-    live.step_event(run, steps[-1], before, new)
+    live.step_event(events, steps[-1], before, new)
     return new
 
 
-def average_and_report(opt: Optimizer, step: Step, run: str, host: bool, state: TrainState,
-                       *buffers) -> TrainState:
+def average_and_report(opt: Optimizer, step: Step, events: live.StepEvents, host: bool,
+                       state: TrainState, *buffers) -> TrainState:
     """:func:`~dtrain.optim.average` (a local SGD round's end), then a ``step`` event."""
     new = average(opt, step, host, state, *buffers)
-    live.step_event(run, step, state, new)
+    live.step_event(events, step, state, new)
     return new
 
 

@@ -18,7 +18,7 @@ from dtrain.config import CONFIG_DIR, ClusterConfig
 from dtrain.errors import UserError
 from dtrain.placement import Worker, blocks, place
 from dtrain.report import split_lines
-from dtrain.tasks import update_and_report
+from dtrain.tasks import forward_backward_group, update_and_report
 from dtrain.trainer import plan
 
 
@@ -48,12 +48,15 @@ def test_blocks_let_no_kind_wait_for_the_other(weights, shards, expected):
 
 
 def test_values_leave_the_gpu_only_to_cross_workers():
-    p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=root"]))
+    p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=root",
+                                      "graph.fuse_shards=false"]))
     placement = place([Worker("g", True), Worker("c", False)], 4, "allreduce")
     win = graph.window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
                              [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
     def host(key: str) -> bool:                        # the flag each task was given
         task = win.dsk[key]
+        if task.func is forward_backward_group:        # (net, seed, epoch, group, host, ...)
+            return task.args[4]
         if key.startswith("forward"):
             return task.args[5]
         if key.startswith("update"):                   # update(opt, step, [run,] host, ...)
@@ -70,7 +73,7 @@ def test_values_leave_the_gpu_only_to_cross_workers():
     assert host("update-1-r") is True                     # but the driver takes the last one
     # replicated updates: the partial sums go to every worker, the states stay where they are
     p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=replicated",
-                                      "graph.state_every=1"]))
+                                      "graph.state_every=1", "graph.fuse_shards=false"]))
     win = graph.window_graph([p.schedule[t] for t in range(3)], p.initial_state(),
                              [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
     assert [host(f"forward-backward-0-{i}-r") for i in range(4)] == [False] * 4
@@ -161,3 +164,8 @@ def test_gpu_and_cpu_agree_to_float32_rounding(tmp_path):
     for name, value in cpu.params.items():
         np.testing.assert_allclose(gpu.params[name], value, rtol=1e-3, atol=1e-5)
     assert gpu.summary["work_split"]["0"]["device"] == "gpu"
+    # a worker's shards in one task: g's sum stays on g for its update, c's crosses
+    p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=root"]))
+    win = graph.window_graph([p.schedule[0]], p.initial_state(),
+                             [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
+    assert [host(f"forward-backward-0-{i}-r") for i in (0, 2)] == [False, True]

@@ -29,9 +29,25 @@ def _cluster(source: str, i: int) -> str:
     return re.search(rf"subgraph cluster_{i} {{(.*?)\n\t}}", source, re.S).group(1)
 
 
-def test_tasks_sit_in_their_workers_boxes():
+def test_a_workers_shards_are_one_task_in_its_box():
     cfg = dtrain.load_config(None, ["data.shards=8", "cluster.workers=4", "graph.fan_in=2",
                                     "graph.update=root"])
+    source = drawing.step_graph(cfg).source
+    for i in range(4):
+        box = _cluster(source, i)
+        nodes = set(re.findall(r'^\t\t"([\w-]+)" \[', box, re.M))
+        assert {n for n in nodes if n.startswith("forward-backward")} == \
+            {f"forward-backward-0-{2 * i}"}
+        assert f"step 0, shards {2 * i}-{2 * i + 1}" in box
+        assert not any(n.startswith("reduce-0-1-") for n in nodes)   # summed inside
+    edges = set(re.findall(r'^\t"([\w-]+)" -> "([\w-]+)"$', source, re.M))
+    assert ("forward-backward-0-2", "reduce-0-2-0") in edges
+    assert ("load-shard-3", "forward-backward-0-2") in edges
+
+
+def test_tasks_sit_in_their_workers_boxes():
+    cfg = dtrain.load_config(None, ["data.shards=8", "cluster.workers=4", "graph.fan_in=2",
+                                    "graph.update=root", "graph.fuse_shards=false"])
     source = drawing.step_graph(cfg).source
     boxes = [_cluster(source, i) for i in range(4)]
     for i, box in enumerate(boxes):                 # two shards per worker, in blocks
@@ -53,7 +69,7 @@ def test_replicated_updates_sit_on_every_worker():
     for i, box in enumerate(_cluster(source, w) for w in range(4)):
         nodes = set(re.findall(r'^\t\t"([\w-]+)" \[', box, re.M))
         assert f"update-0-{2 * i}" in nodes                   # this worker's copy of step 0
-        assert {f"forward-backward-{s}-{2 * i + j}" for s in (0, 1) for j in (0, 1)} <= nodes
+        assert {f"forward-backward-{s}-{2 * i}" for s in (0, 1)} <= nodes   # shards 2i, 2i+1
     edges = set(re.findall(r'^\t"([\w-]+)" -> "([\w-]+)"$', source, re.M))
     # step 1's maths reads the partial sums of step 0 directly, not an update task
     assert ("reduce-0-2-4", "forward-backward-1-0") in edges
@@ -78,10 +94,11 @@ def test_graph_command_draws_svg(tmp_path):
     assert proc.returncode == 0, proc.stderr
     svg = html.unescape(out.read_text())
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
-    # iris: 4 shards on 2 workers, fan-in 2, replicated updates, two steps: 8 forward-backward,
-    # 2 x 2 reduce, step 0's update on both workers and step 1's on the root (+ the legend)
+    # iris: 4 shards on 2 workers, fan-in 2, replicated updates, two steps: 4 forward-backward
+    # (each worker's two shards in one), no reduce (summed inside them), step 0's update on
+    # both workers and step 1's on the root (+ the legend)
     counts = {t: svg.count(f">{t}</text>") for t in ("forward-backward", "reduce", "update")}
-    assert counts == {"forward-backward": 9, "reduce": 5, "update": 4}
+    assert counts == {"forward-backward": 5, "reduce": 0, "update": 4}
 
 
 def test_graph_command_writes_dot_without_graphviz(tmp_path):

@@ -8,19 +8,22 @@ from dask.task_spec import DataNode, TaskRef
 
 from dtrain import data, graph
 from dtrain.config import load_config
-from dtrain.placement import place
+from dtrain.placement import Worker, place
+from dtrain.tasks import Group, forward_backward_group, update_forward_backward_group
 from dtrain.trainer import plan
 
 RUN = "t0"
 
 
-def _plan(shards=4, strategy="allreduce", fan_in=2, fuse=True, update="root", **extra):
-    """A plan; the update on the reduce root unless ``update`` says otherwise (the structure
-    tests below are about the tree; replicated updates have their own)."""
+def _plan(shards=4, strategy="allreduce", fan_in=2, fuse=True, update="root",
+          fuse_shards=False, **extra):
+    """A plan; the update on the reduce root unless ``update`` says otherwise, and one task
+    per shard unless ``fuse_shards`` (the structure tests below are about the tree; replicated
+    updates and fused shards have their own)."""
     update = update if strategy == "allreduce" else "auto"
     sets = [f"data.shards={shards}", f"graph.strategy={strategy}", f"graph.fan_in={fan_in}",
             f"graph.fuse_update={'true' if fuse else 'false'}", "train.epochs=2",
-            f"graph.update={update}"]
+            f"graph.update={update}", f"graph.fuse_shards={'true' if fuse_shards else 'false'}"]
     return plan(load_config(None, sets + [f"{k}={v}" for k, v in extra.items()]))
 
 
@@ -331,3 +334,76 @@ def test_replicated_updates_move_gradients_never_the_optimizer_slots(optimizer, 
     located = {f"load-shard-{i}": w for i, w in enumerate(placement.leaves)}
     state = (1 + slots) * 131 * 8 + 64                     # the window's start, sent once
     assert win.transfer_bytes(located) == state + 2 * 2 * 1064 + 1064
+
+
+# --- a worker's shards in one task (graph.fuse_shards) ------------------------------------------
+
+def _fused(p, workers, steps=(0,)):
+    win, placement = _window(p, list(steps), workers)
+    fb = {k: win.dsk[k] for k in win.dsk if k.startswith("forward-backward-0-")}
+    return win, placement, fb
+
+
+def _group_of(task):
+    return next(a for a in task.args if isinstance(a, Group)) if task.func in (
+        forward_backward_group, update_forward_backward_group) else None
+
+
+@pytest.mark.parametrize("shards, k, workers, update, kept, tree, reduces", [
+    # 2 shards per worker at fan-in 2: each pair is one task, the level-1 reduces are gone
+    (4, 2, 2, "root", [0, 2], {0: (0, 1), 2: (0, 1)}, []),
+    # 4 per worker: two levels inside each task, nested as the tree nests them
+    (8, 2, 2, "root", [0, 4], {0: ((0, 1), (2, 3)), 4: ((0, 1), (2, 3))}, []),
+    # [a a a b b b] at fan-in 4: the group (0-3) spans two workers and stays a reduce;
+    # (4, 5) is b's alone
+    (6, 4, 2, "root", [0, 1, 2, 3, 4], {4: (0, 1)}, ["reduce-0-1-0"]),
+    # one worker: the whole tree, root level included, is one task; the update reads one sum
+    (3, 2, 1, "replicated", [0], {0: ((0, 1), 2)}, []),
+    # 5 shards on 2 workers [a a a b b]: (0, 1) on a; (2, 3) crosses; then 4 passes
+    (5, 2, 2, "root", [0, 2, 3, 4], {0: (0, 1)}, ["reduce-0-1-2", "reduce-0-2-0"]),
+])
+def test_a_workers_reduce_subtree_is_one_forward_backward_task(shards, k, workers, update, kept,
+                                                                tree, reduces):
+    p = _plan(shards=shards, fan_in=k, update=update, fuse_shards=True)
+    win, placement, fb = _fused(p, [f"w{i}" for i in range(workers)])
+    assert list(fb) == [f"forward-backward-0-{i}-{RUN}" for i in kept]
+    assert sorted(key[:-len(RUN) - 1] for key in win.dsk if key.startswith("reduce-0-")) \
+        == sorted(reduces)
+    for i in kept:
+        task = fb[f"forward-backward-0-{i}-{RUN}"]
+        group = _group_of(task)
+        assert (group.tree if group else None) == tree.get(i)
+        shards_read = sorted(int(d.split("-")[2]) for d in task.dependencies
+                             if d.startswith("load-shard-"))
+        assert shards_read == (list(group.shards) if group else [i])
+        assert {placement.leaves[s] for s in shards_read} == set(win.where[task.key])
+        if group:
+            assert group.rows == tuple(p.schedule[0].bounds[s] for s in group.shards)
+            assert group.threads == 1                      # iris shards are tiny: no threads
+
+
+def test_fused_groups_share_threads_only_where_a_shard_is_worth_one():
+    wide = {"model.layers": "[4,5000,3]", "train.batch_size": 64}     # 13 rows: 3 MFLOP
+    for extra, threads in (({}, 1), (wide, 2)):
+        p = _plan(shards=4, fan_in=2, fuse_shards=True, **extra)
+        _, _, fb = _fused(p, ["w0", "w1"])
+        assert {_group_of(t).threads for t in fb.values()} == {threads}
+    p = _plan(shards=4, fan_in=2, fuse_shards=True, **wide)
+    placement = place([Worker("g", gpu=True), Worker("c")], 4, "allreduce")
+    win = graph.window_graph([p.schedule[0]], p.initial_state(),
+                             [TaskRef(f"load-shard-{i}") for i in range(4)], None, placement,
+                             p.recipe, RUN)
+    threads = {win.where[k][0]: _group_of(win.dsk[k]).threads for k in win.dsk
+               if k.startswith("forward-backward-")}
+    assert threads == {"g": 1, "c": 2}                     # a GPU computes its shards in turn
+
+
+@pytest.mark.parametrize("shards, k, workers, update", [
+    (4, 2, ("a", "b"), "root"), (6, 4, ("a", "b"), "root"), (5, 2, ("a", "b"), "replicated"),
+    (6, 2, ("a",), "replicated"), (7, 3, ("a", "b", "c"), "replicated")])
+def test_fused_shards_give_the_same_bits(shards, k, workers, update):
+    n = 7
+    one_each = _execute(_plan(shards=shards, fan_in=k, update=update), n, workers)
+    fused = _execute(_plan(shards=shards, fan_in=k, update=update, fuse_shards=True), n, workers)
+    assert fused.vector.tobytes() == one_each.vector.tobytes()
+    assert (fused.epoch_loss, fused.epoch_correct) == (one_each.epoch_loss, one_each.epoch_correct)

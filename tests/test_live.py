@@ -84,7 +84,7 @@ def _train_and_read_names(client: Client, sets: list[str]) -> dict:
 
 
 def test_task_stream_and_prefixes_say_forward_backward(client):
-    names = _train_and_read_names(client, ["train.epochs=1"])
+    names = _train_and_read_names(client, ["train.epochs=1", "graph.fuse_shards=false"])
     assert {"forward-backward", "reduce", "update", "load-shard", "evaluate"} <= \
         set(names["prefixes"])
     assert "forward" not in names["prefixes"]
@@ -99,13 +99,18 @@ def _run_topics(client: Client) -> set[str]:
     return {t for t in client.get_events() if t.startswith(live.TOPIC_PREFIX)}
 
 
-@pytest.mark.parametrize("every, expected_steps", [(3, [3, 6, 7, 9, 12, 14]), (0, [])])
-def test_update_tasks_send_step_events(client, every, expected_steps):
-    """Every ``every`` steps and at each epoch's end (7 steps per epoch here); the driver
-    adds start, one row per epoch, and end."""
+@pytest.mark.parametrize("every, gap, expected_steps", [
+    (3, 0, [3, 6, 7, 9, 12, 14]), (0, 0, []),
+    (3, 60, [3, 7, 14]),      # at most one a minute: the first, then only the epochs' last
+])
+def test_update_tasks_send_step_events(client, every, gap, expected_steps):
+    """Every ``every`` steps and at each epoch's end (7 steps per epoch here), at most one
+    per ``gap`` seconds but for the epochs' last; the driver adds start, one row per epoch,
+    and end."""
     before = _run_topics(client)
-    result = dtrain.train(dtrain.load_config(None, ["train.epochs=2", f"graph.step_events={every}",
-                                                    "graph.window=4"]), client=client, echo=None)
+    result = dtrain.train(dtrain.load_config(None, [
+        "train.epochs=2", f"graph.step_events={every}", f"graph.step_event_gap={gap}",
+        "graph.window=4"]), client=client, echo=None)
     (topic,) = _run_topics(client) - before
     msgs = [m for _, m in client.get_events(topic)]
     kinds = [m["kind"] for m in msgs]

@@ -100,6 +100,9 @@ def test_external_cluster_loses_a_worker_and_gains_one(client, tmp_path):
             if line.startswith("epoch  6/"):
                 joined.append(_spawn("dask_worker", address, "--no-nanny", "--nthreads", "1",
                                      "--name", "c"))
+                # the driver waits for it here (the window in flight runs on): a fast run
+                # could end before a worker process starts
+                c.wait_for_workers(2, timeout=30)
 
         cfg = dtrain.load_config(None, LONG + [f"cluster.scheduler_address={address}"])
         with Client(address) as c:

@@ -7,7 +7,7 @@ import threading
 import dask
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, get_task_stream
 
 import dtrain
 from conftest import assert_moved_as_predicted
@@ -34,7 +34,8 @@ def test_bit_identical_whatever_the_worker_count(client, tmp_path):
             blobs[f"{n} workers"] = (tmp_path / f"w{n}" / "params.npz").read_bytes()
             train[f"{n} workers"] = [(m["train_loss"], m["train_accuracy"]) for m in r.metrics]
     variants = {"2 workers": [], "window 3": ["graph.window=3"],
-                "unfused": ["graph.fuse_update=false"]}
+                "unfused": ["graph.fuse_update=false"],
+                "one task per shard": ["graph.fuse_shards=false"]}
     for name, extra in variants.items():
         r = _train(client, QUICK + extra, tmp_path / name)
         blobs[name] = (tmp_path / name / "params.npz").read_bytes()
@@ -43,6 +44,29 @@ def test_bit_identical_whatever_the_worker_count(client, tmp_path):
     assert {name: blob == reference for name, blob in blobs.items()} == dict.fromkeys(blobs, True)
     # the running train loss and accuracy are sums in the gradient buffer: equal too
     assert all(rows == train["2 workers"] for rows in train.values()), train
+
+
+def _helper_threads() -> int:
+    return sum(t.name.startswith("dtrain-shards") for t in threading.enumerate())
+
+
+def test_a_workers_shards_share_one_task_and_its_threads(tmp_path):
+    """One worker with 2 threads holding 4 shards: one forward-backward task per step, its
+    shards computed on both threads (each shard is worth one), and the same bytes as one
+    task per shard."""
+    wide = QUICK + ["model.layers=[4,5000,3]", "train.batch_size=64", "data.shards=4",
+                    "train.epochs=2"]                       # 16 rows per shard: 4 MFLOP
+    counts, blobs = {}, {}
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        for fuse in ("true", "false"):
+            with get_task_stream(c) as ts:
+                r = _train(c, wide + [f"graph.fuse_shards={fuse}"], tmp_path / fuse)
+            counts[fuse] = sum(t["key"].startswith("forward-backward-") for t in ts.data)
+            blobs[fuse] = (tmp_path / fuse / "params.npz").read_bytes()
+        assert c.run(_helper_threads).popitem()[1] >= 1
+    assert counts == {"true": r.summary["steps"], "false": 4 * r.summary["steps"]}
+    assert blobs["true"] == blobs["false"]
 
 
 def test_serial_is_the_reference(client):
@@ -203,7 +227,8 @@ def _thread() -> str:
 
 def test_short_tasks_run_in_the_event_loop():
     """Reduces and updates of a small state run inline; forward-backward tasks too while a
-    shard's step stays under INLINE_MAX_FLOPS; nothing does for a state over 1 MiB."""
+    task's step (all the shards it computes) stays under INLINE_MAX_FLOPS; nothing does for a
+    state over 1 MiB."""
     def prefixes(*sets):
         return inline_prefixes(plan(dtrain.load_config(None, list(sets))))
     assert prefixes() == ("update-", "reduce-", "forward-backward-")     # iris: 131 params
@@ -211,6 +236,13 @@ def test_short_tasks_run_in_the_event_loop():
     assert prefixes(wide) == ("update-", "reduce-", "forward-backward-")  # 4 rows: 1 MFLOP
     assert prefixes(wide, "train.batch_size=64") == ("update-", "reduce-")   # 16 rows: 4 MFLOP
     assert prefixes("model.layers=[4,40000,3]") == ()                    # a 2.6 MB state
+    # a worker's shards in one task count together: 4 shards of 4 rows on one worker
+    four = [wide, "data.shards=4", "train.batch_size=16"]
+    for fuse, fb in (("true", ()), ("false", ("forward-backward-",))):
+        p = plan(dtrain.load_config(None, [*four, f"graph.fuse_shards={fuse}"]))
+        assert inline_prefixes(p, place(["w"], 4, "allreduce")) == ("update-", "reduce-", *fb)
+        assert inline_prefixes(p, place(["a", "b", "c", "d"], 4, "allreduce")) == \
+            ("update-", "reduce-", "forward-backward-")
 
 
 def test_low_latency_falls_back_when_distributed_changes():
