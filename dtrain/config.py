@@ -124,7 +124,8 @@ class GraphConfig:
     fan_in: int = at_least(2, 2, "children per reduce task")
     sync_every: int = at_least(4, 1, "local-sgd: local steps between averagings")
     slices: int = at_least(2, 1, "model-parallel: slices each hidden layer is split into")
-    window: int = at_least(100, 1, "steps per submitted graph")
+    window: int = at_least(0, 0, "steps per submitted graph; 0: about a second's worth, "
+                           "100 to 1000 steps")
     fuse_update: bool = free(True, "apply the update inside the root reduce task")
     fuse_shards: bool = free(True, "one forward-backward task for the shards of a reduce "
                              "subtree that one worker holds, summed inside it (fewer tasks, "

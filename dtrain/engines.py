@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -89,15 +89,35 @@ def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float) -> dict[str, An
             "lr": plan.schedule.rates[epoch - 1], "steps": plan.schedule.steps_per_epoch}
 
 
-def _windows(plan: Plan, start: int) -> Iterator[range]:
+WINDOW_SECONDS = 1.0              # graph.window = 0: windows of about this long ...
+WINDOW_STEPS = (100, 1000)        # ... and this many steps (the first window: the fewest)
+
+
+def window_steps(plan: Plan, seconds_per_step: float | None) -> int:
+    """Steps in the next window: ``graph.window``, or with 0 (auto) as many as take about
+    ``WINDOW_SECONDS`` at the rate measured so far, within ``WINDOW_STEPS``.
+
+    Each window edge is a pause of some 10-30 ms (the driver waits for the
+    window's end state, then submits the next graph): long windows of short steps
+    hide it, short windows of long steps keep checkpoints frequent.
+    """
+    fixed, (low, high) = plan.config.graph.window, WINDOW_STEPS
+    if fixed or not seconds_per_step:
+        return fixed or low
+    return max(low, min(high, round(WINDOW_SECONDS / seconds_per_step)))
+
+
+def _windows(plan: Plan, start: int,
+             seconds_per_step: Callable[[], float | None] = lambda: None) -> Iterator[range]:
     """Step ranges of the windows from ``start``: the driver syncs and checkpoints at each edge.
 
-    A window ends after ``graph.window`` steps, or later at the end of a local SGD round.
+    A window ends after :func:`window_steps` steps (``seconds_per_step`` is asked at
+    each edge), or later at the end of a local SGD round.
     """
-    size, total = plan.config.graph.window, len(plan.schedule)
+    total = len(plan.schedule)
     first = start
     while first < total:
-        stop = min(first + size, total)
+        stop = min(first + window_steps(plan, seconds_per_step()), total)
         while stop < total and not graph.unit_starts(plan.schedule[stop], plan.recipe):
             stop += 1
         yield range(first, stop)
@@ -303,7 +323,12 @@ class DaskEngine:
         began = time.perf_counter()
         pending: list[tuple[int, Future]] = []
         done: Checkpoint | None = None
-        for window in _windows(p, start.step):
+
+        def rate() -> float | None:                 # seconds per step so far
+            steps = (done.step if done else start.step) - start.step
+            return (time.perf_counter() - began) / steps if steps else None
+
+        for window in _windows(p, start.step, rate):
             if window.start != start.step:
                 placement = self._place()
             win = p.strategy.window([p.schedule[t] for t in window], state, self.refs,

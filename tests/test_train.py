@@ -12,7 +12,7 @@ from distributed import Client, LocalCluster, get_task_stream
 import dtrain
 from conftest import assert_moved_as_predicted
 from dtrain import cluster
-from dtrain.engines import DaskEngine, inline_prefixes
+from dtrain.engines import DaskEngine, _windows, inline_prefixes, window_steps
 from dtrain.placement import place
 from dtrain.trainer import plan
 
@@ -243,6 +243,20 @@ def test_short_tasks_run_in_the_event_loop():
         assert inline_prefixes(p, place(["w"], 4, "allreduce")) == ("update-", "reduce-", *fb)
         assert inline_prefixes(p, place(["a", "b", "c", "d"], 4, "allreduce")) == \
             ("update-", "reduce-", "forward-backward-")
+
+
+def test_windows_last_about_a_second_unless_fixed():
+    """graph.window = 0 (the default): the first window 100 steps, then a second's worth at
+    the rate so far, 100 to 1000 steps; a fixed window is kept; local SGD rounds stay whole."""
+    auto = plan(dtrain.load_config(None, ["train.epochs=200"]))           # 1400 steps
+    assert [window_steps(auto, r) for r in (None, 0.05, 0.004, 0.0001)] == [100, 100, 250, 1000]
+    rates = iter([None, 0.002, 0.01, 0.0001])
+    assert [len(w) for w in _windows(auto, 0, lambda: next(rates))] == [100, 500, 100, 700]
+    fixed = plan(dtrain.load_config(None, ["train.epochs=200", "graph.window=30"]))
+    assert {window_steps(fixed, r) for r in (None, 0.0001)} == {30}
+    rounds = plan(dtrain.load_config(None, ["graph.strategy=local-sgd", "graph.window=5",
+                                            "graph.sync_every=4", "train.epochs=2"]))
+    assert [len(w) for w in _windows(rounds, 0)] == [7, 7]             # 7 steps an epoch
 
 
 def test_low_latency_falls_back_when_distributed_changes():
