@@ -14,7 +14,9 @@ is the same graph with one flat level (``k = shards``) whose root sits on a
 head worker that holds no shard.  With replicated updates (the ``allreduce``
 default) every worker runs its own ``update-<step>-<first shard>`` from the
 root level's partial sums, and the next step's ``forward-backward`` tasks
-apply the same update first instead of waiting for it.
+apply the same update first instead of waiting for it.  With ``fuse_shards``
+a reduce group whose shards all sit on one worker is one ``forward-backward``
+task (named by its first shard) that sums them as the reduce would.
 
 Where the tasks run is :mod:`dtrain.placement`; what they compute is
 :mod:`dtrain.tasks`.
