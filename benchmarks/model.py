@@ -93,7 +93,7 @@ def compute_rates(cfg: Any, rows: int, repeat: int = 5) -> dict[str, float]:
         update(p.opt, p.schedule[0], True, state, grad)
         fb.append(t1 - t0)
         upd.append(time.perf_counter() - t1)
-    return {"flops": 6 * rows * p.net.size / statistics.median(fb),
+    return {"flops": p.net.flops(rows) / statistics.median(fb),
             "update": statistics.median(upd)}
 
 

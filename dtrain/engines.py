@@ -51,7 +51,7 @@ def inline_prefixes(plan: Plan, placement: Placement | None = None) -> tuple[str
     shared = max(Counter(placement.leaves).values()) \
         if placement and placement.leaves and plan.recipe.fuse_shards else 1
     rows = plan.config.train.batch_size / max(len(plan.ranges), 1) * shared   # per task, step
-    tiny = 6 * rows * plan.net.size <= INLINE_MAX_FLOPS
+    tiny = plan.net.flops(rows) <= INLINE_MAX_FLOPS
     return ("update-", "reduce-", *(("forward-backward-",) if tiny else ()))
 
 

@@ -16,7 +16,8 @@ default) every worker runs its own ``update-<step>-<first shard>`` from the
 root level's partial sums, and the next step's ``forward-backward`` tasks
 apply the same update first instead of waiting for it.  With ``fuse_shards``
 a reduce group whose shards all sit on one worker is one ``forward-backward``
-task (named by its first shard) that sums them as the reduce would.
+task (named by its first shard) that sums them as the reduce would.  The tree
+itself is :mod:`dtrain.reduction`.
 
 Where the tasks run is :mod:`dtrain.placement`; what they compute is
 :mod:`dtrain.tasks`.
@@ -43,28 +44,14 @@ from dtrain.live import StepEvents
 from dtrain.model import Network
 from dtrain.optim import ROUND_TAIL, Optimizer, Step, TrainState, average, update
 from dtrain.placement import Placement, Worker, place
+from dtrain.reduction import Leaf, Spec, fan_in, flat, tree
 from dtrain.tasks import (Group, average_and_report, evaluate, forward_backward,
-                          forward_backward_group, local_steps, reduce, update_and_report,
-                          update_copy, update_forward_backward, update_forward_backward_group)
+                          forward_backward_group, local_steps, update_and_report, update_copy,
+                          update_forward_backward, update_forward_backward_group)
+from dtrain.tasktypes import key
 
 
 TINY_FLOPS = 2e6    # a shard's forward-backward this small (~1 ms of NumPy) is not worth a thread
-
-
-def fan_in(strategy: str, requested: int, shards: int) -> int:
-    """The effective fan-in, normalised once: ``shards`` (one flat level) for a parameter
-    server, else ``requested`` capped at ``shards``."""
-    if strategy == "parameter-server":
-        return max(shards, 2)
-    return max(2, min(requested, shards))
-
-
-def tree_depth(shards: int, k: int) -> int:
-    """Reduce levels for ``shards`` leaves at fan-in ``k``: ``ceil(log_k shards)``."""
-    depth, width = 0, shards
-    while width > 1:
-        width, depth = -(-width // k), depth + 1
-    return depth
 
 
 # --- builders ---------------------------------------------------------------------------------
@@ -94,11 +81,11 @@ class Recipe:
     replicated: bool = False       # every worker applies each update (add_replicated_step)
     state_every: int = 1           # replicated: steps between the tasks keeping each state
     fuse_shards: bool = True       # a worker's reduce subtree in one leaf task (see tree)
-    event_gap: float = 0.0         # step events: at most one per this many seconds per worker
+    step_event_gap: float = 0.0    # step events: at most one per this many seconds per worker
 
     def events(self, run: str) -> StepEvents:
         """Where the tasks of ``run`` send their step events."""
-        return StepEvents(run, self.event_gap)
+        return StepEvents(run, self.step_event_gap)
 
     def reports(self, step: Step) -> bool:
         """Whether ``step``'s update sends a step event (always at an epoch's end)."""
@@ -176,73 +163,6 @@ def is_leaf(key: str) -> bool:
     return key.startswith(("forward-backward-", "local-sgd-"))
 
 
-def key(name: str, *parts: int | str, run: str) -> str:
-    """``name-part-part-run``: the dashboard groups tasks by ``name``."""
-    return "-".join([name, *map(str, parts), run])
-
-
-Leaf = tuple[str, int, str]         # (key, first shard, worker)
-Spec = int | tuple                  # a leaf's shard, or the nesting of a fused group's shards
-
-
-def _joins(group: list[Leaf], joinable: set[str]) -> bool:
-    return len(group) > 1 and len({g[2] for g in group}) == 1 and \
-        all(g[0] in joinable for g in group)
-
-
-def tree(win: Window, tag: str, leaves: list[Leaf], root: str, k: int, fuse: bool,
-         nbytes: int, run: str, readers: Sequence[str] = (), fusable: bool = False
-         ) -> tuple[list[Leaf], dict[str, bool], dict[str, Spec]]:
-    """Reduce ``leaves`` (in leaf order) level by level with fan-in ``k``.
-
-    Returns the root level's inputs, for the root task to combine (``fuse``)
-    or one reduce task's output; for every value the tree reads whether it
-    must leave its worker (so a GPU producer knows to copy it to host); and
-    the leaves left, each with the shards it sums (see ``fusable``).  The root
-    level is read on ``root`` and on every worker in ``readers`` (replicated
-    updates).  Keys are ``reduce-<tag>-<level>-<first leaf>``; a reduce runs
-    where its first child runs, the last level on ``root``.  ``fusable``: a
-    group whose children are all leaves on one worker becomes one leaf, under
-    its first child's key, that sums them in the same order (a nested spec).
-    """
-    level, depth = leaves, tree_depth(len(leaves), k)
-    spec: dict[str, Spec] = {name: i for name, i, _ in leaves}
-    joinable = set(spec) if fusable else set()
-    readers_of: dict[str, set[str]] = {}
-    planned: list[tuple[str, list[Leaf], str]] = []
-    for d in range(1, depth + 1):
-        groups = [level[j:j + k] for j in range(0, len(level), k)]
-        if d == depth and fuse and not _joins(groups[0], joinable):
-            break                                   # the root task is this level's root
-        level = []
-        for group in groups:
-            if len(group) == 1:
-                level.append(group[0])
-                continue
-            if _joins(group, joinable):             # one worker's subtree: one leaf
-                spec[group[0][0]] = tuple(spec[g[0]] for g in group)
-                for g in group[1:]:
-                    del spec[g[0]]
-                level.append(group[0])
-                continue
-            first, worker = group[0][1], root if d == depth else group[0][2]
-            name = key("reduce", tag, d, first, run=run)
-            for g in group:
-                readers_of.setdefault(g[0], set()).add(worker)
-            planned.append((name, group, worker))
-            level.append((name, first, worker))
-    for g in level:
-        readers_of.setdefault(g[0], set()).update({root, *readers})
-    produced = {name: worker for name, _, worker in leaves if name in spec} | \
-        {n: w for n, _, w in planned}
-    crosses = {name: any(r != produced[name] for r in readers_of.get(name, ()))
-               for name in produced}
-    for name, group, worker in planned:
-        win.add(Task(name, reduce, crosses[name], *(TaskRef(g[0]) for g in group)),
-                worker, nbytes)
-    return level, crosses, spec
-
-
 def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, recipe: Recipe,
           run: str, readers: Sequence[str] = ()
           ) -> tuple[list[Leaf], dict[str, bool], dict[str, Spec]]:
@@ -252,38 +172,34 @@ def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, rec
                 fusable=recipe.fuse_shards and recipe.strategy != "local-sgd")
 
 
-def _flat(spec: Spec) -> list[int]:
-    return [spec] if isinstance(spec, int) else [i for s in spec for i in _flat(s)]
-
-
 def _group(spec: tuple, step: Step, worker: str, placement: Placement, recipe: Recipe) -> Group:
     """The :class:`~dtrain.tasks.Group` of a fused leaf: its shards' rows this step, their
     nesting, and how many threads may share the work (none for tiny shards or a GPU)."""
-    shards = _flat(spec)
+    shards = flat(spec)
     at = {i: p for p, i in enumerate(shards)}
 
     def positions(s: Spec) -> int | tuple:
         return at[s] if isinstance(s, int) else tuple(positions(c) for c in s)
 
     rows = tuple(step.bounds[i] for i in shards)
-    flops = 6 * max(hi - lo for lo, hi in rows) * recipe.net.size
-    threads = len(shards) if flops > TINY_FLOPS and worker not in placement.gpus else 1
+    worth = recipe.net.flops(max(hi - lo for lo, hi in rows)) > TINY_FLOPS
+    threads = len(shards) if worth and worker not in placement.gpus else 1
     return Group(tuple(shards), rows, positions(spec), threads)
 
 
 def _leaf_tasks(leaves: list[Leaf], spec: dict[str, Spec], step: Step,
                 shards: Sequence[TaskRef], placement: Placement, recipe: Recipe
-                ) -> Iterator[tuple[str, int, str, tuple, tuple]]:
-    """``(key, first shard, worker, rows, shard refs)`` of each forward-backward task:
-    ``rows`` is ``(lo, hi)`` for one shard, ``(Group,)`` for a fused group."""
+                ) -> Iterator[tuple[str, int, str, bool, tuple, tuple]]:
+    """``(key, first shard, worker, fused, rows, shard refs)`` of each forward-backward
+    task: ``rows`` is ``(lo, hi)`` for one shard, ``(Group,)`` for a ``fused`` group."""
     for name, i, worker in leaves:
         if name not in spec:
             continue
         if isinstance(spec[name], int):
-            yield name, i, worker, step.bounds[i], (shards[i],)
+            yield name, i, worker, False, step.bounds[i], (shards[i],)
         else:
             group = _group(spec[name], step, worker, placement, recipe)
-            yield name, i, worker, (group,), tuple(shards[j] for j in group.shards)
+            yield name, i, worker, True, (group,), tuple(shards[j] for j in group.shards)
 
 
 def _state_leaves_root(placement: Placement) -> bool:
@@ -299,9 +215,9 @@ def add_step(win: Window, step: Step, state: str, shards: Sequence[TaskRef],
     leaves = [(key("forward-backward", step.index, i, run=run), i, placement.leaves[i])
               for i in range(len(shards))]
     root, crosses, spec = _tree(win, step.index, leaves, placement, recipe, run)
-    for name, _, worker, rows, refs in _leaf_tasks(leaves, spec, step, shards, placement,
-                                                  recipe):
-        fn = forward_backward_group if len(refs) > 1 else forward_backward
+    for name, _, worker, fused, rows, refs in _leaf_tasks(leaves, spec, step, shards,
+                                                         placement, recipe):
+        fn = forward_backward_group if fused else forward_backward
         win.add(Task(name, fn, recipe.net, recipe.shuffle_seed, step.epoch, *rows,
                      crosses[name], TaskRef(state), *refs), worker, recipe.leaf_bytes)
     fn, extra = (update_and_report, ((step,), recipe.events(run))) if recipe.reports(step) \
@@ -377,15 +293,14 @@ def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[
                                       placement, recipe, run, False))
     report = recipe.events(run) if carry.chain and recipe.reports(carry.chain[-1][0]) else None
     steps, partials = carry.steps, carry.partials
-    for name, i, worker, rows, refs in _leaf_tasks(leaves, spec, step, shards, placement,
-                                                  recipe):
-        group = len(refs) > 1
+    for name, i, worker, fused, rows, refs in _leaf_tasks(leaves, spec, step, shards,
+                                                         placement, recipe):
         if not carry.chain:
-            task = Task(name, forward_backward_group if group else forward_backward,
+            task = Task(name, forward_backward_group if fused else forward_backward,
                         recipe.net, recipe.shuffle_seed, step.epoch, *rows, crosses[name],
                         TaskRef(carry.base[worker]), *refs)
         else:
-            task = Task(name, update_forward_backward_group if group else
+            task = Task(name, update_forward_backward_group if fused else
                         update_forward_backward, recipe.opt, steps, recipe.shuffle_seed,
                         step.epoch, *rows, crosses[name], report if i == 0 else None,
                         TaskRef(carry.base[worker]), *refs, *partials)

@@ -36,12 +36,14 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dtrain import live
 from dtrain.data import Shard, load_shards
-from dtrain.graph import DataItem, Recipe, Window, key, tree
+from dtrain.graph import DataItem, Recipe, Window
 from dtrain.model import (ACTIVATIONS, LOSSES, TAIL, Layout, Network, align_on_unpickle,
                           array_module)
 from dtrain.optim import Optimizer, Step, TrainState, update
 from dtrain.placement import Placement, Worker
+from dtrain.reduction import tree
 from dtrain.tasks import evaluate
+from dtrain.tasktypes import key
 
 
 # --- layout ------------------------------------------------------------------------------------

@@ -78,16 +78,12 @@ def forward_backward_group(net: Network, shuffle_seed: int | None, epoch: int, g
                            host: bool, state: TrainState, *shards) -> Any:
     """:func:`forward_backward` of each shard of ``group``, summed as its reduce subtree
     would sum them: the same buffer, bit for bit, in one task instead of several."""
-    vector = state.vector[: net.size]
-
     def run(positions: range) -> list:
-        out = []
-        for p in positions:
-            x, y = shards[p].batch(epoch, *group.rows[p], shuffle_seed)       # (b, D), (b,)
-            out.append(net.loss_and_grad(like(vector, x), x, y))              # (P + 2,)
-        return out
+        return [forward_backward(net, shuffle_seed, epoch, *group.rows[p], False, state,
+                                 shards[p]) for p in positions]
 
-    n, ways = len(shards), max(1, min(group.threads, len(shards), _worker_threads()))
+    n = len(shards)
+    ways = min(group.threads, n, _worker_threads()) if group.threads > 1 else 1
     parts = [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
     helpers = [_helpers().submit(run, part) for part in parts[1:]]
     bufs = run(parts[0]) + [b for f in helpers for b in f.result()]
@@ -149,6 +145,15 @@ def update_copy(opt: Optimizer, steps: tuple[Step, ...], host: bool, state: Trai
     return _last(opt, steps, host, state, grads)[1]
 
 
+def _replica(opt: Optimizer, steps: tuple[Step, ...], report: live.StepEvents | None,
+             state: TrainState, grads: tuple) -> TrainState:
+    """This worker's state after ``steps``, sending the last one's event if ``report``."""
+    before, new = _last(opt, steps, False, state, grads)
+    if report is not None:
+        live.step_event(report, steps[-1], before, new)
+    return new
+
+
 def update_forward_backward(opt: Optimizer, steps: tuple[Step, ...], shuffle_seed: int | None,
                             epoch: int, lo: int, hi: int, host: bool,
                             report: live.StepEvents | None, state: TrainState, shard,
@@ -157,9 +162,7 @@ def update_forward_backward(opt: Optimizer, steps: tuple[Step, ...], shuffle_see
     other tasks that apply them here, as in :func:`update_copy`), then
     :func:`forward_backward` from it, in one task.  ``report``: where this task sends the
     ``step`` event of the last of ``steps`` (see :mod:`dtrain.live`)."""
-    before, new = _last(opt, steps, False, state, grads)
-    if report is not None:
-        live.step_event(report, steps[-1], before, new)
+    new = _replica(opt, steps, report, state, grads)
     return forward_backward(opt.net, shuffle_seed, epoch, lo, hi, host, new, shard)
 
 
@@ -169,11 +172,10 @@ def update_forward_backward_group(opt: Optimizer, steps: tuple[Step, ...],
                                   *shards_and_grads) -> Any:
     """:func:`update_forward_backward` for a :class:`Group`: its shards come first in
     ``shards_and_grads``, then the steps' partial sums."""
-    shards, grads = shards_and_grads[:len(group.shards)], shards_and_grads[len(group.shards):]
-    before, new = _last(opt, steps, False, state, grads)
-    if report is not None:
-        live.step_event(report, steps[-1], before, new)
-    return forward_backward_group(opt.net, shuffle_seed, epoch, group, host, new, *shards)
+    n = len(group.shards)
+    new = _replica(opt, steps, report, state, shards_and_grads[n:])
+    return forward_backward_group(opt.net, shuffle_seed, epoch, group, host, new,
+                                  *shards_and_grads[:n])
 
 
 def reduce(host: bool, *grads) -> Any:

@@ -1,6 +1,6 @@
 """Task types: dtrain's task keys read back, and one colour per type.
 
-Keys are built by :func:`dtrain.graph.key` as ``<type>-<numbers>-<run>``::
+Keys are built by :func:`key` as ``<type>-<numbers>-<run>``::
 
     forward-backward-<step>-<shard>-<run>      reduce-<step>-<level>-<first shard>-<run>
     update-<step>-<run>        state-<step>-<run>        evaluate-<epoch>-<run>
@@ -14,6 +14,11 @@ the ``/dtrain`` page, ``report.html`` and the task-graph pictures, so a colour
 means one thing wherever it is seen.
 """
 from __future__ import annotations
+
+def key(name: str, *parts: int | str, run: str) -> str:
+    """``name-part-part-run``: the dashboard groups tasks by ``name``."""
+    return "-".join([name, *map(str, parts), run])
+
 
 # Okabe-Ito colours (safe for colour-blind readers); evaluation and loading share a colour
 # with their kind.  Order matters: longer names first, so "evaluate-test" wins over "evaluate".

@@ -78,8 +78,8 @@ class Plan:
         strategy = "allreduce" if g.strategy == "local-sgd" and g.sync_every == 1 else g.strategy
         replicated = g.update == "replicated" or (g.update == "auto" and strategy == "allreduce")
         recipe = Recipe(self.net, self.opt, seed, strategy, g.fan_in, g.fuse_update,
-                        g.sync_every, g.step_events, replicated, event_gap=g.step_event_gap,
-                        fuse_shards=g.fuse_shards)
+                        g.sync_every, g.step_events, replicated, fuse_shards=g.fuse_shards,
+                        step_event_gap=g.step_event_gap)
         # a worker remembers the states between kept ones: at most CHAIN_BYTES of them
         self.recipe = dataclasses.replace(recipe, state_every=max(
             1, min(g.state_every, CHAIN_BYTES // recipe.state_bytes)))

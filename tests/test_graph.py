@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from dask.task_spec import DataNode, TaskRef
 
-from dtrain import data, graph
+from dtrain import data, graph, reduction
 from dtrain.config import load_config
 from dtrain.placement import Worker, place
 from dtrain.tasks import Group, forward_backward_group, update_forward_backward_group
@@ -45,7 +45,7 @@ def _min_depth(n, k):
 @pytest.mark.parametrize("n", range(1, 20))
 @pytest.mark.parametrize("k", [2, 3, 4, 8])
 def test_depth_is_ceil_log(n, k):
-    assert graph.tree_depth(n, k) == _min_depth(n, k)
+    assert reduction.tree_depth(n, k) == _min_depth(n, k)
 
 
 @pytest.mark.parametrize("shards, k, fuse", [(1, 2, True), (2, 2, True), (4, 2, True),
@@ -64,7 +64,7 @@ def test_step_structure(shards, k, fuse):
     nodes, width, depth = 0, shards, 0
     while width > 1:
         nodes, width, depth = nodes + width // k + (width % k > 1), -(-width // k), depth + 1
-    assert depth == graph.tree_depth(shards, k)
+    assert depth == reduction.tree_depth(shards, k)
     assert len(reduces) == nodes - (1 if fuse and shards > 1 else 0)
     assert len(keys) == shards + len(reduces) + 1
     # the longest chain from a forward-backward task to the update has `depth` combining levels
@@ -174,7 +174,7 @@ def test_replicated_update_structure(shards, k, workers):
     for w, i in first.items():
         assert win.where[f"update-0-{i}-{RUN}"] == [w]
     assert win.ends == [f"update-2-0-{RUN}"] and placement.root == placement.leaves[0]
-    depth = graph.tree_depth(shards, graph.fan_in("allreduce", k, shards))
+    depth = reduction.tree_depth(shards, reduction.fan_in("allreduce", k, shards))
     for s in (1, 2):
         for i, w in enumerate(placement.leaves):
             fb = win.dsk[f"forward-backward-{s}-{i}-{RUN}"]
@@ -400,10 +400,12 @@ def test_fused_groups_share_threads_only_where_a_shard_is_worth_one():
 
 @pytest.mark.parametrize("shards, k, workers, update", [
     (4, 2, ("a", "b"), "root"), (6, 4, ("a", "b"), "root"), (5, 2, ("a", "b"), "replicated"),
-    (6, 2, ("a",), "replicated"), (7, 3, ("a", "b", "c"), "replicated")])
+    (6, 2, ("a",), "replicated"), (9, 3, ("a", "b", "c"), "replicated")])
 def test_fused_shards_give_the_same_bits(shards, k, workers, update):
     n = 7
+    fused_plan = _plan(shards=shards, fan_in=k, update=update, fuse_shards=True)
+    assert len(_fused(fused_plan, workers)[2]) < shards      # some shards did share a task
     one_each = _execute(_plan(shards=shards, fan_in=k, update=update), n, workers)
-    fused = _execute(_plan(shards=shards, fan_in=k, update=update, fuse_shards=True), n, workers)
+    fused = _execute(fused_plan, n, workers)
     assert fused.vector.tobytes() == one_each.vector.tobytes()
     assert (fused.epoch_loss, fused.epoch_correct) == (one_each.epoch_loss, one_each.epoch_correct)
