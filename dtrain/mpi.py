@@ -27,6 +27,7 @@ Waiting ranks sleep between polls instead of spinning in MPI calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import threading
@@ -321,6 +322,10 @@ class SchedulerThread:
     async def _close_workers(self) -> None:
         s = self._scheduler
         self.plugin.closing = True
+        # every worker hears that the job is closing before any closes (see _CutByClose)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(s.broadcast(msg={"op": CLOSING_OP}, on_error="ignore"),
+                                   SHUTDOWN_S / 4)
         for worker in list(s.workers):
             s.close_worker(worker)
         while s.workers:
@@ -373,29 +378,41 @@ async def _serve_worker(address: str, cfg: ClusterConfig, security: Any, rank: i
                       interface=cfg.interface or None, death_timeout=cfg.timeout,
                       resources={device.GPU: 1} if gpu else None) as worker:
         log = logging.getLogger("distributed.worker")
-        log.addFilter(noise := _HeartbeatCutByClose(worker))
+        log.addFilter(noise := _CutByClose(worker))
+        worker.handlers[CLOSING_OP] = noise.mark_closing
         try:
             await worker.finished()
         finally:
             log.removeFilter(noise)
 
 
-class _HeartbeatCutByClose(logging.Filter):
-    """Drops distributed's heartbeat error when the worker's own close cut the heartbeat.
+CLOSING_OP = "dtrain_closing"     # the head's word to every worker rank before it closes them
 
-    A worker told to close shuts its connection pool while a heartbeat may be in flight;
-    distributed then logs the closed comm as an error with a traceback.  Heartbeat failures
-    of a worker that is not closing still show.
+
+class _CutByClose(logging.Filter):
+    """Drops distributed's errors about a connection that the job's own close cut.
+
+    Closing, a worker shuts its connections while a heartbeat or a transfer may be
+    in flight, and distributed logs the closed comm as an error with a traceback: a
+    heartbeat cut by this worker's close, or a transfer to a peer that closed first
+    (the head closes the ranks all at once).  The head tells every worker that the
+    job is closing (:data:`CLOSING_OP`, answered) before it closes any; the same
+    failures mid-run still show.
     """
 
+    CUT = ("Failed to communicate with scheduler during heartbeat", "failed during get data")
+
     def __init__(self, worker: Worker):
-        self.worker = worker
+        self.worker, self.closing = worker, False
+
+    def mark_closing(self) -> None:
+        """The handler of :data:`CLOSING_OP`."""
+        self.closing = True
 
     def filter(self, record: logging.LogRecord) -> bool:
-        closing = self.worker.status in (Status.closing, Status.closed,
-                                         Status.closing_gracefully)
-        return not (closing and str(record.msg).startswith("Failed to communicate with "
-                                                           "scheduler during heartbeat"))
+        closing = self.closing or self.worker.status in (Status.closing, Status.closed,
+                                                         Status.closing_gracefully)
+        return not (closing and str(record.msg).startswith(self.CUT))
 
 
 def quiet_logs() -> None:

@@ -214,9 +214,11 @@ def test_each_worker_rank_gets_its_own_gpu():
                                        [2, 2, 1, "7", None], [3, 3, 2, "5", None]])
 
 
-def test_only_a_heartbeat_cut_by_the_workers_own_close_is_silenced(caplog):
-    """distributed logs a heartbeat cut short by the worker's own close as an error with a
-    traceback (seen at the end of mpirun jobs); dtrain drops that record, and only that one."""
+def test_only_comms_cut_by_the_jobs_close_are_silenced(caplog):
+    """distributed logs a heartbeat cut short by the worker's own close, and a transfer to a
+    peer that closed first, as errors with a traceback (seen at the end of mpirun jobs);
+    dtrain drops those records once the head has said the job is closing (or the worker is
+    closing), and only those."""
     import asyncio
     import logging
 
@@ -226,13 +228,19 @@ def test_only_a_heartbeat_cut_by_the_workers_own_close_is_silenced(caplog):
 
     log = logging.getLogger("distributed.worker")
     heartbeat = "Failed to communicate with scheduler during heartbeat."
+    transfer = "failed during get data with %s -> %s"
 
     async def run() -> list[str]:
         async with Scheduler(port=0, dashboard=False) as scheduler:
             worker = await Worker(scheduler.address, nthreads=1)
-            log.addFilter(noise := mpi._HeartbeatCutByClose(worker))
+            log.addFilter(noise := mpi._CutByClose(worker))
+            worker.handlers[mpi.CLOSING_OP] = noise.mark_closing
             try:
                 log.error(heartbeat + " (running)")
+                log.error(transfer + " (running)", "a", "b")
+                await scheduler.broadcast(msg={"op": mpi.CLOSING_OP})    # the head's word
+                log.error(transfer + " (job closing)", "a", "b")
+                log.error("Some other error (job closing)")
                 await worker.close()
                 log.error(heartbeat + " (closed)")
                 log.error("Some other error (closed)")
@@ -242,4 +250,5 @@ def test_only_a_heartbeat_cut_by_the_workers_own_close_is_silenced(caplog):
 
     with caplog.at_level(logging.ERROR, logger="distributed.worker"):
         messages = asyncio.run(run())
-    assert messages == [heartbeat + " (running)", "Some other error (closed)"]
+    assert messages == [heartbeat + " (running)", "failed during get data with a -> b (running)",
+                        "Some other error (job closing)", "Some other error (closed)"]
