@@ -38,21 +38,29 @@ if TYPE_CHECKING:
 
 INLINE_MAX_BYTES = 1 << 20    # states up to this size are reduced and updated in the event loop
 INLINE_MAX_FLOPS = graph.TINY_FLOPS   # forward-backward tasks up to this are too
+INLINE_ALONE_FLOPS = 2e8      # ... and up to this (~5-10 ms of NumPy) on one-thread workers
 
 
-def inline_prefixes(plan: Plan, placement: Placement | None = None) -> tuple[str, ...]:
+def inline_prefixes(plan: Plan, placement: Placement | None = None,
+                    threads: int | None = None) -> tuple[str, ...]:
     """Key prefixes of the tasks short enough to run in the worker's event loop rather than
     pay a thread handoff: the reduces and updates of a state up to ``INLINE_MAX_BYTES``, and
     then forward-backward tasks of up to ``INLINE_MAX_FLOPS``, counting every shard a task
     computes where a worker's shards share one task (``placement``; data-parallel leaves only:
-    local SGD rounds and model-parallel slices have keys of their own)."""
+    local SGD rounds and model-parallel slices have keys of their own).  Where every worker
+    has one thread (``threads``, the most any worker has), its tasks run one at a time
+    whatever the executor, so forward-backward tasks of up to ``INLINE_ALONE_FLOPS`` run
+    inline too: the handoff and the two threads' turns at the GIL cost more than a few
+    milliseconds of blocked event loop (benchmarks/README.md, "Where the milliseconds
+    went")."""
     if plan.recipe.state_bytes > INLINE_MAX_BYTES:
         return ()
     shared = max(Counter(placement.leaves).values()) \
         if placement and placement.leaves and plan.recipe.fuse_shards else 1
     rows = plan.config.train.batch_size / max(len(plan.ranges), 1) * shared   # per task, step
-    tiny = plan.net.flops(rows) <= INLINE_MAX_FLOPS
-    return ("update-", "reduce-", *(("forward-backward-",) if tiny else ()))
+    limit = INLINE_ALONE_FLOPS if threads == 1 else INLINE_MAX_FLOPS
+    short = plan.net.flops(rows) <= limit
+    return ("update-", "reduce-", *(("forward-backward-",) if short else ()))
 
 
 @dataclass(frozen=True)
@@ -232,7 +240,8 @@ class DaskEngine:
         cluster.wait_for_workers(c, strategy.min_workers, cfg.cluster.timeout)
         self.inline = self.low_latency and cluster.inline_executor(c)
         placement = self.placement = strategy.place(self._workers())
-        self.inline_prefixes = inline_prefixes(self.plan, placement)
+        threads = max((i.get("nthreads", 1) for i in cluster.workers(c).values()), default=1)
+        self.inline_prefixes = inline_prefixes(self.plan, placement, threads)
         wanted = strategy.data(placement)
         for j, item in enumerate(wanted):
             if j < len(self.items) and self.items[j][0] == item.worker:

@@ -126,6 +126,16 @@ def test_shards_are_built_on_their_workers(client):
     assert [f.key for f in engine.data] == keys             # and nothing is reloaded
 
 
+def test_one_thread_workers_run_medium_forward_backward_inline(client):
+    """The engine reads the workers' threads: on one-thread workers a 3.8 MFLOP step runs in
+    the event loop; the same step on the plan alone (threads unknown) is handed to a thread."""
+    p = plan(dtrain.load_config(None, ["model.layers=[4,5000,3]", "train.batch_size=64"]))
+    engine = DaskEngine(p, client)
+    engine._place()
+    assert engine.inline and "forward-backward-" in engine.inline_prefixes
+    assert "forward-backward-" not in inline_prefixes(p, engine.placement)
+
+
 def test_replicate_and_full_batch(client):
     r = _train(client, ["train.epochs=3", "data.replicate=3", "train.batch_size=100000"])
     assert r.summary["train_samples"] == 315 and r.summary["steps"] == 3
@@ -227,8 +237,8 @@ def _thread() -> str:
 
 def test_short_tasks_run_in_the_event_loop():
     """Reduces and updates of a small state run inline; forward-backward tasks too while a
-    task's step (all the shards it computes) stays under INLINE_MAX_FLOPS; nothing does for a
-    state over 1 MiB."""
+    task's step (all the shards it computes) stays under INLINE_MAX_FLOPS, or under
+    INLINE_ALONE_FLOPS where every worker has one thread; nothing does for a state over 1 MiB."""
     def prefixes(*sets):
         return inline_prefixes(plan(dtrain.load_config(None, list(sets))))
     assert prefixes() == ("update-", "reduce-", "forward-backward-")     # iris: 131 params
@@ -236,6 +246,14 @@ def test_short_tasks_run_in_the_event_loop():
     assert prefixes(wide) == ("update-", "reduce-", "forward-backward-")  # 4 rows: 1 MFLOP
     assert prefixes(wide, "train.batch_size=64") == ("update-", "reduce-")   # 16 rows: 4 MFLOP
     assert prefixes("model.layers=[4,40000,3]") == ()                    # a 2.6 MB state
+    # one thread per worker: the task runs alone anyway, so up to 200 MFLOP go inline
+    for batch, threads, fb in ((64, 1, True), (1024, 1, True), (4096, 1, False), (64, 2, False),
+                               (64, None, False)):
+        p = plan(dtrain.load_config(None, [wide, f"train.batch_size={batch}"]))  # 4 shards
+        assert inline_prefixes(p, None, threads) == \
+            ("update-", "reduce-", *(("forward-backward-",) if fb else ())), (batch, threads)
+    assert inline_prefixes(plan(dtrain.load_config(None, ["model.layers=[4,40000,3]"])),
+                           None, 1) == ()
     # a worker's shards in one task count together: 4 shards of 4 rows on one worker
     four = [wide, "data.shards=4", "train.batch_size=16"]
     for fuse, fb in (("true", ()), ("false", ("forward-backward-",))):
