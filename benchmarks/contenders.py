@@ -77,8 +77,9 @@ class Contender:
     """One way of training the same network on the same data.
 
     ``kind``: ``local`` (dtrain in-process or on a LocalCluster), ``mpi``
-    (benchmarks.mpi_trainers), ``torch`` (benchmarks.torch_ddp) or
-    ``dtrain-mpi`` (``python -m dtrain --scheduler-rank 0`` under mpiexec).
+    (benchmarks.mpi_trainers), ``torch`` (benchmarks.torch_ddp), ``dtrain-mpi``
+    (``python -m dtrain --scheduler-rank 0`` under mpiexec) or ``floor``
+    (benchmarks.floor: dtrain's step graph with no maths, on dtrain's LocalCluster).
     ``threads``: one Dask worker process whose ``workers`` threads hold the
     ``workers`` shards (a node's shards sharing memory), instead of one process each.
     """
@@ -91,6 +92,11 @@ class Contender:
     threads: bool = False         # one worker process, one thread per training worker
 
     @property
+    def trains(self) -> bool:
+        """Leaves parameters (``params.npz``) to compare with serial's; the floor does not."""
+        return self.kind != "floor"
+
+    @property
     def server(self) -> bool:
         return self.strategy == "parameter-server"
 
@@ -100,7 +106,7 @@ class Contender:
 
         Local SGD averages every ``sync_every`` local steps: another algorithm, whose
         parameters differ from the serial reference's by design (not checked)."""
-        return self.strategy != "local-sgd"
+        return self.trains and self.strategy != "local-sgd"
 
     def dask_workers(self, workers: int) -> int:
         """cluster.workers for a LocalCluster: the server is a Dask worker too."""
@@ -168,6 +174,8 @@ class Contender:
             return w * (grad + parameters * itemsize)
         if self.kind == "torch":
             return 2 * (w - 1) * parameters * itemsize if w > 1 else 0.0
+        if self.kind == "floor":                    # every worker fetches every other's buffer
+            return w * (w - 1) * grad
         return None
 
     def command(self, tools: Tools, run_dir: Path, workers: int) -> list[str]:
@@ -176,6 +184,8 @@ class Contender:
             return [PYTHON, "-m", "benchmarks.local", str(run_dir)]
         if self.kind == "torch":
             return [PYTHON, "-m", "benchmarks.torch_ddp", str(run_dir), str(workers)]
+        if self.kind == "floor":
+            return [PYTHON, "-m", "benchmarks.floor", str(run_dir)]
         ranks = self.processes(workers)
         if self.kind == "mpi":
             return [*tools.mpi_command(ranks), PYTHON, "-m", "mpi4py",   # an error aborts every rank
@@ -195,6 +205,8 @@ CONTENDERS = [
               driver=True),
     Contender("dtrain-ps", "dtrain parameter-server on a LocalCluster", "local",
               "parameter-server", driver=True),
+    Contender("dask-floor", "dtrain-allreduce's step graph with no maths: Dask's own cost",
+              "floor", "allreduce", driver=True),
     Contender("dtrain-threads", "dtrain allreduce on a LocalCluster of one worker process, "
               "one thread per shard", "local", "allreduce", driver=True, threads=True),
     Contender("dtrain-local-sgd", f"dtrain local-sgd (sync_every = {LOCAL_SGD_SYNC_EVERY}) on a "

@@ -162,7 +162,7 @@ def run_one(wl: Workload, workers: int, contender: Contender, repeat: int, args,
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     run.wall_seconds = time.perf_counter() - start
-    if code != 0 or not (run_dir / "params.npz").is_file():
+    if code != 0 or (contender.trains and not (run_dir / "params.npz").is_file()):
         tail = (run_dir / "log.txt").read_text(errors="replace").strip().splitlines()[-3:]
         run.status, run.note = "failed", f"exit {code}: " + " | ".join(tail)
         return run
@@ -220,7 +220,7 @@ def compare_with_serial(runs: list[Run], out: Path, keep: bool) -> None:
               if r.contender == "serial" and r.status == "ok"}
     for r in runs:
         ref = serial.get((r.workload, r.workers, r.repeat))
-        if r.status == "ok" and ref is not None:
+        if r.status == "ok" and ref is not None and path(r).is_file():   # the floor has none
             r.params_delta = params_delta(path(r), ref)
     if not keep:
         for r in runs:

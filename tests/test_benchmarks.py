@@ -90,6 +90,11 @@ def test_every_dtrain_strategy_has_a_contender_with_its_own_config(shared_data):
     assert BY_NAME["mpi-ps"].formula_bytes(9, 4, 2, 11) == 2 * (44 + 36)  # gather + broadcast
     assert BY_NAME["torch-ddp"].formula_bytes(9, 4, 2, 11) == 2 * 36
     assert BY_NAME["dtrain-allreduce"].formula_bytes(9, 4, 2, 11) is None  # dtrain measures
+    floor = BY_NAME["dask-floor"]              # each worker fetches every other's buffer
+    assert [floor.formula_bytes(9, 4, n, 11) for n in (1, 2, 4)] == [0, 2 * 44, 12 * 44]
+    assert not floor.trains and not floor.synchronous and floor.processes(2) == 3
+    cfg = floor.config_for(workloads["P3"], 2, shared_data)     # dtrain-allreduce's cluster
+    assert cfg == BY_NAME["dtrain-allreduce"].config_for(workloads["P3"], 2, shared_data)
 
 
 def test_bad_arguments_are_one_line_and_exit_2():
@@ -130,6 +135,7 @@ def test_rows_medians_ratios_scaling_and_targets():
                  comm_source="measured"),
             _run("w", 2, "dtrain-local-sgd", [9.0, 2.0], delta=2e-2, synchronous=False,
                  comm_bytes=3 * 2**20, comm_source="measured", comm_bytes_predicted=3 * 2**20),
+            _run("w", 2, "dask-floor", [9.0, 2.0], synchronous=False),
             _run("v", 1, "mpi-ps", [1.0, 2.0]), _run("v", 2, "mpi-ps", [1.0, 2.5])]
     runs[4] |= {"comm_bytes": 1536.0, "comm_source": "formula"}      # mpi-allreduce at 2
     runs[5] |= {"comm_bytes": 2048.0, "comm_source": "measured", "comm_bytes_predicted": 2000.0}
@@ -159,7 +165,7 @@ def test_rows_medians_ratios_scaling_and_targets():
 
     found = report.targets(rows, [wl])
     checks = {(t["what"], t["contender"]): t for t in found}
-    assert {c for _, c in checks} == {"dtrain-allreduce", "dtrain-threads"}
+    assert {c for _, c in checks} == {"dtrain-allreduce", "dtrain-threads", "dask-floor"}
     assert checks["mpi_ratio", "dtrain-allreduce"]["value"] == 1.25
     assert checks["mpi_ratio", "dtrain-allreduce"]["met"] is True
     assert checks["step_ms", "dtrain-allreduce"]["value"] == 250.0
@@ -182,9 +188,12 @@ def test_rows_medians_ratios_scaling_and_targets():
     assert (cell["2", "dtrain-threads"]["procs"], cell["1", "dtrain-threads"]["procs"]) == ("2*", "2")
     assert "(n/c): not comparable" in foot and "bytes/step" in foot
     assert title.startswith("Targets") and theader == \
-        ["workload", "measure", "goal", "dtrain-allreduce", "dtrain-threads", "dtrain-mpi-allreduce"]
-    assert tbody == [["w", "dtrain / mpi4py Allreduce", "<= 1.5", "1.25 yes", "1.50 yes", "-"],
-                     ["w", "ms per step", "<= 10", "250.00 NO", "300.00 NO", "-"]]
+        ["workload", "measure", "goal", "dtrain-allreduce", "dtrain-threads",
+         "dtrain-mpi-allreduce", "dask-floor"]
+    assert tbody == [["w", "dtrain / mpi4py Allreduce", "<= 1.5", "1.25 yes", "1.50 yes", "-",
+                      "1.00 yes"],
+                     ["w", "ms per step", "<= 10", "250.00 NO", "300.00 NO", "-", "200.00 NO"]]
+    assert cell["2", "dask-floor"]["params vs serial"] == "-"
 
 
 def test_params_delta_is_relative_to_the_reference(tmp_path):
@@ -238,6 +247,10 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
         assert r["status"] == "ok", (name, r["note"])
         assert r["epoch_s"] > 0 and r["worker_mb"] > 0 and r["steps"] == 10
         assert r["synchronous"] == BY_NAME[name].synchronous
+        if not BY_NAME[name].trains:            # the floor: the step graph, no maths
+            assert r["params_delta"] is None and r["final_train_loss"] is None
+            assert r["bytes_source"] == "formula" and (r["bytes_per_step"] > 0) == (r["workers"] > 1)
+            continue
         if r["synchronous"]:                    # local SGD is another algorithm: not checked
             assert r["params_delta"] < 1e-5, (name, r["workers"], r["params_delta"])
             serial = next(s for s in rows
@@ -262,7 +275,7 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
     ran = [r for r in rows if r["status"] == "ok"]
     assert {r["contender"] for r in ran} >= {"serial", "dtrain-allreduce", "dtrain-ps",
                                              "dtrain-threads", "dtrain-local-sgd",
-                                             "dtrain-model-parallel"}
+                                             "dtrain-model-parallel", "dask-floor"}
     assert all(r["params_delta"] == 0.0 for r in ran if r["contender"] == "serial")
     at = {(r["workers"], r["contender"]): r for r in ran}
     assert at[2, "dtrain-allreduce"]["bytes_per_step"] > 0             # two worker processes
@@ -275,7 +288,7 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
     assert "### Strong scaling (same data)" in table
     assert "| bytes/step |" in table and " (n/c) |" in table
     assert "| workload | measure | goal | dtrain-allreduce | dtrain-threads | " \
-           "dtrain-mpi-allreduce |" in table
+           "dtrain-mpi-allreduce | dask-floor |" in table
     assert (out / "results.md").read_text().strip() in table
     page = (out / "results.html").read_text()
     assert "Bokeh" in page and "P3 (strong scaling): speedup" in page
