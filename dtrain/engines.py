@@ -51,8 +51,8 @@ def inline_prefixes(plan: Plan, placement: Placement | None = None,
     has one thread (``threads``, the most any worker has), its tasks run one at a time
     whatever the executor, so forward-backward tasks of up to ``INLINE_ALONE_FLOPS`` run
     inline too: the handoff and the two threads' turns at the GIL cost more than a few
-    milliseconds of blocked event loop (benchmarks/README.md, "Where the milliseconds
-    went")."""
+    milliseconds of blocked event loop (measured in benchmarks/README.md, "Latest
+    results")."""
     if plan.recipe.state_bytes > INLINE_MAX_BYTES:
         return ()
     shared = max(Counter(placement.leaves).values()) \
