@@ -5,11 +5,13 @@ gets (:func:`dtrain.cluster.connect` on ``RUN_DIR/config.toml``, the same
 low-latency streams and inline executor) and runs, for every minibatch of the
 run's epochs, one ``exchange-<step>-<worker>`` task per worker that waits for
 every worker's task of the step before and returns a fresh buffer the size of
-dtrain's gradient buffer (``P + 2`` numbers of the run's dtype).  That is the
-shape of dtrain's replicated allreduce step: each worker reads every other
-worker's partial sum, then goes on.  The run pays the scheduler round trip, the
-worker-to-worker fetch and the bytes of a dtrain step, and no forward-backward,
-update, data or metrics.
+dtrain's gradient buffer (``P + 2`` numbers of the run's dtype).  At 2 workers
+that is the least a synchronous step across processes can be, and the skeleton
+of dtrain's replicated allreduce step: each worker reads the other's partial
+sum, then goes on.  The run pays the scheduler round trip, the worker-to-worker
+fetch and the bytes of a dtrain step, and no forward-backward, update, kept
+states, data or metrics.  (At more workers every worker reads every other, an
+all-to-all that dtrain's reduce tree does not do: there it is no floor.)
 
 The whole run is one graph, submitted before the clock starts for epoch 2, so
 the per-epoch times (epoch 1, which carries the submission, is dropped like
