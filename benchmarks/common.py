@@ -54,9 +54,12 @@ def own_shards(the_plan: Plan, ranks: int, rank: int, strategy: str) -> list[dat
     return shards
 
 
-def epoch_row(the_plan: Plan, epoch: int, seconds: float, loss: float, samples: int) -> dict[str, Any]:
-    """One ``metrics.jsonl`` line, with dtrain's keys, for a contender that is not dtrain."""
-    return {"epoch": epoch, "train_loss": loss / max(samples, 1), "seconds": seconds,
+def epoch_row(the_plan: Plan, epoch: int, seconds: float, loss: float | None,
+              samples: int) -> dict[str, Any]:
+    """One ``metrics.jsonl`` line, with dtrain's keys, for a contender that is not dtrain
+    (``loss`` None: it trains nothing)."""
+    return {"epoch": epoch, "train_loss": None if loss is None else loss / max(samples, 1),
+            "seconds": seconds,
             "samples_per_second": the_plan.train_samples / seconds if seconds else None,
             "lr": the_plan.schedule.rates[epoch - 1], "steps": the_plan.schedule.steps_per_epoch}
 

@@ -75,8 +75,7 @@ def run(run_dir: Path) -> None:
         for e in range(epochs):
             wait(futures[e * n:(e + 1) * n])
             now = time.perf_counter()
-            row = epoch_row(the_plan, e + 1, now - start, 0.0, 1)
-            rows.append(row | {"train_loss": None})
+            rows.append(epoch_row(the_plan, e + 1, now - start, None, 0))
             start = now
         peaks = client.run(peak_rss_mb)
         workers = [peaks[a] for a in addresses]

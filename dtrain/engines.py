@@ -208,7 +208,7 @@ class DaskEngine:
         return graph.key(name, *parts, run=self.run_id)
 
     def _workers(self) -> list[Worker]:
-        """The workers there now, as placement sees them: GPU or not, and how fast."""
+        """The workers there now, as placement sees them: GPU or not, how fast, how many threads."""
         cfg = self.plan.config
         info = cluster.workers(self.client)
         gpu = {a: cfg.cluster.device != "cpu" and device.is_gpu_worker(i) and
@@ -232,16 +232,18 @@ class DaskEngine:
             for a in info.keys() - self.speed.keys():
                 self.speed[a] = self.client.run(device.throughput, self.plan.net, rows, gpu[a],
                                                 workers=[a])[a]
-        return [Worker(a, gpu[a], self.speed.get(a, 1.0)) for a in info]
+        return [Worker(a, gpu[a], self.speed.get(a, 1.0), i.get("nthreads", 1))
+                for a, i in info.items()]
 
     def _place(self) -> Placement:
         """Placement over the workers there now; (re)load data that must move."""
         cfg, c, strategy = self.plan.config, self.client, self.plan.strategy
         cluster.wait_for_workers(c, strategy.min_workers, cfg.cluster.timeout)
         self.inline = self.low_latency and cluster.inline_executor(c)
-        placement = self.placement = strategy.place(self._workers())
-        threads = max((i.get("nthreads", 1) for i in cluster.workers(c).values()), default=1)
-        self.inline_prefixes = inline_prefixes(self.plan, placement, threads)
+        workers = self._workers()
+        placement = self.placement = strategy.place(workers)
+        self.inline_prefixes = inline_prefixes(self.plan, placement,
+                                               max((w.threads for w in workers), default=1))
         wanted = strategy.data(placement)
         for j, item in enumerate(wanted):
             if j < len(self.items) and self.items[j][0] == item.worker:

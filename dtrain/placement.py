@@ -15,11 +15,13 @@ import numpy as np
 @dataclass(frozen=True)
 class Worker:
     """A worker as placement sees it: its address, whether it computes on a GPU, and its
-    relative speed (measured when CPU and GPU workers mix; else 1)."""
+    relative speed (measured when CPU and GPU workers mix; else 1); and its task threads
+    (which tasks may skip the thread pool: :func:`dtrain.engines.inline_prefixes`)."""
 
     address: str
     gpu: bool = False
     weight: float = 1.0
+    threads: int = 1
 
 
 @dataclass(frozen=True)

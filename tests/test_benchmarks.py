@@ -249,9 +249,7 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
         assert r["synchronous"] == BY_NAME[name].synchronous
         if not BY_NAME[name].trains:            # the floor: the step graph, no maths
             assert r["params_delta"] is None and r["final_train_loss"] is None
-            assert r["bytes_source"] == "formula" and (r["bytes_per_step"] > 0) == (r["workers"] > 1)
-            continue
-        if r["synchronous"]:                    # local SGD is another algorithm: not checked
+        elif r["synchronous"]:                  # local SGD is another algorithm: not checked
             assert r["params_delta"] < 1e-5, (name, r["workers"], r["params_delta"])
             serial = next(s for s in rows
                           if s["contender"] == "serial" and s["workers"] == r["workers"])
@@ -270,7 +268,8 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
             assert r["bytes_source"] == "formula" and (r["bytes_per_step"] > 0) == moves
         assert r["busy"] >= r["processes"]
         assert r["oversubscribed"] == (r["busy"] > report.cores())
-        if r["driver_mb"] is not None:          # it reads file headers, never the data (~130 MiB)
+        if r["driver_mb"] is not None and BY_NAME[name].trains:   # it reads file headers,
+            # never the data (~130 MiB; the floor's workers hold none either)
             assert r["driver_mb"] < r["worker_mb"] - 100, (name, r["driver_mb"], r["worker_mb"])
     ran = [r for r in rows if r["status"] == "ok"]
     assert {r["contender"] for r in ran} >= {"serial", "dtrain-allreduce", "dtrain-ps",
