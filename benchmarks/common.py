@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import dtrain
-from dtrain import data
-from dtrain.config import Config
-from dtrain.placement import place
-from dtrain.trainer import Plan, plan
+from dtrain.core.config import Config
+from dtrain.data.prepare import clear_cache
+from dtrain.data.shards import Shard, load_shard
+from dtrain.training.plan import Plan, plan
 
 RSS_FILE = "rss.json"
 
@@ -38,19 +38,18 @@ def load_run(run_dir: str | Path) -> tuple[Config, Plan]:
     return cfg, plan(cfg)
 
 
-def own_shards(the_plan: Plan, ranks: int, rank: int, strategy: str) -> list[data.Shard]:
+def own_shards(the_plan: Plan, ranks: int, rank: int) -> list[Shard]:
     """The shards rank ``rank`` of ``ranks`` holds, in shard order, built from the files here.
 
-    Shards go to ranks in contiguous blocks exactly as dtrain places them on
-    workers (:func:`dtrain.placement.place`; with ``parameter-server`` rank 0 is the
-    server and holds none).  The process's cached copy of the dataset is dropped
+    Shards go to ranks in contiguous blocks exactly as dtrain's plan places them on
+    workers (:func:`dtrain.taskgraph.placement.place`; with ``parameter-server`` rank 0 is
+    the server and holds none).  The process's cached copy of the dataset is dropped
     once they are built, as dtrain's workers do.
     """
-    cfg = the_plan.config
-    owners = place([str(r) for r in range(ranks)], len(the_plan.ranges), strategy).leaves
-    shards = [data.load_shard(cfg.data, i, a, b, the_plan.info.train, cfg.model.dtype)
-              for i, (a, b) in enumerate(the_plan.ranges) if owners[i] == str(rank)]
-    data.clear_cache()
+    owners = the_plan.builder.place([str(r) for r in range(ranks)]).leaves
+    shards = [load_shard(src) for i, src in enumerate(the_plan.sources)
+              if owners[i] == str(rank)]
+    clear_cache()
     return shards
 
 

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dtrain.config import Config
-from dtrain.errors import UserError
-from dtrain.trainer import plan
+from dtrain.core.config import Config
 
 from benchmarks.workloads import Workload
 
@@ -149,11 +147,6 @@ class Contender:
         if self.kind == "torch":
             return "torch is not installed: pip install torch==2.13.0" if not tools.torch \
                 else torch_unsupported(cfg)
-        if self.strategy == "model-parallel":           # dtrain's own check of the split
-            try:
-                plan(cfg)
-            except UserError as exc:
-                return str(exc)
         return None
 
     def formula_bytes(self, parameters: int, itemsize: int, workers: int,

@@ -1,7 +1,7 @@
 """Dask's floor under dtrain's step: the same graph shape with the maths taken out.
 
 ``python -m benchmarks.floor RUN_DIR`` starts the cluster ``dtrain-allreduce``
-gets (:func:`dtrain.cluster.connect` on ``RUN_DIR/config.toml``, the same
+gets (:func:`dtrain.deploy.connect.connect` on ``RUN_DIR/config.toml``, the same
 low-latency streams and inline executor) and runs, for every minibatch of the
 run's epochs, one ``exchange-<step>-<worker>`` task per worker that waits for
 every worker's task of the step before and returns a fresh buffer the size of
@@ -33,7 +33,9 @@ import numpy as np
 from dask.task_spec import Task, TaskRef
 from distributed import wait
 
-from dtrain import cluster
+from dtrain.deploy import tuning
+from dtrain.deploy.connect import connect
+from dtrain.deploy.workers import worker_addresses
 
 from benchmarks.common import epoch_row, load_run, peak_rss_mb, write_rss
 
@@ -58,17 +60,17 @@ def graph(steps: int, workers: int, numbers: int, dtype: str) -> dict[str, Task]
 def run(run_dir: Path) -> None:
     cfg, the_plan = load_run(run_dir)
     per_epoch, epochs = the_plan.schedule.steps_per_epoch, cfg.train.epochs
-    with cluster.connect(cfg.cluster) as client:
-        tuned = cluster.low_latency(client) if cfg.cluster.low_latency else False
-        inline = tuned and cluster.inline_executor(client)
-        addresses = cluster.worker_addresses(client)
+    with connect(cfg.cluster) as client:
+        tuned = tuning.low_latency(client) if cfg.cluster.low_latency else False
+        inline = tuned and tuning.inline_executor(client)
+        addresses = worker_addresses(client)
         n = len(addresses)
         dsk = graph(per_epoch * epochs, n, the_plan.net.buffer_size, cfg.model.dtype)
         ends = [[f"exchange-{(e + 1) * per_epoch - 1}-{w}" for w in range(n)]
                 for e in range(epochs)]
         with dask.annotate(workers=lambda key: [addresses[int(key.rsplit("-", 1)[1])]],
                            allow_other_workers=True,
-                           executor=cluster.INLINE if inline else "default"):
+                           executor=tuning.INLINE if inline else "default"):
             start = time.perf_counter()
             futures = client.get(dsk, [k for keys in ends for k in keys], sync=False)
         rows = []

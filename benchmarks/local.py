@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import dtrain
-from dtrain import cluster
+from dtrain.deploy.connect import connect
+from dtrain.deploy.workers import worker_addresses
 
 from benchmarks.common import peak_rss_mb, write_rss
 
@@ -23,10 +24,10 @@ def run(run_dir: Path) -> None:
         dtrain.train(cfg, out=run_dir, echo=None)
         write_rss(run_dir, None, [peak_rss_mb()])
         return
-    with cluster.connect(cfg.cluster) as client:
+    with connect(cfg.cluster) as client:
         dtrain.train(cfg, client=client, out=run_dir, echo=None)
         peaks = client.run(peak_rss_mb)
-        workers = [peaks[addr] for addr in cluster.worker_addresses(client)]
+        workers = [peaks[addr] for addr in worker_addresses(client)]
     write_rss(run_dir, peak_rss_mb(), workers)
 
 

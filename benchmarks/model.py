@@ -77,8 +77,8 @@ def chain_seconds(client: Any, workers: list[str], n: int, nbytes: int) -> float
 def compute_rates(cfg: Any, rows: int, repeat: int = 5) -> dict[str, float]:
     """Forward-backward FLOP/s on ``rows`` rows and seconds per update of ``cfg``'s network,
     timed in this process (run it on a worker with ``client.run``)."""
-    from dtrain.optim import update
-    from dtrain.trainer import plan
+    from dtrain.maths.optim import update
+    from dtrain.training.plan import plan
 
     p = plan(cfg)
     rng = np.random.default_rng(0)
@@ -134,9 +134,9 @@ def measured_step(cfg: Any, client: Any) -> float:
 
 def constants(client: Any) -> dict[str, float]:
     """hop, fetch and bandwidth on this cluster's first two workers."""
-    from dtrain import cluster
+    from dtrain.deploy.workers import worker_addresses
 
-    a, b = cluster.worker_addresses(client)[:2]
+    a, b = worker_addresses(client)[:2]
     hop = chain_seconds(client, [a], 200, 1024)
     small = chain_seconds(client, [a, b], 200, 1024)
     big_bytes = 8 << 20
@@ -181,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     import dask
     from distributed import Client, LocalCluster
 
-    from dtrain import cluster
-    from dtrain.trainer import plan
+    from dtrain.deploy import tuning
+    from dtrain.deploy.workers import worker_addresses
+    from dtrain.training.plan import plan
     from benchmarks.run import DEFAULT_DATA
     from benchmarks.workloads import load_workloads
 
@@ -196,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # dtrain's own worker settings: its allocator environment, then its low-latency streams
     with dask.config.set({"distributed.scheduler.work-stealing": False}), \
-            cluster.allocator_env(), \
+            tuning.allocator_env(), \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                          dashboard_address=":0") as lc, Client(lc) as client:
-        cluster.low_latency(client)
+        tuning.low_latency(client)
         c = constants(client)
         print(f"constants (this machine, 2 worker processes): hop {c['hop'] * 1e3:.2f} ms, "
               f"fetch {c['fetch'] * 1e3:.2f} ms, bandwidth {c['bandwidth'] / 1e9:.2f} GB/s, "
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 batch = p.train_samples / p.schedule.steps_per_epoch   # mean rows per step
                 # on as many workers at once as will compute at once: cores are shared
                 rates = client.run(compute_rates, cfg, math.ceil(batch / workers),
-                                   workers=cluster.worker_addresses(client)[:workers])
+                                   workers=worker_addresses(client)[:workers])
                 rate = min(rates.values(), key=lambda r: r["flops"])
                 pred = predict(c, workers, batch, p.net.size, p.recipe.state_bytes,
                                p.recipe.leaf_bytes, rate["flops"], rate["update"])
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             runner = client if workers == 2 else None
             cfg = table[name].config_for(workers, "allreduce", 2, data_dir)
             if runner is None:
-                with cluster.allocator_env(), \
+                with tuning.allocator_env(), \
                         LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                                      dashboard_address=":0") as one, Client(one) as c1:
                     got = measured_step(_epochs(cfg, args.epochs), c1)

@@ -12,7 +12,7 @@ Run under MPI: ``mpiexec -n N python -m mpi4py -m benchmarks.mpi_trainers RUN_DI
   them in rank order, updates, and ``Bcast``\\ s the new parameters.
 
 The model, optimizer, split, normalization, shards and minibatch order are
-dtrain's own (:mod:`dtrain.model`, :mod:`dtrain.optim`, :mod:`dtrain.data`),
+dtrain's own (:mod:`dtrain.maths`, :mod:`dtrain.data`),
 so these trainers differ from dtrain only in how they communicate.  Rank 0
 writes ``metrics.jsonl`` and ``params.npz`` as dtrain does, and ``rss.json``.
 """
@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from dtrain.optim import Optimizer, Step, TrainState, sum_buffers
-from dtrain.report import RunDir
+from dtrain.core.arrays import sum_in_order
+from dtrain.maths.optim import Optimizer, Step, TrainState
+from dtrain.observe.rundir import RunDir
 
 from benchmarks.common import (epoch_row, load_run, own_shards, peak_rss_mb,
                                write_rss)
@@ -37,7 +38,7 @@ def local_gradient(p, params, shards, step: Step) -> np.ndarray:
     shard order; zeros on a rank without shards."""
     grads = [p.net.loss_and_grad(params, *s.batch(step.epoch, *step.bounds[s.index],
                                                   p.recipe.shuffle_seed)) for s in shards]
-    return sum_buffers(*grads) if grads else np.zeros(p.net.buffer_size, dtype=params.dtype)
+    return sum_in_order(*grads) if grads else np.zeros(p.net.buffer_size, dtype=params.dtype)
 
 
 class Allreduce:
@@ -67,7 +68,7 @@ class ParameterServer:
     def step(self, grad: np.ndarray, step: Step) -> None:
         self.comm.Gather(grad, self.inbox, root=0)          # rank 0 sends an ignored row
         if self.comm.rank == 0:
-            self.state = self.opt.apply(self.state, sum_buffers(*self.inbox[1:]), step)
+            self.state = self.opt.apply(self.state, sum_in_order(*self.inbox[1:]), step)
             self.params[...] = self.opt.params(self.state)
         self.comm.Bcast(self.params, root=0)
 
@@ -79,7 +80,7 @@ def main(run_dir: Path) -> None:
     if strategy not in ("allreduce", "parameter-server"):
         raise SystemExit(f"mpi_trainers: graph.strategy must be allreduce or parameter-server, "
                          f"not {strategy!r}")
-    shards = own_shards(p, comm.size, comm.rank, strategy)
+    shards = own_shards(p, comm.size, comm.rank)
     trainer = (Allreduce if strategy == "allreduce" else ParameterServer)(
         comm, p.opt, p.initial_state())
     out = RunDir(run_dir, cfg) if comm.rank == 0 else None

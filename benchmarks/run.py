@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from dtrain.errors import UserError
-from dtrain.trainer import plan
+from dtrain.core.errors import UserError
+from dtrain.training.plan import plan
 
 from benchmarks import report
 from benchmarks.contenders import BY_NAME, CONTENDERS, REPO, Contender, Tools
@@ -131,7 +131,11 @@ def run_one(wl: Workload, workers: int, contender: Contender, repeat: int, args,
     """Run one cell in fresh processes and read back what it left."""
     run = Run(wl.name, workers, contender.name, repeat, contender.processes(workers),
               busy=contender.busy(workers), synchronous=contender.synchronous)
-    cfg = contender.config_for(wl, workers, args.data_dir)
+    try:
+        cfg = contender.config_for(wl, workers, args.data_dir)
+    except UserError as exc:                        # a config dtrain cannot run, e.g. no
+        run.status, run.note = "skipped", str(exc)  # hidden layer to split into slices
+        return run
     reason = wl.cannot_run(workers, args.data_dir) or contender.unavailable(tools, cfg)
     if reason:
         run.status, run.note = "skipped", reason

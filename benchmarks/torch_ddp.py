@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dtrain.report import RunDir
+from dtrain.data.shards import minibatch
+from dtrain.observe.rundir import RunDir
 
 from benchmarks.common import epoch_row, load_run, own_shards, peak_rss_mb, write_rss
 from benchmarks.contenders import torch_unsupported
@@ -61,7 +62,7 @@ def train_rank(rank: int, world: int, run_dir: Path, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         cfg, p = load_run(run_dir)
-        shards = own_shards(p, world, rank, "allreduce")
+        shards = own_shards(p, world, rank)
         model = DistributedDataParallel(build_model(p))
         optim = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr,
                                 momentum=cfg.optim.momentum if cfg.optim.name == "momentum" else 0)
@@ -72,9 +73,9 @@ def train_rank(rank: int, world: int, run_dir: Path, port: int) -> None:
             step = p.schedule[t]
             if step.first:
                 began, loss_sum[0] = time.perf_counter(), 0.0
-            rows = [s.batch(step.epoch, *step.bounds[s.index], p.recipe.shuffle_seed) for s in shards]
-            x = torch.from_numpy(np.concatenate([r[0] for r in rows]))
-            y = torch.from_numpy(np.concatenate([r[1] for r in rows]))
+            x, y = minibatch(shards, step.epoch, [step.bounds[s.index] for s in shards],
+                             p.recipe.shuffle_seed)
+            x, y = torch.from_numpy(x), torch.from_numpy(y)
             for group in optim.param_groups:
                 group["lr"] = step.lr
             optim.zero_grad()

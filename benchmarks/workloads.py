@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import dtrain
-from dtrain.config import Config
+from dtrain.core.config import Config
 
 WORKLOADS_FILE = Path(__file__).with_name("workloads.toml")
 FILE_DATASETS = {"mnist": "mnist"}          # dataset -> folder under --data-dir

@@ -4,12 +4,15 @@
 >>> cfg = dtrain.load_config("configs/iris.toml", ["train.epochs=5"])   # doctest: +SKIP
 >>> result = dtrain.train(cfg)                                          # doctest: +SKIP
 >>> result.summary["test_accuracy"]                                     # doctest: +SKIP
+
+The package is layered; ``ARCHITECTURE.md`` says what each part holds and
+where a change belongs.
 """
 from __future__ import annotations
 
-from dtrain.config import Config, load_config
-from dtrain.errors import UserError
-from dtrain.trainer import RunResult, train
+from dtrain.core.config import Config, load_config
+from dtrain.core.errors import Diverged, UserError
+from dtrain.training.trainer import RunResult, resume, train
 
-__all__ = ["Config", "RunResult", "UserError", "load_config", "train"]
+__all__ = ["Config", "Diverged", "RunResult", "UserError", "load_config", "resume", "train"]
 __version__ = "0.1.0"

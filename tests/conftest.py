@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import subprocess
 import sys
@@ -63,9 +62,10 @@ class MallInfo2(ctypes.Structure):
 def mallinfo2() -> MallInfo2 | None:
     """This process's allocator statistics (``uordblks``: heap bytes in use, ``hblkhd``:
     bytes mapped outside the heaps); None without glibc 2.33+."""
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    from dtrain.deploy.tuning import libc
+
+    fn = getattr(libc(), "mallinfo2", None)
+    if fn is None:
         return None
     fn.restype = MallInfo2
     return fn()

@@ -11,8 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from dtrain import cli, report
-from dtrain.errors import UserError
+from dtrain import cli
+from dtrain.core.errors import UserError
+from dtrain.observe.recorder import Recorder
 
 
 def _pause() -> None:
@@ -35,14 +36,14 @@ ACTIONS = {"driver-raises": _raise(RuntimeError("injected driver failure at epoc
 
 def _inject(fault: str) -> None:
     action = ACTIONS[fault]
-    original = report.Recorder.epoch
+    original = Recorder.epoch
 
     def epoch(self, row):
         if row["epoch"] == 2:
             action()
         original(self, row)
 
-    report.Recorder.epoch = epoch
+    Recorder.epoch = epoch
 
 
 if __name__ == "__main__":

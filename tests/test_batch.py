@@ -18,9 +18,10 @@ import yaml
 import dtrain
 import mpirun
 from conftest import REPO, run_cli
-from dtrain import batch, cluster
-from dtrain.config import ClusterConfig
-from dtrain.errors import UserError
+from dtrain.core.config import ClusterConfig
+from dtrain.core.errors import UserError
+from dtrain.deploy import jobqueue
+from dtrain.deploy.options import security_for
 
 pytest.importorskip("dask_jobqueue", reason="pip install -e '.[jobqueue]'")
 
@@ -28,7 +29,7 @@ pytest.importorskip("dask_jobqueue", reason="pip install -e '.[jobqueue]'")
 @pytest.fixture
 def site(tmp_path) -> Path:
     """The shipped jobqueue.yaml, with the TLS key written under tmp_path instead of ~."""
-    data = yaml.safe_load(batch.DEFAULT_FILE.read_text())
+    data = yaml.safe_load(jobqueue.DEFAULT_FILE.read_text())
     for section in data["jobqueue"].values():
         section["shared-temp-directory"] = str(tmp_path / "shared")
     (tmp_path / "shared").mkdir()
@@ -40,7 +41,7 @@ def site(tmp_path) -> Path:
 def _job_script(site: Path, kind: str, *sets: str) -> str:
     cfg = dtrain.load_config(None, [f"cluster.kind={kind}", f"cluster.jobqueue_file={site}",
                                     "cluster.dashboard_address=127.0.0.1:0", *sets]).cluster
-    with batch.settings(cfg), batch.make_cluster(cfg, cluster.security_for(cfg, True)) as jobs:
+    with jobqueue.settings(cfg), jobqueue.make_cluster(cfg, security_for(cfg, True)) as jobs:
         return jobs.job_script()
 
 
@@ -72,7 +73,7 @@ def test_worker_jobs_get_the_per_run_key_privately_and_briefly(site, tmp_path):
     the cluster."""
     cfg = dtrain.load_config(None, ["cluster.kind=slurm", f"cluster.jobqueue_file={site}",
                                     "cluster.dashboard_address=127.0.0.1:0"]).cluster
-    with batch.settings(cfg), batch.make_cluster(cfg, cluster.security_for(cfg, True)) as jobs:
+    with jobqueue.settings(cfg), jobqueue.make_cluster(cfg, security_for(cfg, True)) as jobs:
         key = Path(re.search(r"--tls-key (\S+)", jobs.job_script()).group(1))
         assert key.parent == tmp_path / "shared"
         assert stat.S_IMODE(key.stat().st_mode) == 0o600 and "PRIVATE KEY" in key.read_text()
@@ -91,11 +92,11 @@ def test_a_site_file_without_the_section_is_one_clear_error(tmp_path):
     path.write_text("jobqueue:\n  slurm: {}\n")
     cfg = dtrain.load_config(None, ["cluster.kind=pbs", f"cluster.jobqueue_file={path}"]).cluster
     with pytest.raises(UserError, match=r"has no 'jobqueue: pbs:' table"):
-        with batch.settings(cfg):
+        with jobqueue.settings(cfg):
             pass
     missing = ClusterConfig(kind="slurm", jobqueue_file=str(tmp_path / "nope.yaml"))
     with pytest.raises(UserError, match=r"jobqueue file .*nope.yaml not found"):
-        with batch.settings(missing):
+        with jobqueue.settings(missing):
             pass
 
 

@@ -15,7 +15,8 @@ from benchmarks.contenders import BY_NAME, CONTENDERS, LOCAL_SGD_SYNC_EVERY, Too
 from benchmarks.run import Run, params_delta
 from benchmarks.workloads import load_workloads
 from conftest import REPO
-from dtrain.trainer import plan
+from dtrain.core.errors import UserError
+from dtrain.training.plan import plan
 
 
 def _bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -74,13 +75,13 @@ def test_every_dtrain_strategy_has_a_contender_with_its_own_config(shared_data):
         cfg = threads.config_for(workloads["P3"], n, shared_data)
         assert (cfg.graph.strategy, cfg.cluster.workers, cfg.cluster.threads_per_worker,
                 cfg.data.shards) == ("allreduce", 1, n, n)
-        assert plan(cfg).strategy.place(["only"]).leaves == ("only",) * n    # shards share it
+        assert plan(cfg).builder.place(["only"]).leaves == ("only",) * n     # shards share it
         assert (threads.processes(n), threads.busy(n)) == (2, n + 1)
         assert (BY_NAME["dtrain-allreduce"].processes(n), BY_NAME["dtrain-allreduce"].busy(n)) \
             == (n + 1, n + 1)
-    for name in ("in784", "in3248", "in12544"):
-        note = split.unavailable(tools, split.config_for(workloads[name], 2, shared_data))
-        assert note and "has none" in note and "hidden" in note
+    for name in ("in784", "in3248", "in12544"):     # the config itself is refused
+        with pytest.raises(UserError, match="splits hidden layers, but .* has none"):
+            split.config_for(workloads[name], 2, shared_data)
     assert [c.synchronous for c in (local, split, threads)] == [False, True, True]
     # pencil-and-paper bytes per step for the others: P = 9 parameters of 4 bytes
     # P = 9 parameters of 4 bytes; dtrain's buffer has P + 2 = 11 numbers
@@ -305,16 +306,17 @@ def test_the_performance_model_counts_the_tasks_dtrain_builds(workers, k):
     from dask.task_spec import TaskRef
 
     from benchmarks.model import tasks_per_step
-    from dtrain import graph, load_config
-    from dtrain.placement import place
+    from dtrain import load_config
+    from dtrain.taskgraph.dataparallel import window_graph
+    from dtrain.taskgraph.placement import place
 
     p = plan(load_config(None, [f"data.shards={workers}", f"graph.fan_in={k}",
                                 "train.epochs=1"]))
     names = [f"w{i}" for i in range(workers)]
-    placement = place(names, workers, "allreduce")
-    win = graph.window_graph([p.schedule[1]], p.initial_state(),
-                             [TaskRef(f"load-shard-{i}") for i in range(workers)],
-                             TaskRef("load-val"), placement, p.recipe, "run")
+    placement = place(names, workers)
+    win = window_graph([p.schedule[1]], p.initial_state(),
+                       [TaskRef(f"load-shard-{i}") for i in range(workers)],
+                       TaskRef("load-val"), placement, p.recipe, "run")
     step = [key for key in win.dsk if key.startswith(("forward-backward", "reduce", "update"))]
     assert len(step) == tasks_per_step(workers, k)
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from dtrain.config import CONFIG_DIR, Config, ConfigError, load_config, parse_override
+from dtrain.core.config import CONFIG_DIR, Config, ConfigError, load_config, parse_override
 
 
 def test_default_is_iris():

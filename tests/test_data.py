@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dtrain import data
-from dtrain.config import DataConfig, load_config
-from dtrain.data import DataError, epoch_bounds, shard_ranges
+from dtrain.core.config import DataConfig, load_config
+from dtrain.core.errors import DataError
+from dtrain.data import prepare, readers
+from dtrain.data.shards import ShardSource, epoch_bounds, load_shard, shard_ranges
 
 
 def write_idx(path, array: np.ndarray, magic: bytes | None = None, cut: int = 0):
@@ -57,38 +58,39 @@ def test_shard_ranges_are_contiguous_and_balanced():
 # --- split and normalization ------------------------------------------------------------------
 
 def test_split_sizes():
-    assert data.split_sizes(150, (0.7, 0.1, 0.2), False) == (105, 15, 30)
-    assert data.split_sizes(1000, (0.8, 0.1, 0.1), True) == (889, 111, 0)
+    assert prepare.split_sizes(150, (0.7, 0.1, 0.2), False) == (105, 15, 30)
+    assert prepare.split_sizes(1000, (0.8, 0.1, 0.1), True) == (889, 111, 0)
 
 
 def test_standardization_uses_training_statistics_only():
     cfg = DataConfig(dataset="iris", split=(0.6, 0.2, 0.2), seed=3)
-    parts = data.prepared(cfg)
+    parts = prepare.prepared(cfg)
     xt = parts["train"][0]
     np.testing.assert_allclose(xt.mean(axis=0), 0, atol=1e-12)
     np.testing.assert_allclose(xt.std(axis=0), 1, atol=1e-12)
     assert abs(parts["test"][0].mean(axis=0)).max() > 1e-3      # not re-centred on its own stats
-    raw = data.read_raw(cfg)
-    train_rows = data._split_indices(cfg, len(raw.y), False)[0]
+    raw = readers.read_raw(cfg)
+    train_rows = prepare.split_indices(cfg, len(raw.y), False)[0]
     mu, sd = raw.x[train_rows].mean(axis=0), raw.x[train_rows].std(axis=0)
-    test_rows = data._split_indices(cfg, len(raw.y), False)[2]
+    test_rows = prepare.split_indices(cfg, len(raw.y), False)[2]
     np.testing.assert_allclose(parts["test"][0], (raw.x[test_rows] - mu) / sd)
 
 
 def test_minmax_and_seeded_split():
     cfg = DataConfig(dataset="digits", normalize="minmax", seed=1)
-    xt = data.prepared(cfg)["train"][0]
+    xt = prepare.prepared(cfg)["train"][0]
     assert xt.min() == 0 and xt.max() == 1
-    a = data.prepared(DataConfig(dataset="digits", seed=1))["val"][1]
-    b = data.prepared(DataConfig(dataset="digits", seed=2))["val"][1]
+    a = prepare.prepared(DataConfig(dataset="digits", seed=1))["val"][1]
+    b = prepare.prepared(DataConfig(dataset="digits", seed=2))["val"][1]
     assert not (a == b).all()
 
 
 def test_replicated_shards_repeat_the_training_set():
     cfg = DataConfig(dataset="iris", replicate=3, shards=3, split=(0.8, 0.1, 0.1))
-    info = data.describe(cfg)
+    info = prepare.describe(cfg)
     ranges = shard_ranges(info.train, 3, 3)
-    shards = [data.load_shard(cfg, i, a, b, info.train, "float64") for i, (a, b) in enumerate(ranges)]
+    shards = [load_shard(ShardSource(cfg, i, a, b, info.train, "float64"))
+              for i, (a, b) in enumerate(ranges)]
     x = np.concatenate([s.x for s in shards])
     assert x.shape[0] == 3 * info.train
     np.testing.assert_array_equal(x[: info.train], x[info.train: 2 * info.train])
@@ -96,7 +98,7 @@ def test_replicated_shards_repeat_the_training_set():
 
 def test_shard_batches_shuffle_per_epoch():
     cfg = DataConfig(dataset="iris")
-    s = data.load_shard(cfg, 0, 0, 30, data.describe(cfg).train, "float32")
+    s = load_shard(ShardSource(cfg, 0, 0, 30, prepare.describe(cfg).train, "float32"))
     assert s.x.dtype == np.float32 and len(s) == 30
     e0, e1 = s.batch(0, 0, 30, seed=0)[1], s.batch(1, 0, 30, seed=0)[1]
     assert sorted(e0) == sorted(e1) == sorted(s.y) and not (e0 == e1).all()
@@ -107,9 +109,9 @@ def test_shard_batches_shuffle_per_epoch():
 
 def test_real_mnist(mnist_dir):
     cfg = load_config("configs/mnist.toml", [f"data.path={mnist_dir}"]).data
-    info = data.describe(cfg)
+    info = prepare.describe(cfg)
     assert (info.features, info.classes, info.train + info.val + info.test) == (784, 10, 10000)
-    x, y = data.prepared(cfg)["test"]
+    x, y = prepare.prepared(cfg)["test"]
     assert x.shape == (info.test, 784) and set(np.unique(y)) == set(range(10))
 
 
@@ -117,9 +119,9 @@ def test_mnist_resize_and_official_split(tmp_path):
     tiny_mnist(tmp_path, n=30, prefix="train")
     tiny_mnist(tmp_path, n=12, prefix="t10k")
     cfg = DataConfig(dataset="mnist", path=str(tmp_path), image_size=(14, 10), split=(0.8, 0.2, 0.0))
-    info = data.describe(cfg)
+    info = prepare.describe(cfg)
     assert (info.features, info.train, info.val, info.test) == (140, 24, 6, 12)
-    assert data.prepared(cfg)["test"][0].shape == (12, 140)
+    assert prepare.prepared(cfg)["test"][0].shape == (12, 140)
 
 
 @pytest.mark.parametrize("corrupt, message", [
@@ -129,21 +131,21 @@ def test_mnist_resize_and_official_split(tmp_path):
 def test_corrupt_idx_files(tmp_path, corrupt, message):
     tiny_mnist(tmp_path, **corrupt)
     with pytest.raises(DataError, match=message):
-        data.read_raw(DataConfig(dataset="mnist", path=str(tmp_path)))
+        readers.read_raw(DataConfig(dataset="mnist", path=str(tmp_path)))
 
 
 def test_idx_count_mismatch(tmp_path):
     tiny_mnist(tmp_path)
     write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.zeros(39))
     with pytest.raises(DataError, match="has 40 images but .* has 39 labels"):
-        data.read_raw(DataConfig(dataset="mnist", path=str(tmp_path)))
+        readers.read_raw(DataConfig(dataset="mnist", path=str(tmp_path)))
 
 
 def test_missing_mnist_dir(tmp_path):
     with pytest.raises(DataError, match="MNIST directory .* not found"):
-        data.describe(DataConfig(dataset="mnist", path=str(tmp_path / "nope")))
+        prepare.describe(DataConfig(dataset="mnist", path=str(tmp_path / "nope")))
     with pytest.raises(DataError, match="no MNIST IDX files"):
-        data.describe(DataConfig(dataset="mnist", path=str(tmp_path)))
+        prepare.describe(DataConfig(dataset="mnist", path=str(tmp_path)))
 
 
 def make_images(root, classes=("cat", "dog", "emu"), per_class=4, size=(9, 7)):
@@ -159,35 +161,35 @@ def test_image_folder(tmp_path):
     make_images(tmp_path)
     cfg = DataConfig(dataset="image-folder", path=str(tmp_path), image_size=(5, 4), grayscale=False,
                      split=(0.5, 0.25, 0.25))
-    info = data.describe(cfg)
+    info = prepare.describe(cfg)
     assert (info.features, info.classes, info.train) == (5 * 4 * 3, 3, 6)
-    raw = data.read_raw(cfg)
+    raw = readers.read_raw(cfg)
     assert raw.x.shape == (12, 60) and list(raw.y) == [0] * 4 + [1] * 4 + [2] * 4
 
 
 def test_image_folder_errors(tmp_path):
     (tmp_path / "empty" / "a").mkdir(parents=True)
     with pytest.raises(DataError, match="0 class folder"):
-        data.describe(DataConfig(dataset="image-folder", path=str(tmp_path / "empty"), image_size=(4, 4)))
+        prepare.describe(DataConfig(dataset="image-folder", path=str(tmp_path / "empty"), image_size=(4, 4)))
     make_images(tmp_path / "bad")
     (tmp_path / "bad" / "dog" / "broken.png").write_bytes(b"not a png")
     with pytest.raises(DataError, match="cannot read image .*broken.png"):
-        data.read_raw(DataConfig(dataset="image-folder", path=str(tmp_path / "bad"), image_size=(4, 4)))
+        readers.read_raw(DataConfig(dataset="image-folder", path=str(tmp_path / "bad"), image_size=(4, 4)))
 
 
 def test_csv_dataset(shared_data):
     cfg = DataConfig(dataset="csv", path=str(shared_data / "iris" / "iris.csv"))
-    info = data.describe(cfg)
+    info = prepare.describe(cfg)
     assert (info.features, info.classes) == (4, 3)
     cfg = DataConfig(dataset="csv", path=str(shared_data / "digits.csv.gz"))
-    assert (data.describe(cfg).features, data.describe(cfg).classes) == (64, 10)
+    assert (prepare.describe(cfg).features, prepare.describe(cfg).classes) == (64, 10)
 
 
 def test_synthetic_rows_are_generated_consistently():
     cfg = DataConfig(dataset="synthetic", samples=10000, features=6, classes=4, normalize="none")
-    whole = data.read_raw(cfg)
+    whole = readers.read_raw(cfg)
     rows = np.array([5, 4100, 9999, 0, 4096])
-    x, y = data._synthetic_rows(cfg, rows)
+    x, y = readers.synthetic_rows(cfg, rows)
     np.testing.assert_array_equal(x, whole.x[rows])
     np.testing.assert_array_equal(y, whole.y[rows])
     assert len(np.unique(whole.y)) == 4

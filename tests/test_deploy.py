@@ -8,9 +8,12 @@ from distributed import Client, Security
 
 import dtrain
 from conftest import run_cli
-from dtrain import cluster, mpi, rankgpus
-from dtrain.config import ClusterConfig, ConfigError
-from dtrain.errors import UserError
+from dtrain.cli.train import prepare
+from dtrain.core.config import ClusterConfig, ConfigError
+from dtrain.core.errors import UserError
+from dtrain.deploy import mpi, rankgpus
+from dtrain.deploy.connect import connect
+from dtrain.deploy.options import security_for
 
 
 @pytest.mark.parametrize("sets, message", [
@@ -35,7 +38,7 @@ def test_jobqueue_file_is_made_absolute(tmp_path, monkeypatch):
 @pytest.mark.parametrize("tls, deployed, wanted", [
     ("auto", True, True), ("auto", False, False), ("on", False, True), ("off", True, False)])
 def test_tls_is_on_by_default_where_the_cluster_is_deployed(tls, deployed, wanted):
-    security = cluster.security_for(ClusterConfig(tls=tls), deployed=deployed)
+    security = security_for(ClusterConfig(tls=tls), deployed=deployed)
     assert isinstance(security, Security) == wanted
     if wanted:
         assert security.require_encryption and "BEGIN CERTIFICATE" in security.tls_ca_file
@@ -44,7 +47,7 @@ def test_tls_is_on_by_default_where_the_cluster_is_deployed(tls, deployed, wante
 def test_local_cluster_over_tls_trains_and_refuses_other_certificates():
     cfg = dtrain.load_config(None, ["cluster.tls=on", "train.epochs=2",
                                     "cluster.dashboard_address="])
-    with cluster.connect(cfg.cluster) as client:
+    with connect(cfg.cluster) as client:
         address = client.scheduler.address
         assert address.startswith("tls://127.0.0.1:")
         result = dtrain.train(cfg, client=client, echo=None)
@@ -63,11 +66,11 @@ def test_command_line_mistakes_are_one_line(tmp_path):
 @pytest.mark.parametrize("strategy, ranks", [("serial", 1), ("allreduce", 2),
                                              ("parameter-server", 3)])
 def test_ranks_needed(strategy, ranks):
-    cfg = dtrain.load_config(None, [f"graph.strategy={strategy}"])
-    mpi.check_ranks(cfg, ranks)
+    job = prepare(["--set", f"graph.strategy={strategy}"])     # what the MPI head runs
+    mpi.check_ranks(job, ranks)
     with pytest.raises(UserError, match=f"needs {ranks} MPI ranks .* found {ranks - 1}; "
                                         f"start it with mpirun -n {ranks} or more"):
-        mpi.check_ranks(cfg, ranks - 1)
+        mpi.check_ranks(job, ranks - 1)
 
 
 def test_gpus_are_dealt_round_robin_to_the_worker_ranks_of_a_node(monkeypatch):

@@ -13,20 +13,22 @@ from dask.task_spec import TaskRef
 from distributed import Client
 
 import dtrain
-from dtrain import cluster, device, graph
-from dtrain.config import CONFIG_DIR, ClusterConfig
-from dtrain.errors import UserError
-from dtrain.placement import Worker, blocks, place
-from dtrain.report import split_lines
-from dtrain.tasks import forward_backward_group, update_and_report
-from dtrain.trainer import plan
+from dtrain.core import arrays
+from dtrain.core.config import CONFIG_DIR, ClusterConfig
+from dtrain.core.errors import UserError
+from dtrain.deploy.devices import require_gpu
+from dtrain.deploy.local import local_gpu_cluster
+from dtrain.observe.console import split_lines
+from dtrain.taskgraph.dataparallel import window_graph
+from dtrain.taskgraph.placement import Worker, blocks, place
+from dtrain.training.plan import plan
 
 
 def test_weighted_placement_gives_fast_workers_more_shards():
     ws = [Worker("gpu", True, 9.0), Worker("cpu", False, 1.0)]
-    p = place(ws, 10, "allreduce")
+    p = place(ws, 10)
     assert p.leaves == ("gpu",) * 9 + ("cpu",) and p.root == "gpu" and p.gpus == {"gpu"}
-    assert place(["a", "b"], 5, "allreduce").leaves == ("a", "a", "a", "b", "b")
+    assert place(["a", "b"], 5).leaves == ("a", "a", "a", "b", "b")
 
 
 @pytest.mark.parametrize("weights, shards, expected", [
@@ -50,44 +52,42 @@ def test_blocks_let_no_kind_wait_for_the_other(weights, shards, expected):
 def test_values_leave_the_gpu_only_to_cross_workers():
     p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=root",
                                       "graph.fuse_shards=false"]))
-    placement = place([Worker("g", True), Worker("c", False)], 4, "allreduce")
-    win = graph.window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
-                             [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
-    def host(key: str) -> bool:                        # the flag each task was given
-        task = win.dsk[key]
-        if task.func is forward_backward_group:        # (net, seed, epoch, group, host, ...)
-            return task.args[4]
-        if key.startswith("forward"):
-            return task.args[5]
-        if key.startswith("update"):                   # update(opt, step, [run,] host, ...)
-            return task.args[3 if task.func is update_and_report else 2]
-        return task.args[0]
+    placement = place([Worker("g", True), Worker("c", False)], 4)
+    win = window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
+                       [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
+    def host(key: str) -> bool:                        # the flag each task's record was given
+        return win.dsk[key].args[0].host
     assert [host(f"forward-backward-0-{i}-r") for i in range(4)] == [False, False, False, False]
     assert host("reduce-0-1-0-r") is False                # summed on g, consumed on g
     assert host("reduce-0-1-2-r") is True                 # made on c, consumed by g's update
     assert host("update-0-r") is True                     # the state goes to worker c too
-    single = place([Worker("g", True)], 4, "allreduce")
-    win = graph.window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
-                             [TaskRef(f"s{i}") for i in range(4)], None, single, p.recipe, "r")
+    single = place([Worker("g", True)], 4)
+    win = window_graph([p.schedule[0], p.schedule[1]], p.initial_state(),
+                       [TaskRef(f"s{i}") for i in range(4)], None, single, p.recipe, "r")
     assert host("update-0-r") is False                    # one GPU: the state stays on it
     assert host("update-1-r") is True                     # but the driver takes the last one
     # replicated updates: the partial sums go to every worker, the states stay where they are
     p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=replicated",
                                       "graph.state_every=1", "graph.fuse_shards=false"]))
-    win = graph.window_graph([p.schedule[t] for t in range(3)], p.initial_state(),
-                             [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
+    win = window_graph([p.schedule[t] for t in range(3)], p.initial_state(),
+                       [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
     assert [host(f"forward-backward-0-{i}-r") for i in range(4)] == [False] * 4
     assert host("reduce-0-1-0-r") is True and host("reduce-0-1-2-r") is True
     assert host("update-0-0-r") is False and host("update-0-2-r") is False
     assert host("reduce-2-1-0-r") is False                # after the last step, only g reads
     assert host("update-2-0-r") is True                   # the window's end, for the driver
+    # a worker's shards in one task: g's sum stays on g for its update, c's crosses
+    p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=root"]))
+    win = window_graph([p.schedule[0]], p.initial_state(),
+                       [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
+    assert [host(f"forward-backward-0-{i}-r") for i in (0, 2)] == [False, True]
 
 
 def test_no_gpu_is_one_clear_error():
-    if device.cupy() is not None:
+    if arrays.cupy() is not None:
         pytest.skip("this machine has a GPU")
     with pytest.raises(UserError, match="cluster.device = 'gpu' but there is no GPU here: Cu"):
-        device.require_gpu("cluster.device = 'gpu'")
+        require_gpu("cluster.device = 'gpu'")
     # model.dtype = "auto" (the default): float32 where the run uses GPUs
     assert dtrain.load_config({"cluster": {"device": "gpu"}}).model.dtype == "float32"
     for shipped in ("iris", "digits"):                  # the shipped configs say "auto" too
@@ -105,7 +105,7 @@ def test_mixed_cluster_places_by_measured_speed_and_marks_gpu_tasks(tmp_path):
     split, and (all NumPy here) ends with the bytes of a CPU-only run."""
     cfg = ClusterConfig(workers=3, device="auto", dashboard_address="")
     sets = ["train.epochs=2", "data.shards=6"]
-    with cluster.local_gpu_cluster(cfg, gpus=2) as sc, Client(sc) as c:
+    with local_gpu_cluster(cfg, gpus=2) as sc, Client(sc) as c:
         c.wait_for_workers(3)
         env = c.run(lambda: __import__("os").environ.get("CUDA_VISIBLE_DEVICES"))
         assert sorted(v for v in env.values() if v) == ["0", "1"]
@@ -135,10 +135,10 @@ def test_mixed_cluster_places_by_measured_speed_and_marks_gpu_tasks(tmp_path):
 def test_a_gpu_resource_without_a_usable_gpu_is_one_clear_error(tmp_path):
     """device = 'gpu' trusts no resource label: a worker that says GPU but cannot load CuPy
     stops the run at once (exit 2 from the CLI), naming the worker and the reason."""
-    if device.cupy() is not None:
+    if arrays.cupy() is not None:
         pytest.skip("this machine has a GPU")
     cfg = ClusterConfig(workers=1, device="gpu", dashboard_address="")
-    with cluster.local_gpu_cluster(cfg, gpus=1) as sc, Client(sc) as c:
+    with local_gpu_cluster(cfg, gpus=1) as sc, Client(sc) as c:
         c.wait_for_workers(1)
         with pytest.raises(UserError, match=r"worker 0 advertises a GPU resource and cannot "
                                             r"compute on a GPU: CuPy cannot be imported"):
@@ -156,16 +156,11 @@ def test_device_gpu_needs_a_worker_with_a_gpu(client):
 @pytest.mark.gpu
 def test_gpu_and_cpu_agree_to_float32_rounding(tmp_path):
     """On a real GPU: the same run on CPU and GPU, compared parameter by parameter."""
-    if device.cupy() is None:
-        pytest.skip("no CUDA GPU: " + device._probe()[1])
+    if arrays.cupy() is None:
+        pytest.skip("no CUDA GPU: " + arrays.gpu_problem())
     sets = ["train.epochs=3", "model.dtype=float32", "data.shards=2", "cluster.workers=1"]
     gpu = dtrain.train(dtrain.load_config(None, sets + ["cluster.device=gpu"]), echo=None)
     cpu = dtrain.train(dtrain.load_config(None, sets), echo=None)
     for name, value in cpu.params.items():
         np.testing.assert_allclose(gpu.params[name], value, rtol=1e-3, atol=1e-5)
     assert gpu.summary["work_split"]["0"]["device"] == "gpu"
-    # a worker's shards in one task: g's sum stays on g for its update, c's crosses
-    p = plan(dtrain.load_config(None, ["data.shards=4", "graph.update=root"]))
-    win = graph.window_graph([p.schedule[0]], p.initial_state(),
-                             [TaskRef(f"s{i}") for i in range(4)], None, placement, p.recipe, "r")
-    assert [host(f"forward-backward-0-{i}-r") for i in (0, 2)] == [False, True]

@@ -9,15 +9,15 @@ import pytest
 
 import dtrain
 from conftest import REPO, run_cli
-from dtrain import drawing
+from dtrain.training import pictures
 
 GRAPHS = REPO / "graphs"
 
 
-@pytest.mark.parametrize("name", sorted(drawing.GALLERY))
+@pytest.mark.parametrize("name", sorted(pictures.gallery()))
 def test_graphs_folder_is_up_to_date(name):
     """The committed DOT source equals what the code draws today (pure Python, no `dot`)."""
-    dot = drawing.gallery()[name]
+    dot = pictures.gallery()[name]
     committed = GRAPHS / f"{name}.dot"
     assert committed.read_text() == dot.source, (
         f"graphs/{name}.dot is stale: run `python -m dtrain graph --gallery graphs`")
@@ -32,7 +32,7 @@ def _cluster(source: str, i: int) -> str:
 def test_a_workers_shards_are_one_task_in_its_box():
     cfg = dtrain.load_config(None, ["data.shards=8", "cluster.workers=4", "graph.fan_in=2",
                                     "graph.update=root"])
-    source = drawing.step_graph(cfg).source
+    source = pictures.step_graph(cfg).source
     for i in range(4):
         box = _cluster(source, i)
         nodes = set(re.findall(r'^\t\t"([\w-]+)" \[', box, re.M))
@@ -48,7 +48,7 @@ def test_a_workers_shards_are_one_task_in_its_box():
 def test_tasks_sit_in_their_workers_boxes():
     cfg = dtrain.load_config(None, ["data.shards=8", "cluster.workers=4", "graph.fan_in=2",
                                     "graph.update=root", "graph.fuse_shards=false"])
-    source = drawing.step_graph(cfg).source
+    source = pictures.step_graph(cfg).source
     boxes = [_cluster(source, i) for i in range(4)]
     for i, box in enumerate(boxes):                 # two shards per worker, in blocks
         nodes = set(re.findall(r'^\t\t"([\w-]+)" \[', box, re.M))
@@ -65,7 +65,7 @@ def test_tasks_sit_in_their_workers_boxes():
 
 def test_replicated_updates_sit_on_every_worker():
     cfg = dtrain.load_config(None, ["data.shards=8", "cluster.workers=4", "graph.fan_in=2"])
-    source = drawing.step_graph(cfg).source
+    source = pictures.step_graph(cfg).source
     for i, box in enumerate(_cluster(source, w) for w in range(4)):
         nodes = set(re.findall(r'^\t\t"([\w-]+)" \[', box, re.M))
         assert f"update-0-{2 * i}" in nodes                   # this worker's copy of step 0
@@ -81,7 +81,7 @@ def test_replicated_updates_sit_on_every_worker():
 def test_parameter_server_head_holds_no_shard():
     cfg = dtrain.load_config(None, ["graph.strategy=parameter-server", "data.shards=4",
                                     "cluster.workers=3"])
-    head = _cluster(drawing.step_graph(cfg).source, 0)
+    head = _cluster(pictures.step_graph(cfg).source, 0)
     assert "head: reduce and update" in head and "forward-backward" not in head
     assert '"update-0"' in head
 

@@ -6,11 +6,15 @@ import numpy as np
 import pytest
 from dask.task_spec import DataNode, TaskRef
 
-from dtrain import data, graph, reduction
-from dtrain.config import load_config
-from dtrain.placement import Worker, place
-from dtrain.tasks import Group, forward_backward_group, update_forward_backward_group
-from dtrain.trainer import plan
+from dtrain.core.config import load_config
+from dtrain.core.keys import kind_of, parse
+from dtrain.data.shards import load_part, load_shard, minibatch
+from dtrain.taskgraph import reduction, tasks
+from dtrain.taskgraph.dataparallel import units, window_graph
+from dtrain.taskgraph.placement import Worker, place
+from dtrain.taskgraph.records import ForwardBackward, Group, Update, Updates
+from dtrain.taskgraph.window import TaskGraph
+from dtrain.training.plan import CHAIN_BYTES, plan
 
 RUN = "t0"
 
@@ -28,10 +32,10 @@ def _plan(shards=4, strategy="allreduce", fan_in=2, fuse=True, update="root",
 
 
 def _window(p, steps, workers=("w0", "w1"), shard_refs=None):
-    placement = place(list(workers), len(p.ranges), p.config.graph.strategy)
-    refs = shard_refs or [TaskRef(f"load-shard-{i}") for i in range(len(p.ranges))]
-    win = graph.window_graph([p.schedule[t] for t in steps], p.initial_state(), refs,
-                             TaskRef("load-val"), placement, p.recipe, RUN)
+    placement = p.builder.place(list(workers))
+    refs = shard_refs or [TaskRef(f"load-shard-{i}-{RUN}") for i in range(len(p.ranges))]
+    win = p.builder.window([p.schedule[t] for t in steps], p.initial_state(), refs,
+                           TaskRef(f"load-val-{RUN}"), placement, RUN)
     return win, placement
 
 
@@ -83,7 +87,7 @@ def test_forward_backward_tasks_are_pinned_to_their_shards_worker():
         for s in (0, 1):
             key = f"forward-backward-{s}-{i}-{RUN}"
             assert win.where[key] == [placement.leaves[i]]
-            assert f"load-shard-{i}" in win.dsk[key].dependencies
+            assert f"load-shard-{i}-{RUN}" in win.dsk[key].dependencies
     assert win.where[f"update-1-{RUN}"] == ["a"] and placement.root == "a"
     # a reduce runs where its first child runs: shards 0+1 on a, 2+3 on b, 4+5 on c
     assert win.where[f"reduce-0-1-2-{RUN}"] == ["b"] and win.where[f"reduce-0-1-4-{RUN}"] == ["c"]
@@ -114,12 +118,11 @@ def test_window_chains_steps_from_a_literal_state():
 
 def _execute(p, nsteps, workers=("w0", "w1")):
     """Run a window graph in-process (dask's synchronous scheduler) on real shards."""
-    shards = [data.load_shard(p.config.data, i, a, b, p.info.train, p.config.model.dtype)
-              for i, (a, b) in enumerate(p.ranges)]
-    refs = [DataNode(f"load-shard-{i}", s) for i, s in enumerate(shards)]
+    shards = [load_shard(src) for src in p.sources]
+    refs = [DataNode(f"load-shard-{i}-{RUN}", s) for i, s in enumerate(shards)]
     win, _ = _window(p, range(nsteps), workers, shard_refs=[TaskRef(r.key) for r in refs])
     dsk = {**win.dsk, **{r.key: r for r in refs},
-           "load-val": DataNode("load-val", data.load_part(p.config.data, "val", "float64"))}
+           f"load-val-{RUN}": DataNode(f"load-val-{RUN}", load_part(p.config.data, "val", "float64"))}
     return dask.get(dsk, win.ends[0])
 
 
@@ -128,13 +131,11 @@ def test_graph_values_match_the_serial_reference():
     n = p.schedule.steps_per_epoch + 2
     state = _execute(p, n)
     ref = p.initial_state()
-    shards = [data.load_shard(p.config.data, i, a, b, p.info.train, "float64")
-              for i, (a, b) in enumerate(p.ranges)]
+    shards = [load_shard(src) for src in p.sources]
     for t in range(n):
         step = p.schedule[t]
-        rows = [s.batch(step.epoch, lo, hi, p.recipe.shuffle_seed) for s, (lo, hi) in zip(shards, step.bounds)]
-        grad = p.net.loss_and_grad(ref.vector, np.concatenate([r[0] for r in rows]),
-                                   np.concatenate([r[1] for r in rows]))
+        x, y = minibatch(shards, step.epoch, step.bounds, p.recipe.shuffle_seed)
+        grad = p.net.loss_and_grad(ref.vector, x, y)
         ref = p.opt.apply(ref, grad, step)
     np.testing.assert_allclose(state.vector, ref.vector, rtol=1e-12, atol=1e-15)
     assert state.epoch_loss == pytest.approx(ref.epoch_loss, rel=1e-12)
@@ -174,7 +175,7 @@ def test_replicated_update_structure(shards, k, workers):
     for w, i in first.items():
         assert win.where[f"update-0-{i}-{RUN}"] == [w]
     assert win.ends == [f"update-2-0-{RUN}"] and placement.root == placement.leaves[0]
-    depth = reduction.tree_depth(shards, reduction.fan_in("allreduce", k, shards))
+    depth = reduction.tree_depth(shards, p.recipe.fan_in)
     for s in (1, 2):
         for i, w in enumerate(placement.leaves):
             fb = win.dsk[f"forward-backward-{s}-{i}-{RUN}"]
@@ -182,7 +183,7 @@ def test_replicated_update_structure(shards, k, workers):
             # one hop per step: the next forward-backward reads the partial sums and its own
             # worker's state, never an update task of the step before it
             base = f"state-0-{RUN}" if s == 1 else f"update-{s - 2}-{first[w]}-{RUN}"
-            assert base in fb.dependencies and f"load-shard-{i}" in fb.dependencies
+            assert base in fb.dependencies and f"load-shard-{i}-{RUN}" in fb.dependencies
             assert not any(d.startswith(f"update-{s - 1}-") for d in fb.dependencies)
             assert _reduce_levels(win, fb.key) == max(depth - 1, 0)
             # the same partial sums as that step's update(s)
@@ -217,7 +218,6 @@ def test_replicated_updates_are_the_allreduce_default():
 def test_the_states_a_worker_holds_between_kept_ones_are_capped():
     """A worker remembers every state of the chain since its last kept one: at most
     CHAIN_BYTES of them, whatever graph.state_every asks."""
-    from dtrain.trainer import CHAIN_BYTES
     assert _plan(update="replicated").recipe.state_every == 8          # the default
     big = _plan(update="replicated", **{"model.layers": "[4,500000,3]"}).recipe   # 32 MB
     assert big.state_every == CHAIN_BYTES // big.state_bytes == 2
@@ -232,7 +232,9 @@ def test_a_window_is_tokenized_by_its_own_token_not_task_by_task():
     two, _ = _window(p, range(3))
     assert one.dsk.keys() == two.dsk.keys()            # the same tasks, submitted twice
     assert tokenize(one.dsk) != tokenize(two.dsk)      # still two graphs
-    assert tokenize(one.dsk) == tokenize(one.dsk)
+    stand_in = TaskGraph()                             # no tasks at all, one's token
+    stand_in.token = one.dsk.token
+    assert tokenize(stand_in) == tokenize(one.dsk)     # the token alone names the graph
     task = next(iter(t for t in one.dsk.values() if isinstance(t, dask.task_spec.Task)))
     assert getattr(task, "_token", None) is None       # no task was tokenized
 
@@ -240,16 +242,17 @@ def test_a_window_is_tokenized_by_its_own_token_not_task_by_task():
 def test_keys_read_well_in_the_dashboard():
     p = _plan(shards=4)
     win, _ = _window(p, range(p.schedule.steps_per_epoch))
-    names = {k.split("-")[0] for k in win.dsk}
-    assert names == {"state", "forward", "reduce", "update", "evaluate"}
+    names = {kind_of(k) for k in win.dsk}
+    assert names == {"state", "forward-backward", "reduce", "update", "evaluate"}
     assert all(k.startswith(("state-", "forward-backward-", "reduce-", "update-", "evaluate-"))
                for k in win.dsk)
+    assert all(k.endswith(f"-{RUN}") and parse(k).step is not None for k in win.dsk)
 
 
 def test_local_sgd_rounds_align_to_epochs():
     p = _plan(shards=3, strategy="local-sgd", **{"graph.sync_every": 3})
     per_epoch = p.schedule.steps_per_epoch                     # 7 for iris at batch 16
-    rounds = graph.units([p.schedule[t] for t in range(2 * per_epoch)], p.recipe)
+    rounds = units([p.schedule[t] for t in range(2 * per_epoch)], p.recipe)
     assert [len(r) for r in rounds] == [3, 3, 1, 3, 3, 1]      # a round never spans epochs
     win, placement = _window(p, range(per_epoch))
     leaves = [k for k in win.dsk if k.startswith("local-sgd-")]
@@ -271,8 +274,8 @@ def test_local_sgd_rounds_align_to_epochs():
 def test_bytes_per_step_from_the_graph(strategy, update, expected):
     p = _plan(shards=4, strategy=strategy, update=update)
     win, placement = _window(p, [0, 1, 2])
-    located = {f"load-shard-{i}": w for i, w in enumerate(placement.leaves)}
-    located["load-val"] = placement.root
+    located = {f"load-shard-{i}-{RUN}": w for i, w in enumerate(placement.leaves)}
+    located[f"load-val-{RUN}"] = placement.root
     assert win.transfer_bytes(located) == expected
     assert all(src != dst for _, src, dst in win.transfers(located))
 
@@ -280,28 +283,30 @@ def test_bytes_per_step_from_the_graph(strategy, update, expected):
 def test_a_worker_computes_each_replicated_update_once(monkeypatch):
     """The update task and the next steps' forward-backward tasks on one worker get the same
     input objects: each update is computed once among them, and it is the same update."""
-    from dtrain import tasks
     p = _plan(shards=2, update="replicated")
     calls = []
     real = tasks.update
     monkeypatch.setattr(tasks, "update", lambda *a: calls.append(a[1].index) or real(*a))
-    shard = data.load_shard(p.config.data, 0, *p.ranges[0], p.info.train, "float64")
+    shard = load_shard(p.sources[0])
     state, step, nxt = p.initial_state(), p.schedule[0], p.schedule[1]
-    grads = tuple(tasks.forward_backward(p.net, None, 0, lo, hi, False, state, shard)
-                  for lo, hi in [step.bounds[0], step.bounds[0]])
-    out = [tasks.update_forward_backward(p.opt, (step,), None, 0, *nxt.bounds[0], False, None,
-                                         state, shard, *grads) for _ in range(2)]
-    copy = tasks.update_copy(p.opt, (step,), False, state, *grads)
+    grads = tuple(tasks.forward_backward(ForwardBackward(p.net, None, 0, Group.one(0, rows),
+                                                         False), state, shard)
+                  for rows in [step.bounds[0], step.bounds[0]])
+    then = ForwardBackward(p.net, None, 0, Group.one(0, nxt.bounds[0]), False,
+                           Updates(p.opt, (step,), (2,)))
+    out = [tasks.forward_backward(then, state, shard, *grads) for _ in range(2)]
+    copy = tasks.update_state(Update(p.opt, (step,), False), state, *grads)
     assert calls == [0]                                   # three users, one update
     assert copy.vector.tobytes() == real(p.opt, step, False, state, *grads).vector.tobytes()
     assert out[0].tobytes() == out[1].tobytes()
-    tasks.update_copy(p.opt, (step,), False, state, *(g.copy() for g in grads))
+    tasks.update_state(Update(p.opt, (step,), False), state, *(g.copy() for g in grads))
     assert calls == [0, 0]                                # other inputs: computed again
-    tasks.update_copy(p.opt, (step,), True, state, *grads)
+    tasks.update_state(Update(p.opt, (step,), True), state, *grads)
     assert calls == [0, 0, 0]                             # for the driver: always computed
     # a chain of two steps walks the remembered first update, then computes the second once
-    two = tasks.update_copy(p.opt, (step, nxt), False, state, *grads, *grads)
-    again = tasks.update_copy(p.opt, (step, nxt), False, state, *grads, *grads)
+    chain = Update(p.opt, (step, nxt), False, widths=(2, 2))
+    two = tasks.update_state(chain, state, *grads, *grads)
+    again = tasks.update_state(chain, state, *grads, *grads)
     assert calls == [0, 0, 0, 1] and two is again
     direct = real(p.opt, nxt, False, real(p.opt, step, False, state, *grads), *grads)
     assert two.vector.tobytes() == direct.vector.tobytes()
@@ -314,7 +319,7 @@ def test_replicated_states_are_kept_every_few_steps(every):
     p, win, placement = _replicated(4, 2, ["w0", "w1"], steps=7, state_every=every)
     assert p.recipe.state_every == every
     updates = [k for k in win.dsk if k.startswith("update-")]
-    kept = sorted({int(k.split("-")[1]) for k in updates})
+    kept = sorted({parse(k).step for k in updates})
     assert kept == [s for s in range(every - 1, 6, every)] + [6]   # + the window's end
     base, chain = f"state-0-{RUN}", []
     for s in range(7):
@@ -331,7 +336,7 @@ def test_replicated_states_are_kept_every_few_steps(every):
 def test_replicated_updates_move_gradients_never_the_optimizer_slots(optimizer, slots):
     p = _plan(shards=4, update="replicated", **{"optim.name": optimizer})
     win, placement = _window(p, [0, 1, 2])
-    located = {f"load-shard-{i}": w for i, w in enumerate(placement.leaves)}
+    located = {f"load-shard-{i}-{RUN}": w for i, w in enumerate(placement.leaves)}
     state = (1 + slots) * 131 * 8 + 64                     # the window's start, sent once
     assert win.transfer_bytes(located) == state + 2 * 2 * 1064 + 1064
 
@@ -345,8 +350,9 @@ def _fused(p, workers, steps=(0,)):
 
 
 def _group_of(task):
-    return next(a for a in task.args if isinstance(a, Group)) if task.func in (
-        forward_backward_group, update_forward_backward_group) else None
+    """The group of shards a forward-backward task sums, None for a task of one shard."""
+    group = task.args[0].group
+    return group if len(group.shards) > 1 else None
 
 
 @pytest.mark.parametrize("shards, k, workers, update, kept, tree, reduces", [
@@ -373,8 +379,8 @@ def test_a_workers_reduce_subtree_is_one_forward_backward_task(shards, k, worker
         task = fb[f"forward-backward-0-{i}-{RUN}"]
         group = _group_of(task)
         assert (group.tree if group else None) == tree.get(i)
-        shards_read = sorted(int(d.split("-")[2]) for d in task.dependencies
-                             if d.startswith("load-shard-"))
+        shards_read = sorted(parse(d).numbers[0] for d in task.dependencies
+                             if kind_of(d) == "load-shard")
         assert shards_read == (list(group.shards) if group else [i])
         assert {placement.leaves[s] for s in shards_read} == set(win.where[task.key])
         if group:
@@ -389,10 +395,10 @@ def test_fused_groups_share_threads_only_where_a_shard_is_worth_one():
         _, _, fb = _fused(p, ["w0", "w1"])
         assert {_group_of(t).threads for t in fb.values()} == {threads}
     p = _plan(shards=4, fan_in=2, fuse_shards=True, **wide)
-    placement = place([Worker("g", gpu=True), Worker("c")], 4, "allreduce")
-    win = graph.window_graph([p.schedule[0]], p.initial_state(),
-                             [TaskRef(f"load-shard-{i}") for i in range(4)], None, placement,
-                             p.recipe, RUN)
+    placement = place([Worker("g", gpu=True), Worker("c")], 4)
+    win = window_graph([p.schedule[0]], p.initial_state(),
+                       [TaskRef(f"load-shard-{i}-{RUN}") for i in range(4)], None, placement,
+                       p.recipe, RUN)
     threads = {win.where[k][0]: _group_of(win.dsk[k]).threads for k in win.dsk
                if k.startswith("forward-backward-")}
     assert threads == {"g": 1, "c": 2}                     # a GPU computes its shards in turn

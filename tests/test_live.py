@@ -24,11 +24,13 @@ from distributed import Client, LocalCluster
 import dtrain
 from browser import bokeh_figures, errors, open_browser, screenshot
 from conftest import REPO
-from dtrain import data, graph, live, readable
-from dtrain.placement import place
-from dtrain.tasks import update_and_report
-from dtrain.tasktypes import numbers, run_of, task_type
-from dtrain.trainer import plan
+from dtrain.core import events, internals, keys
+from dtrain.core.keys import kind_of, parse, run_of
+from dtrain.data.shards import load_shard
+from dtrain.observe.runlog import RunLog
+from dtrain.taskgraph.dataparallel import window_graph
+from dtrain.taskgraph.placement import place
+from dtrain.training.plan import plan
 
 
 # --- names --------------------------------------------------------------------------------
@@ -36,30 +38,44 @@ from dtrain.trainer import plan
 def test_every_key_the_graph_builds_reads_back():
     p = plan(dtrain.load_config(None, ["data.shards=5", "graph.fuse_update=false",
                                        "train.batch_size=1000"]))
-    where = place(["a", "b"], 5, "allreduce")
-    shards = [TaskRef(graph.key("load-shard", i, run="12345678")) for i in range(5)]
-    val = TaskRef(graph.key("load-val", run="12345678"))
-    win = graph.window_graph([p.schedule[0]], p.initial_state(), shards, val, where, p.recipe,
-                             "12345678")       # an all-digit run id must not look like a number
-    seen = {k: (task_type(k), numbers(k), run_of(k)) for k in [*win.dsk, val.key, shards[3].key]}
+    where = place(["a", "b"], 5)
+    shards = [TaskRef(keys.make(keys.LOAD_SHARD, i, run="12345678")) for i in range(5)]
+    val = TaskRef(keys.make(keys.LOAD_VAL, run="12345678"))
+    win = window_graph([p.schedule[0]], p.initial_state(), shards, val, where, p.recipe,
+                       "12345678")             # an all-digit run id must not look like a number
+    seen = {k: (kind_of(k), parse(k).numbers, run_of(k)) for k in [*win.dsk, val.key,
+                                                                      shards[3].key]}
     assert seen["forward-backward-0-4-12345678"] == ("forward-backward", [0, 4], "12345678")
     assert seen["reduce-0-3-0-12345678"] == ("reduce", [0, 3, 0], "12345678")
     assert seen["update-0-0-12345678"] == ("update", [0, 0], "12345678")   # replicated: + shard
-    assert task_type("update-7-12345678") == "update" and numbers("update-7-r") == [7]  # root
+    assert kind_of("update-7-12345678") == "update" and parse("update-7-r").numbers == [7]
+    assert not parse("update-7-r").replicated and parse("update-7-0-r").replicated
+    assert parse("reduce-12f0-1-0-r").step == 12 and parse("reduce-12f0-1-0-r").tree == \
+        ("12f0", "1")                                               # a model-parallel tree
     assert seen["evaluate-1-12345678"] == ("evaluate", [1], "12345678")
     assert seen["load-val-12345678"] == ("load-val", [], "12345678")
     assert seen["load-shard-3-12345678"] == ("load-shard", [3], "12345678")
-    assert task_type("frobnicate-3") is None and task_type(("x", 1)) is None
-    assert task_type("forward-3-0-1-r") == "forward"                # model-parallel keys too
-    assert task_type("back-combine-3-0-r") == "back-combine"
+    assert kind_of("frobnicate-3") is None and kind_of(("x", 1)) is None
+    assert kind_of("forward-3-0-1-r") == "forward"                  # model-parallel keys too
+    assert kind_of("back-combine-3-0-r") == "back-combine"
+    assert [keys.make(*astuple, run="r") for astuple in
+            [(keys.REDUCE, 3, 1, 0), (keys.LOAD_TEST,)]] == ["reduce-3-1-0-r", "load-test-r"]
+    with pytest.raises(ValueError, match="forward-backward"):
+        keys.prefixes((keys.FORWARD,))      # "forward-" starts forward-backward keys too
 
 
 def test_key_split_keeps_forward_backward_whole():
-    """dask's key_split drops "backward" (8 letters starting a-f look like hex); the wrapped
-    one keeps dtrain's type names and leaves every other key as dask names it."""
+    """dask's key_split drops "backward" (8 letters starting a-f look like hex); the one
+    distributed's modules use once dtrain relabels them keeps dtrain's kinds and leaves every
+    other key as dask names it."""
+    import distributed.diagnostics.task_stream as task_stream
+
     original = dask.utils.key_split
     assert original("forward-backward-3-1-ab12cd34") == "forward"      # the quirk
-    wrapped = readable.readable_key_split(original)
+    assert "distributed.diagnostics.task_stream.key_split" in \
+        internals.relabel_tasks(kind_of, keys.COLORS)
+    wrapped = task_stream.key_split
+    assert internals.unwrapped(wrapped) is original
     assert wrapped("forward-backward-3-1-ab12cd34") == "forward-backward"
     assert wrapped("load-shard-2-ab12cd34") == "load-shard"
     assert wrapped("evaluate-test-ab12cd34") == "evaluate-test"
@@ -100,7 +116,7 @@ def test_task_stream_and_prefixes_say_forward_backward():
 # --- events -------------------------------------------------------------------------------
 
 def _run_topics(client: Client) -> set[str]:
-    return {t for t in client.get_events() if t.startswith(live.TOPIC_PREFIX)}
+    return {t for t in client.get_events() if events.run_of_topic(t)}
 
 
 @pytest.mark.parametrize("every, gap, expected_steps", [
@@ -133,19 +149,19 @@ def test_update_outside_a_worker_sends_nothing():
     states = []
     for every in (1, 0):
         p = plan(dtrain.load_config(None, [f"graph.step_events={every}", "data.shards=2"]))
-        cfg, run = p.config, f"run{every}"
-        shards = [DataNode(graph.key("load-shard", i, run=run), data.load_shard(
-            cfg.data, i, a, b, p.info.train, cfg.model.dtype)) for i, (a, b) in enumerate(p.ranges)]
-        win = graph.window_graph([p.schedule[t] for t in range(3)], p.initial_state(),
-                                 [TaskRef(s.key) for s in shards], None,
-                                 place(["w"], 2, "allreduce"), p.recipe, run)
-        assert (win.dsk[win.ends[0]].func is update_and_report) == bool(every)
+        run = f"run{every}"
+        shards = [DataNode(keys.make(keys.LOAD_SHARD, i, run=run), load_shard(src))
+                  for i, src in enumerate(p.sources)]
+        win = window_graph([p.schedule[t] for t in range(3)], p.initial_state(),
+                           [TaskRef(s.key) for s in shards], None, place(["w"], 2), p.recipe,
+                           run)
+        assert (win.dsk[win.ends[0]].args[0].events is not None) == bool(every)
         states.append(dask.get({**win.dsk, **{s.key: s for s in shards}}, win.ends[0]))
     assert (states[0].vector == states[1].vector).all()
 
 
 def test_busy_shares_from_task_records():
-    log = live.RunLog("r")
+    log = RunLog("r")
     now = 100.0
     log.tasks.extend([("forward-backward-0-0-r", "w0", 1, "compute", 91.0, 93.0),
                       ("update-0-r", "w0", 1, "compute", 93.0, 94.0),

@@ -5,9 +5,10 @@ import pickle
 import numpy as np
 import pytest
 
-from dtrain.config import OptimConfig
-from dtrain.model import Network, aligned, l2_penalty
-from dtrain.optim import Optimizer, Step, TrainState
+from dtrain.core.arrays import aligned
+from dtrain.core.config import OptimConfig
+from dtrain.maths.model import Network, l2_penalty
+from dtrain.maths.optim import Optimizer, Step, TrainState
 
 
 def _objective(net: Network, l2: float, params, x, y) -> float:

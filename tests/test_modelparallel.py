@@ -8,11 +8,12 @@ from distributed import Client, LocalCluster
 
 import dtrain
 from conftest import assert_moved_as_predicted
-from dtrain.config import OptimConfig
-from dtrain.model import Network
-from dtrain.modelparallel import Slicing
-from dtrain.optim import Optimizer
-from dtrain.trainer import plan
+from dtrain.core.config import OptimConfig
+from dtrain.core.keys import kind_of
+from dtrain.maths.model import Network
+from dtrain.maths.optim import Optimizer
+from dtrain.maths.slicing import Slicing
+from dtrain.training.plan import plan
 
 
 @pytest.mark.parametrize("layers", [(5, 6, 3), (5, 7, 4, 3), (5, 6, 4, 7, 3), (5, 9, 4, 7, 6, 3)])
@@ -39,17 +40,17 @@ def test_split_and_join_are_inverse(layers, slices):
 
 def _window(sets, workers=("a", "b")):
     p = plan(dtrain.load_config(None, ["graph.strategy=model-parallel", *sets]))
-    placement = p.strategy.place(list(workers))
+    placement = p.builder.place(list(workers))
     refs = [TaskRef(f"load-train-{j}") for j in range(len(set(placement.leaves)))]
-    win = p.strategy.window([p.schedule[t] for t in range(2)], p.initial_state(), refs, None,
-                            placement, "r")
+    win = p.builder.window([p.schedule[t] for t in range(2)], p.initial_state(), refs, None,
+                           placement, "r")
     return p, win, placement
 
 
 def test_graph_structure_and_pinning():
     p, win, placement = _window(["graph.slices=4", "model.layers=[4, 16, 8, 3]"])
     assert placement.leaves == ("a", "a", "b", "b") and placement.root == "a"
-    kinds = sorted({k.split("-")[0] for k in win.dsk})
+    kinds = sorted({kind_of(k) for k in win.dsk})
     assert kinds == ["backward", "forward", "loss", "reduce", "state", "update"]
     for m in range(4):
         assert win.where[f"forward-1-0-{m}-r"] == [placement.leaves[m]]

@@ -14,7 +14,8 @@ from distributed import Client, Security
 
 import dtrain
 import mpirun
-from dtrain import checkpoint, cluster
+from dtrain.core import internals
+from dtrain.training import checkpoint
 from conftest import REPO
 
 pytestmark = pytest.mark.mpi
@@ -122,7 +123,7 @@ def test_a_lost_worker_rank_ends_the_job(client, tmp_path, how):
             mpirun.rank_processes(proc.pid)[2].send_signal(signal.SIGKILL)
         else:
             with Client(address, timeout=10) as outsider:
-                workers = cluster.scheduler_workers(outsider)   # not a cached answer
+                workers = internals.scheduler_workers(outsider)   # not a cached answer
                 (leaver,) = [a for a, w in workers.items() if w["name"] == 2]
                 with contextlib.suppress(OSError):   # the job may end before the reply
                     outsider.retire_workers([leaver], close_workers=True)
@@ -191,7 +192,7 @@ def test_tls_keeps_strangers_out(tmp_path):
 
 LOCAL_RANKS = """
 from mpi4py import MPI
-from dtrain import rankgpus
+from dtrain.deploy import rankgpus
 comm = MPI.COMM_WORLD
 index = rankgpus.local_worker_index(comm, is_worker=comm.rank != 0)
 row = [comm.rank, rankgpus.local_rank(), index, rankgpus.pin_gpu("gpu", index),
@@ -224,7 +225,7 @@ def test_only_comms_cut_by_the_jobs_close_are_silenced(caplog):
 
     from distributed import Scheduler, Worker
 
-    from dtrain import mpi
+    from dtrain.deploy import logs
 
     log = logging.getLogger("distributed.worker")
     heartbeat = "Failed to communicate with scheduler during heartbeat."
@@ -233,12 +234,12 @@ def test_only_comms_cut_by_the_jobs_close_are_silenced(caplog):
     async def run() -> list[str]:
         async with Scheduler(port=0, dashboard=False) as scheduler:
             worker = await Worker(scheduler.address, nthreads=1)
-            log.addFilter(noise := mpi._CutByClose(worker))
-            worker.handlers[mpi.CLOSING_OP] = noise.mark_closing
+            log.addFilter(noise := logs.CutByClose(worker))
+            internals.add_worker_handler(worker, logs.CLOSING_OP, noise.mark_closing)
             try:
                 log.error(heartbeat + " (running)")
                 log.error(transfer + " (running)", "a", "b")
-                await scheduler.broadcast(msg={"op": mpi.CLOSING_OP})    # the head's word
+                await scheduler.broadcast(msg={"op": logs.CLOSING_OP})   # the head's word
                 log.error(transfer + " (job closing)", "a", "b")
                 log.error("Some other error (job closing)")
                 await worker.close()

@@ -3,9 +3,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dtrain.config import OptimConfig
-from dtrain.model import Network
-from dtrain.optim import Optimizer, Schedule, Step, TrainState, learning_rate, sum_buffers, update
+from dtrain.core.arrays import sum_in_order
+from dtrain.core.config import OptimConfig
+from dtrain.maths.model import Network
+from dtrain.maths.optim import Optimizer, Step, TrainState, learning_rate, update
+from dtrain.training.plan import Schedule
 
 NET = Network((2, 2), "tanh", "cross-entropy", "float64")   # P = 6
 
@@ -73,10 +75,10 @@ def test_epoch_loss_sums_restart_each_epoch():
     assert isinstance(s.epoch_correct, int)
 
 
-def test_sum_buffers_is_a_left_fold():
+def test_sum_in_order_is_a_left_fold():
     a, b, c = (np.array([1e16]), np.array([1.0]), np.array([-1e16]))
-    assert sum_buffers(a, b, c)[0] == (1e16 + 1.0) - 1e16        # not a + (b + c)
-    assert sum_buffers(a) is a
+    assert sum_in_order(a, b, c)[0] == (1e16 + 1.0) - 1e16       # not a + (b + c)
+    assert sum_in_order(a) is a
 
 
 def test_update_reduces_then_steps():
@@ -87,7 +89,7 @@ def test_update_reduces_then_steps():
 
 
 def test_update_checks_the_loss_slot_not_the_count():
-    from dtrain.errors import Diverged
+    from dtrain.core.errors import Diverged
     opt = Optimizer(OptimConfig(name="sgd"), NET)
     s = TrainState(np.zeros(6), 1.0, 2, 1)
     with pytest.raises(Diverged):
@@ -123,7 +125,7 @@ def test_schedule_steps_cover_every_epoch():
 def test_a_one_step_local_sgd_round_is_the_synchronous_step(name):
     """local_sgd on each shard + the sample-weighted average = one update from the summed
     gradient, for SGD and momentum (the trainer runs one-step rounds as that update)."""
-    from dtrain.optim import average, local_sgd
+    from dtrain.maths.optim import average, local_sgd
     net = Network((3, 4, 2), "tanh", "cross-entropy", "float64")
     opt = Optimizer(OptimConfig(name=name, momentum=0.9), net, l2=0.01)
     rng = np.random.default_rng(0)
@@ -145,7 +147,7 @@ def test_a_one_step_local_sgd_round_is_the_synchronous_step(name):
 def test_checkpoints_keep_every_epoch_sum(tmp_path):
     """A resumed epoch goes on from the checkpoint's loss, sample and correct sums."""
     import dtrain
-    from dtrain import checkpoint
+    from dtrain.training import checkpoint
     state = TrainState(np.arange(6.0), 2.5, 48, 31)
     checkpoint.save(tmp_path, checkpoint.Checkpoint(3, 0, state), dtrain.load_config())
     back = checkpoint.load(tmp_path)[0].state

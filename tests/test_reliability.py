@@ -16,8 +16,12 @@ import pytest
 from distributed import Client, LocalCluster, get_task_stream
 
 import dtrain
-from dtrain import checkpoint, cluster, metrics
-from dtrain.errors import UserError
+from dtrain.core.errors import UserError
+from dtrain.deploy.workers import wait_for_workers, worker_addresses
+from dtrain.deploy.workers import workers as worker_info
+from dtrain.observe.metrics import worker_peak_rss_mb
+from dtrain.training import checkpoint
+from dtrain.training.plan import plan
 from conftest import REPO, run_cli
 
 # iris, stochastic-ish minibatches: ~27 steps per epoch, many window edges
@@ -44,11 +48,11 @@ def test_worker_sigkill_on_a_local_cluster(client, tmp_path):
     reference = _reference(tmp_path, client)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
-        first = cluster.worker_addresses(c)[0]            # holds shard 0: runs every update
+        first = worker_addresses(c)[0]            # holds shard 0: runs every update
         pid = c.run(os.getpid, workers=[first])[first]
         result = dtrain.train(dtrain.load_config(None, LONG), client=c, out=tmp_path / "killed",
                               echo=_kill_at_epoch(3, lambda: pid))
-        assert first not in cluster.worker_addresses(c)    # it really died (and was replaced)
+        assert first not in worker_addresses(c)    # it really died (and was replaced)
     assert result.summary["epochs"] == 12
     assert (tmp_path / "killed" / "params.npz").read_bytes() == reference
 
@@ -61,13 +65,13 @@ def test_worker_lists_are_asked_fresh_not_read_from_the_clients_cache(client):
     with dask.config.set({"distributed.client.scheduler-info-interval": "1ms"}), \
             Client(client.scheduler.address, timeout=30) as c:
         c.wait_for_workers(2, timeout=30)
-        seen = [len(cluster.workers(c)) for _ in range(300)]
+        seen = [len(worker_info(c)) for _ in range(300)]
         assert min(seen) == 2, f"{seen.count(0)} of {len(seen)} lists were empty"
-        assert all(len(cluster.worker_addresses(c)) == 2 for _ in range(100))
-        assert all(set(metrics.worker_peak_rss_mb(c)) == {"0", "1"} for _ in range(30))
+        assert all(len(worker_addresses(c)) == 2 for _ in range(100))
+        assert all(set(worker_peak_rss_mb(c)) == {"0", "1"} for _ in range(30))
         for _ in range(3):
             with pytest.raises(UserError, match="needs 3 Dask worker.*found 2 after"):
-                cluster.wait_for_workers(c, 3, 0.05)
+                wait_for_workers(c, 3, 0.05)
 
 
 def _spawn(*args: str) -> subprocess.Popen:
@@ -109,7 +113,7 @@ def test_external_cluster_loses_a_worker_and_gains_one(client, tmp_path):
             c.wait_for_workers(2, timeout=30)
             with get_task_stream(client=c) as ts:
                 result = dtrain.train(cfg, client=c, out=tmp_path / "ext", echo=echo)
-            names = {addr: info["name"] for addr, info in cluster.workers(c).items()}
+            names = {addr: info["name"] for addr, info in worker_info(c).items()}
         procs += joined
         ran_on_c = [t for t in ts.data if names.get(t["worker"]) == "c"
                     and t["key"].startswith("forward-backward-")]
@@ -172,7 +176,7 @@ def test_resume_refuses_finished_runs_and_changed_configs(tmp_path):
 
 def test_checkpoints_are_written_atomically(tmp_path):
     """Every checkpoint on disk is complete: the writer renames a finished temporary file."""
-    state = dtrain.trainer.plan(dtrain.load_config()).initial_state()
+    state = plan(dtrain.load_config()).initial_state()
     ckpt = checkpoint.Checkpoint(7, 1, state)
     cfg = dtrain.load_config()
     stop = threading.Event()

@@ -17,8 +17,8 @@ import pytest
 import dtrain
 from browser import bokeh_figures, errors, open_browser, screenshot
 from conftest import REPO, run_cli
-from dtrain import htmlreport
-from dtrain.tasktypes import task_type
+from dtrain.core.keys import kind_of
+from dtrain.observe import htmlreport
 
 QUICK = ["train.epochs=3", "data.shards=4"]
 
@@ -43,7 +43,7 @@ def test_report_is_standalone_with_the_run_in_it(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(0 < r["train_accuracy"] <= 1 for r in rows)
     timeline = json.loads((run_dir / "timeline.json").read_text())
-    kinds = {task_type(row[0]) for row in timeline["rows"]}
+    kinds = {kind_of(row[0]) for row in timeline["rows"]}
     assert {"forward-backward", "reduce", "update", "load-shard", "evaluate"} <= kinds
 
 
@@ -124,8 +124,8 @@ def test_console_without_a_terminal_is_plain_lines(tmp_path):
 def test_console_without_a_terminal_prints_progress_lines_in_a_long_epoch(client, monkeypatch):
     """Off a terminal, a plain progress line comes once ``PLAIN_EVERY`` seconds pass without a
     console line (here almost at once: every ask for the newest step event prints one)."""
-    from dtrain import report
-    monkeypatch.setattr(report, "PLAIN_EVERY", 1e-6)
+    from dtrain.observe import console
+    monkeypatch.setattr(console, "PLAIN_EVERY", 1e-6)
     lines: list[str] = []
     dtrain.train(dtrain.load_config(None, ["train.epochs=2"]), client=client, echo=lines.append)
     progress = [line for line in lines if line.startswith("step ")]
@@ -136,7 +136,7 @@ def test_console_without_a_terminal_prints_progress_lines_in_a_long_epoch(client
 
 
 def test_plain_progress_waits_for_silence():
-    from dtrain.report import PlainProgress
+    from dtrain.observe.console import PlainProgress
     said: list[str] = []
     plain = PlainProgress(said.append, 2, 7, 105, every=30.0)
     msg = {"kind": "step", "step": 1, "epoch": 1, "loss": 1.0, "epoch_loss": 1.0,
@@ -151,7 +151,7 @@ def test_plain_progress_waits_for_silence():
 
 
 def test_progress_bar_labels_val_accuracy_with_its_epoch():
-    from dtrain.report import Progress
+    from dtrain.observe.console import Progress
     bar = Progress(3, 7, 105)
     try:
         bar.epoch({"epoch": 1, "train_loss": 0.9, "train_accuracy": 0.6, "val_accuracy": 0.73,

@@ -11,10 +11,13 @@ from distributed import Client, LocalCluster, get_task_stream
 
 import dtrain
 from conftest import assert_moved_as_predicted
-from dtrain import cluster
-from dtrain.engines import DaskEngine, _windows, inline_prefixes, window_steps
-from dtrain.placement import place
-from dtrain.trainer import plan
+from dtrain.core import internals
+from dtrain.deploy import tuning
+from dtrain.deploy.local import local_cluster
+from dtrain.deploy.workers import worker_addresses
+from dtrain.taskgraph.placement import place
+from dtrain.training.engines import DaskEngine, inline_kinds, window_steps, windows
+from dtrain.training.plan import plan
 
 QUICK = ["train.epochs=4", "optim.name=momentum", "data.shards=5", "graph.fan_in=2"]
 
@@ -113,16 +116,16 @@ def test_default_job_learns_iris(client, tmp_path):
 def test_shards_are_built_on_their_workers(client):
     p = plan(dtrain.load_config(None, ["data.shards=4"]))
     engine = DaskEngine(p, client)
-    placement = engine._place()
-    assert placement == place(cluster.worker_addresses(client), 4, "allreduce")
-    engine._load_parts(placement)                           # waits for the loading tasks
+    placement = engine.place()
+    assert placement == place(worker_addresses(client), 4)
+    engine.load_held_out(placement)                         # waits for the loading tasks
     where = client.who_has(engine.data)
     assert [where[f.key] for f in engine.data] == [(w,) for w in placement.leaves]
     assert all(f.key.startswith("load-shard-") for f in engine.data)
     held = client.run(lambda dask_worker: sorted(k for k in dask_worker.data if "load-shard" in k))
     assert sum(len(v) for v in held.values()) == 4
     keys = [f.key for f in engine.data]
-    assert engine._place() == placement                     # same workers: nothing moves
+    assert engine.place() == placement                      # same workers: nothing moves
     assert [f.key for f in engine.data] == keys             # and nothing is reloaded
 
 
@@ -131,9 +134,9 @@ def test_one_thread_workers_run_medium_forward_backward_inline(client):
     the event loop; the same step on the plan alone (threads unknown) is handed to a thread."""
     p = plan(dtrain.load_config(None, ["model.layers=[4,5000,3]", "train.batch_size=64"]))
     engine = DaskEngine(p, client)
-    engine._place()
-    assert engine.inline and "forward-backward-" in engine.inline_prefixes
-    assert "forward-backward-" not in inline_prefixes(p, engine.placement)
+    engine.place()
+    assert engine.inline and "forward-backward" in engine.inline_kinds
+    assert "forward-backward" not in inline_kinds(p, engine.placement)
 
 
 def test_replicate_and_full_batch(client):
@@ -160,19 +163,19 @@ def test_low_latency_streams_and_timing_summary(tmp_path):
     join later included); the summary says where the time went."""
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
-        before = cluster.stream_intervals(c)
+        before = tuning.stream_intervals(c)
         assert before["workers"] == [0.002] and before["to-workers"] == [0.005]
         r = dtrain.train(dtrain.load_config(None, ["train.epochs=2"]), client=c, echo=None)
         lc.scale(2)
         c.wait_for_workers(2)
-        assert cluster.stream_intervals(c) == {"client": 0.0, "workers": [0.0],
+        assert tuning.stream_intervals(c) == {"client": 0.0, "workers": [0.0],
                                                "to-workers": [0.0], "to-clients": [0.0]}
-        assert cluster.inline_executor(c)          # the joining worker has it too
+        assert tuning.inline_executor(c)          # the joining worker has it too
         where = {}
-        for name in (cluster.INLINE, "default"):
+        for name in (tuning.INLINE, "default"):
             with dask.annotate(executor=name):
                 where[name] = c.submit(_thread, pure=False).result()
-        assert where == {cluster.INLINE: "MainThread", "default": "pool"}   # loop, not a pool
+        assert where == {tuning.INLINE: "MainThread", "default": "pool"}   # loop, not a pool
         assert set(c.run(_new_mappings).values()) == {0}   # a 4 MiB array: heap, not mmap
     s = r.summary
     assert s["task_seconds"]["forward_backward"] > 0 and s["task_seconds"]["update"] > 0
@@ -215,10 +218,10 @@ def test_workers_take_a_full_batchs_arrays_from_the_heap(monkeypatch):
     ours = dtrain.load_config(None, ["cluster.workers=1", "cluster.dashboard_address=''"])
     clusters = {"dask": lambda: LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                                              dashboard_address=None),
-                "dtrain": lambda: cluster.local_cluster(ours.cluster)}
+                "dtrain": lambda: local_cluster(ours.cluster)}
     mapped = {}
     for name, make in clusters.items():
-        for var in cluster.ALLOCATOR_ENV:    # a nanny leaves what it set in this process's
+        for var in tuning.ALLOCATOR_ENV:    # a nanny leaves what it set in this process's
             monkeypatch.delenv(var, raising=False)     # environment, which outranks config
         with make() as lc, Client(lc) as c:
             mapped[name] = c.submit(_mapped_while_held, 200, pure=False).result()
@@ -239,28 +242,28 @@ def test_short_tasks_run_in_the_event_loop():
     """Reduces and updates of a small state run inline; forward-backward tasks too while a
     task's step (all the shards it computes) stays under INLINE_MAX_FLOPS, or under
     INLINE_ALONE_FLOPS where every worker has one thread; nothing does for a state over 1 MiB."""
-    def prefixes(*sets):
-        return inline_prefixes(plan(dtrain.load_config(None, list(sets))))
-    assert prefixes() == ("update-", "reduce-", "forward-backward-")     # iris: 131 params
+    def kinds(*sets):
+        return inline_kinds(plan(dtrain.load_config(None, list(sets))))
+    assert kinds() == ("update", "reduce", "forward-backward")          # iris: 131 params
     wide = "model.layers=[4,5000,3]"                                     # 40k params, 320 KB
-    assert prefixes(wide) == ("update-", "reduce-", "forward-backward-")  # 4 rows: 1 MFLOP
-    assert prefixes(wide, "train.batch_size=64") == ("update-", "reduce-")   # 16 rows: 4 MFLOP
-    assert prefixes("model.layers=[4,40000,3]") == ()                    # a 2.6 MB state
+    assert kinds(wide) == ("update", "reduce", "forward-backward")      # 4 rows: 1 MFLOP
+    assert kinds(wide, "train.batch_size=64") == ("update", "reduce")   # 16 rows: 4 MFLOP
+    assert kinds("model.layers=[4,40000,3]") == ()                       # a 2.6 MB state
     # one thread per worker: the task runs alone anyway, so up to 200 MFLOP go inline
     for batch, threads, fb in ((64, 1, True), (1024, 1, True), (4096, 1, False), (64, 2, False),
                                (64, None, False)):
         p = plan(dtrain.load_config(None, [wide, f"train.batch_size={batch}"]))  # 4 shards
-        assert inline_prefixes(p, None, threads) == \
-            ("update-", "reduce-", *(("forward-backward-",) if fb else ())), (batch, threads)
-    assert inline_prefixes(plan(dtrain.load_config(None, ["model.layers=[4,40000,3]"])),
-                           None, 1) == ()
+        assert inline_kinds(p, None, threads) == \
+            ("update", "reduce", *(("forward-backward",) if fb else ())), (batch, threads)
+    assert inline_kinds(plan(dtrain.load_config(None, ["model.layers=[4,40000,3]"])),
+                        None, 1) == ()
     # a worker's shards in one task count together: 4 shards of 4 rows on one worker
     four = [wide, "data.shards=4", "train.batch_size=16"]
-    for fuse, fb in (("true", ()), ("false", ("forward-backward-",))):
+    for fuse, fb in (("true", ()), ("false", ("forward-backward",))):
         p = plan(dtrain.load_config(None, [*four, f"graph.fuse_shards={fuse}"]))
-        assert inline_prefixes(p, place(["w"], 4, "allreduce")) == ("update-", "reduce-", *fb)
-        assert inline_prefixes(p, place(["a", "b", "c", "d"], 4, "allreduce")) == \
-            ("update-", "reduce-", "forward-backward-")
+        assert inline_kinds(p, place(["w"], 4)) == ("update", "reduce", *fb)
+        assert inline_kinds(p, place(["a", "b", "c", "d"], 4)) == \
+            ("update", "reduce", "forward-backward")
 
 
 def test_windows_last_about_a_second_unless_fixed():
@@ -269,12 +272,12 @@ def test_windows_last_about_a_second_unless_fixed():
     auto = plan(dtrain.load_config(None, ["train.epochs=200"]))           # 1400 steps
     assert [window_steps(auto, r) for r in (None, 0.05, 0.004, 0.0001)] == [100, 100, 250, 1000]
     rates = iter([None, 0.002, 0.01, 0.0001])
-    assert [len(w) for w in _windows(auto, 0, lambda: next(rates))] == [100, 500, 100, 700]
+    assert [len(w) for w in windows(auto, 0, lambda: next(rates))] == [100, 500, 100, 700]
     fixed = plan(dtrain.load_config(None, ["train.epochs=200", "graph.window=30"]))
     assert {window_steps(fixed, r) for r in (None, 0.0001)} == {30}
     rounds = plan(dtrain.load_config(None, ["graph.strategy=local-sgd", "graph.window=5",
                                             "graph.sync_every=4", "train.epochs=2"]))
-    assert [len(w) for w in _windows(rounds, 0)] == [7, 7]             # 7 steps an epoch
+    assert [len(w) for w in windows(rounds, 0)] == [7, 7]              # 7 steps an epoch
 
 
 def test_low_latency_falls_back_when_distributed_changes():
@@ -282,14 +285,14 @@ def test_low_latency_falls_back_when_distributed_changes():
     distributed), nothing is touched."""
     class Stream:
         pass
-    cluster.LowLatencyWorker().setup(Stream())             # no batched_stream, no executors
-    assert cluster._set_interval(None, 0.0) is False
-    assert cluster._set_interval(Stream(), 0.0) is False
+    tuning.LowLatencyWorker().setup(Stream())              # no batched_stream, no executors
+    assert internals.set_batch_interval(None, 0.0) is False
+    assert internals.set_batch_interval(Stream(), 0.0) is False
     s = Stream()
     s.interval = "5ms"
-    assert cluster._set_interval(s, 0.0) is False and s.interval == "5ms"
+    assert internals.set_batch_interval(s, 0.0) is False and s.interval == "5ms"
     s.interval = 0.005
-    assert cluster._set_interval(s, 0.0) is True and s.interval == 0.0
+    assert internals.set_batch_interval(s, 0.0) is True and s.interval == 0.0
 
 
 @pytest.mark.parametrize("strategy", ["allreduce", "parameter-server", "local-sgd"])

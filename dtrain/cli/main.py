@@ -1,0 +1,24 @@
+"""Dispatch ``python -m dtrain ...`` to its subcommand and turn errors into exit codes."""
+from __future__ import annotations
+
+import sys
+
+from dtrain.cli import tools, train
+from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, UserError, exit_code
+
+SUBCOMMANDS = {"report": tools.report, "graph": tools.draw}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    try:
+        argv = sys.argv[1:] if argv is None else argv
+        if argv and argv[0] in SUBCOMMANDS:
+            return SUBCOMMANDS[argv[0]](argv[1:])
+        return train.run(argv)
+    except (UserError, Diverged) as exc:
+        print(f"dtrain: error: {exc}", file=sys.stderr)
+        return exit_code(exc)
+    except KeyboardInterrupt:
+        print("dtrain: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -1,0 +1,11 @@
+"""Core: what every other part of dtrain may use.
+
+Holds the run configuration (:mod:`~dtrain.core.config`), the errors and exit
+codes (:mod:`~dtrain.core.errors`), the task-key grammar
+(:mod:`~dtrain.core.keys`), the live-event port (:mod:`~dtrain.core.events`),
+host/GPU array helpers (:mod:`~dtrain.core.arrays`), file conventions
+(:mod:`~dtrain.core.files`) and every use of distributed's private API
+(:mod:`~dtrain.core.internals`).
+
+May import: nothing else of dtrain.
+"""

@@ -1,0 +1,420 @@
+"""Typed run configuration: TOML files, ``--set`` overrides, validation.
+
+A config is six sections (``data``, ``model``, ``optim``, ``train``, ``graph``,
+``cluster``), each a frozen dataclass.  Every field declares its check next to
+its default, so the schema, the defaults and the error messages live in one
+place.  Anything wrong is reported as one :class:`~dtrain.core.errors.UserError`
+line that names the key, the bad value and what would be accepted.
+
+``graph.strategy`` is checked against :data:`STRATEGIES`, which the strategy
+objects fill (:mod:`dtrain.taskgraph.strategies`, imported with ``dtrain``):
+each strategy's own rules, such as "model-parallel runs on CPU workers", are
+its ``check``, called here, so the config layer names no strategy itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import tomli_w
+
+from dtrain.core.arrays import gpu_count
+from dtrain.core.errors import ConfigError
+from dtrain.core.files import shipped
+
+CONFIG_DIR = shipped("configs")
+DEFAULT_CONFIG = CONFIG_DIR / "iris.toml"
+
+
+class StrategyRules(Protocol):
+    """What the config layer asks of a strategy: its name and its cross-key rules."""
+
+    name: str
+
+    def check(self, cfg: Config, source: str) -> None:
+        """Raise :class:`ConfigError` for a config this strategy cannot run."""
+
+
+# graph.strategy -> its rules; filled once, in order, by dtrain.taskgraph.strategies
+STRATEGIES: dict[str, StrategyRules] = {}
+
+
+# --- field helpers: a default plus the rule its value must follow ---------------------
+
+def _opt(default: Any, rule: str | Callable[[], str], check: Callable[[Any], bool],
+         doc: str = "") -> Any:
+    return field(default=default, metadata={"rule": rule, "check": check, "doc": doc})
+
+
+def choice(default: str, *options: str, doc: str = "") -> Any:
+    return _opt(default, "one of " + ", ".join(repr(o) for o in options),
+                lambda v: v in options, doc)
+
+
+def at_least(default: int | float, low: int | float, doc: str = "") -> Any:
+    return _opt(default, f">= {low}", lambda v: v >= low, doc)
+
+
+def positive(default: float, doc: str = "") -> Any:
+    return _opt(default, "> 0", lambda v: v > 0 and math.isfinite(v), doc)
+
+
+def unit_open(default: float, doc: str = "") -> Any:
+    return _opt(default, "in [0, 1)", lambda v: 0 <= v < 1, doc)
+
+
+def free(default: Any, doc: str = "") -> Any:
+    return _opt(default, "", lambda v: True, doc)
+
+
+# --- the schema ---------------------------------------------------------------------
+
+DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "synthetic")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = choice("iris", *DATASETS)
+    path: str = free("", "directory (mnist, image-folder) or file (csv)")
+    split: tuple[float, ...] = _opt(
+        (0.8, 0.1, 0.1), "three fractions (train, validation, test) >= 0 summing to 1",
+        lambda v: len(v) == 3 and min(v) >= 0 and v[0] > 0 and abs(sum(v) - 1) < 1e-9)
+    normalize: str = choice("standardize", "standardize", "minmax", "none")
+    replicate: int = at_least(1, 1, "repeat the training set this many times")
+    shards: int = at_least(4, 1, "fixed number of training shards")
+    shuffle: bool = free(True, "reshuffle each shard every epoch")
+    seed: int = at_least(0, 0)
+    samples: int = at_least(1000, 3, "synthetic: number of samples")
+    features: int = at_least(20, 1, "synthetic: input dimension")
+    classes: int = at_least(3, 2, "synthetic: number of classes")
+    image_size: tuple[int, ...] = _opt(
+        (), "[] (native size) or [height, width] of positive integers",
+        lambda v: len(v) == 0 or (len(v) == 2 and min(v) >= 1))
+    grayscale: bool = free(True, "image-folder: convert images to one channel")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    layers: tuple[int, ...] = _opt(
+        (4, 16, 3), "a list of at least two positive sizes, input first",
+        lambda v: len(v) >= 2 and min(v) >= 1)
+    activation: str = choice("tanh", "sigmoid", "tanh", "relu")
+    loss: str = choice("cross-entropy", "cross-entropy", "mse")
+    l2: float = at_least(0.0, 0.0, "L2 weight penalty (weights, not biases)")
+    dtype: str = choice("auto", "auto", "float32", "float64",
+                        doc="auto: float32 where the run uses GPUs, else float64")
+    seed: int = at_least(0, 0)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = choice("sgd", "sgd", "momentum", "adam")
+    lr: float = positive(0.1)
+    momentum: float = unit_open(0.9)
+    beta1: float = unit_open(0.9)
+    beta2: float = unit_open(0.999)
+    eps: float = positive(1e-8)
+    schedule: str = choice("constant", "constant", "step", "cosine")
+    decay_every: int = at_least(10, 1, "step schedule: epochs between decays")
+    gamma: float = _opt(0.5, "in (0, 1]", lambda v: 0 < v <= 1, "step schedule: factor")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = at_least(10, 1)
+    batch_size: int = at_least(16, 1, "global minibatch; >= training samples is full batch")
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    strategy: str = _opt("allreduce", lambda: "one of " + ", ".join(map(repr, STRATEGIES)),
+                         lambda v: v in STRATEGIES, "how the graph is built "
+                         "(dtrain.taskgraph.strategies)")
+    fan_in: int = at_least(2, 2, "children per reduce task")
+    sync_every: int = at_least(4, 1, "local-sgd: local steps between averagings")
+    slices: int = at_least(2, 1, "model-parallel: slices each hidden layer is split into")
+    window: int = at_least(0, 0, "steps per submitted graph; 0: about a second's worth, "
+                           "100 to 1000 steps")
+    fuse_update: bool = free(True, "apply the update inside the root reduce task")
+    fuse_shards: bool = free(True, "one forward-backward task for the shards of a reduce "
+                             "subtree that one worker holds, summed inside it (fewer tasks, "
+                             "the same sums in the same order)")
+    update: str = choice("auto", "auto", "root", "replicated",
+                         doc="where the optimizer step runs: on the reduce root, which sends "
+                         "the new state to every worker, or on every worker from the reduced "
+                         "gradient (allreduce only; one hop less per step); auto: replicated "
+                         "for allreduce")
+    step_events: int = at_least(1, 0, "steps between live metrics events from the update "
+                                "task to the scheduler (0: none)")
+    step_event_gap: float = at_least(0.1, 0.0, "seconds: each worker sends step events at "
+                                     "most this often (an epoch's last step always); 0: "
+                                     "every step_events steps")
+    state_every: int = at_least(8, 1, "replicated updates: steps between the tasks that keep "
+                                "each worker's state (fewer tasks per step; a lost worker "
+                                "costs at most this many updates again)")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    workers: int = at_least(2, 1, "worker processes (LocalCluster) or worker jobs (slurm, pbs)")
+    threads_per_worker: int = at_least(1, 1)
+    scheduler_address: str = free("", "use this running Dask scheduler instead")
+    dashboard_address: str = free("127.0.0.1:8787", "'' disables the dashboard")
+    device: str = choice("cpu", "cpu", "gpu", "auto",
+                         doc="gpu: every shard on a GPU; auto: GPUs where workers have them")
+    low_latency: bool = free(True, "send Dask's control messages without batching delays")
+    timeout: float = positive(20.0, "seconds to wait for a scheduler and its workers")
+    kind: str = choice("local", "local", "slurm", "pbs",
+                       doc="who starts the workers: a LocalCluster, or dask-jobqueue batch jobs")
+    tls: str = choice("auto", "auto", "on", "off",
+                      doc="per-run TLS certificate; auto = on under MPI, SLURM and PBS")
+    interface: str = free("", "network interface for the scheduler and workers, e.g. 'ib0'")
+    jobqueue_file: str = free("", "dask-jobqueue YAML ('' = the jobqueue.yaml shipped with dtrain)")
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "graph": GraphConfig,
+    "cluster": ClusterConfig,
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A complete, validated run configuration.
+
+    Build one with :func:`load_config`; change it with :meth:`replace` or
+    :func:`apply_overrides`, which validate again.
+    """
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    graph: GraphConfig = field(default_factory=GraphConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain nested dict (lists, not tuples), as written to ``config.toml``."""
+        return {name: {k: list(v) if isinstance(v, tuple) else v
+                       for k, v in dataclasses.asdict(getattr(self, name)).items()}
+                for name in SECTIONS}
+
+    def to_toml(self) -> str:
+        """The resolved config as TOML text; loading it gives back an equal config."""
+        return tomli_w.dumps(self.to_dict())
+
+    def replace(self, **sections: Mapping[str, Any]) -> Config:
+        """A copy with some keys changed, e.g. ``cfg.replace(train={"epochs": 2})``."""
+        merged = self.to_dict()
+        for name, values in sections.items():
+            merged.setdefault(name, {}).update(values)
+        return from_dict(merged, source="replace()")
+
+
+# --- parsing ------------------------------------------------------------------------
+
+def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
+    """Check the TOML value's type against the field's annotation."""
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"{key} = {value!r} in {source}: expected {expected}")
+
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
+        if not isinstance(value, (list, tuple)):
+            raise bad(f"a list of {item.__name__}")
+        return tuple(_coerce(key, v, item, source) for v in value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad("an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise bad("a string")
+        return value
+    raise TypeError(f"unsupported config type {hint!r}")  # a bug in the schema
+
+
+def _section(name: str, values: Mapping[str, Any], source: str) -> Any:
+    cls = SECTIONS[name]
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"unknown key '{name}.{key}' in {source}; "
+                              f"known keys in [{name}]: {', '.join(fields)}")
+        full = f"{name}.{key}"
+        value = _coerce(full, value, hints[key], source)
+        meta = fields[key].metadata
+        if not meta["check"](value):
+            rule = meta["rule"]() if callable(meta["rule"]) else meta["rule"]
+            raise ConfigError(f"{full} = {_show(value)} in {source}: must be {rule}")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _show(value: Any) -> str:
+    """A value as it would be written in TOML."""
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
+    """Build and validate a :class:`Config` from nested mappings.
+
+    Parameters
+    ----------
+    data
+        ``{"section": {"key": value}}``; missing keys take their defaults.
+    source
+        Where the values came from, for error messages.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: expected a table of sections, got {type(data).__name__}")
+    for name, values in data.items():
+        if name not in SECTIONS:
+            raise ConfigError(f"unknown section [{name}] in {source}; "
+                              f"known sections: {', '.join(SECTIONS)}")
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"'{name}' in {source} must be a table ([{name}])")
+    cfg = Config(**{name: _section(name, data.get(name, {}), source) for name in SECTIONS})
+    _check_consistency(cfg, source)
+    if cfg.model.dtype == "auto":
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=_auto_dtype(cfg)))
+    return cfg
+
+
+def _auto_dtype(cfg: Config) -> str:
+    """float32 on GPUs (where it is several times faster), float64 on CPUs."""
+    if cfg.cluster.device == "gpu":
+        return "float32"
+    if cfg.cluster.device == "auto" and not cfg.cluster.scheduler_address:
+        return "float32" if gpu_count() else "float64"
+    return "float64"
+
+
+def _check_consistency(cfg: Config, source: str) -> None:
+    """Rules that span more than one key."""
+    needs_path = {"mnist": "a directory of IDX files", "image-folder": "a directory with one "
+                  "folder per class", "csv": "a CSV file"}
+    if cfg.data.dataset in needs_path and not cfg.data.path:
+        raise ConfigError(f"data.path is empty in {source}: dataset '{cfg.data.dataset}' "
+                          f"needs {needs_path[cfg.data.dataset]} "
+                          f"(e.g. --set data.path=/data/{cfg.data.dataset})")
+    STRATEGIES[cfg.graph.strategy].check(cfg, source)
+    c = cfg.cluster
+    if c.scheduler_address and c.kind != "local":
+        raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own scheduler; "
+                          f"drop cluster.scheduler_address ({c.scheduler_address}) or the kind")
+    if c.scheduler_address and c.tls == "on":
+        raise ConfigError(f"cluster.tls = 'on' in {source} makes a per-run certificate for a "
+                          f"cluster dtrain starts; a running scheduler ({c.scheduler_address}) "
+                          f"takes its TLS files from the Dask config (distributed.comm.tls.*)")
+    if cfg.data.dataset == "image-folder" and not cfg.data.image_size:
+        raise ConfigError(f"data.image_size is empty in {source}: image-folder needs "
+                          f"[height, width] to resize every image to")
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Split ``section.key=VALUE``; VALUE is TOML, or a plain string if it is not."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    section, dot, name = key.partition(".")
+    if not sep or not dot or not section or not name or "." in name:
+        raise ConfigError(f"--set {text!r}: expected section.key=VALUE, "
+                          f"e.g. --set train.epochs=5")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return section, name, value
+
+
+def apply_overrides(data: dict[str, dict[str, Any]], overrides: Iterable[str]) -> dict:
+    """Apply ``--set`` strings to a nested dict (in place) and return it."""
+    for text in overrides:
+        section, name, value = parse_override(text)
+        kinds = {f.name: f.type for f in dataclasses.fields(SECTIONS[section])} \
+            if section in SECTIONS else {}
+        if kinds.get(name) in (str, "str") and isinstance(value, (int, float, bool)):
+            value = text.partition("=")[2].strip()   # a string key takes the word as written
+        data.setdefault(section, {})[name] = value
+    return data
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file, turning I/O and syntax errors into one-line user errors."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found; pass an existing file to "
+                          f"--config (see {CONFIG_DIR}/)") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def load_config(path: str | Path | Mapping[str, Any] | None = None,
+                overrides: Iterable[str] = ()) -> Config:
+    """Load, override and validate a run configuration.
+
+    Parameters
+    ----------
+    path
+        A TOML file, a ``{"section": {...}}`` mapping, or None for
+        ``configs/iris.toml``.
+    overrides
+        ``"section.key=VALUE"`` strings applied on top, in order.
+
+    Returns
+    -------
+    Config
+        With relative ``data.path`` and ``cluster.jobqueue_file`` made
+        absolute (against the current directory), so workers elsewhere find
+        the same files.
+    """
+    if path is None:
+        path = DEFAULT_CONFIG
+    if isinstance(path, Mapping):
+        data, source = {k: dict(v) if isinstance(v, Mapping) else v for k, v in path.items()}, \
+            "the given mapping"
+    else:
+        data, source = read_toml(path), str(path)
+    overrides = list(overrides)
+    if overrides:
+        source += " (with --set overrides)"
+    apply_overrides(data, overrides)
+    cfg = from_dict(data, source)
+    for section, key in (("data", "path"), ("cluster", "jobqueue_file")):
+        part = getattr(cfg, section)
+        value = getattr(part, key)
+        if value and not Path(value).is_absolute():
+            cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(
+                part, **{key: str(Path(value).resolve())})})
+    return cfg

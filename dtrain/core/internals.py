@@ -1,0 +1,228 @@
+"""Every use of distributed's private API, in one place, each with its reason and its fallback.
+
+dtrain relies on a few of distributed's internals where no public API does
+the job.  Each is reached only through a function here, which checks that
+the attribute is there and has the expected kind before it touches it and
+does nothing (returning False or None) where it has changed, so that a new
+distributed degrades dtrain's speed or looks, never its results.
+``tests/test_internals.py`` checks every one against the installed
+distributed, so a change underneath fails a test rather than going unseen.
+
+1. ``BatchedSend.interval`` on the control streams: distributed batches
+   control messages on hard-coded 2-10 ms intervals, with no config key; a
+   step is a chain of small dependent tasks and would pay one interval per
+   hop (:func:`set_batch_interval`).
+2. ``distributed.worker._worker_cvar`` and ``Worker.executors``: an executor
+   that runs a task in the worker's event loop must set the context variable
+   that ``get_worker()`` reads (:func:`worker_context`, :func:`add_executor`).
+3. ``key_split`` and ``color_of`` as distributed's scheduler, task-stream and
+   dashboard modules imported them: ``key_split`` drops any 8-letter word
+   starting with a-f as if it were a hex token, so ``forward-backward-3-1``
+   shows as ``forward`` (:func:`relabel_tasks`).
+4. The scheduler's identity call (``client.scheduler.identity``): the
+   client's cached ``scheduler_info()`` can list no workers while workers are
+   connected (:func:`scheduler_workers`).
+5. The dashboard's Bokeh server and page template, to serve ``/dtrain``
+   beside distributed's own pages (:func:`add_dashboard_page`,
+   :func:`style_dashboard_doc`).
+6. A worker's RPC handlers, for the word an MPI head sends every worker rank
+   before it closes them (:func:`add_worker_handler`).
+7. A worker's thread count (``Worker.state.nthreads``) (:func:`worker_threads`).
+"""
+from __future__ import annotations
+
+import contextvars
+import importlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_MARK = "__dtrain_wraps__"
+
+# (1) -------------------------------------------------------------------------------------
+
+
+def set_batch_interval(stream: object, seconds: float) -> bool:
+    """Set a ``BatchedSend``'s ``interval``; False (nothing changed) if it has none."""
+    if stream is None or not isinstance(getattr(stream, "interval", None), (int, float)):
+        return False
+    stream.interval = seconds
+    return True
+
+
+def batch_interval(stream: object) -> float | None:
+    """A ``BatchedSend``'s ``interval`` (None if it has none)."""
+    value = getattr(stream, "interval", None)
+    return value if isinstance(value, (int, float)) else None
+
+
+def client_stream(client: Any) -> object:
+    """The client's stream to the scheduler."""
+    return getattr(client, "scheduler_comm", None)
+
+
+def worker_stream(worker: Any) -> object:
+    """A worker's stream to the scheduler."""
+    return getattr(worker, "batched_stream", None)
+
+
+def scheduler_streams(scheduler: Any, to: str) -> dict[str, object]:
+    """The scheduler's streams ``to`` its ``"workers"`` or ``"clients"``, by address/id."""
+    streams = getattr(scheduler, "stream_comms" if to == "workers" else "client_comms", None)
+    return streams if isinstance(streams, dict) else {}
+
+# (2) -------------------------------------------------------------------------------------
+
+
+def worker_context() -> contextvars.ContextVar | None:
+    """The context variable ``distributed.get_worker()`` reads, or None."""
+    import distributed.worker
+    current = getattr(distributed.worker, "_worker_cvar", None)
+    return current if isinstance(current, contextvars.ContextVar) else None
+
+
+def add_executor(worker: Any, name: str, executor: Any) -> bool:
+    """Give ``worker`` an executor that tasks can ask for (``annotate(executor=name)``)."""
+    executors = getattr(worker, "executors", None)
+    if not isinstance(executors, dict):
+        return False
+    executors.setdefault(name, executor)
+    return True
+
+
+def has_executor(worker: Any, name: str) -> bool:
+    return name in (getattr(worker, "executors", None) or {})
+
+# (3) -------------------------------------------------------------------------------------
+
+# modules holding their own reference to dask's key_split, and to distributed's color_of
+KEY_SPLIT_USERS = (
+    "distributed.scheduler",                       # TaskPrefix / TaskGroup names
+    "distributed.diagnostics.task_stream",         # task-stream labels and colours
+    "distributed.diagnostics.progress_stream",     # progress bars
+    "distributed.diagnostics.progress",
+    "distributed.diagnostics.websocket",
+    "distributed.dashboard.components.scheduler",  # dashboard components
+)
+COLOR_OF_USERS = (
+    ("distributed.diagnostics.task_stream", "color_of"),
+    ("distributed.diagnostics.progress_stream", "color_of"),
+    ("distributed.dashboard.components.scheduler", "color_of"),
+    ("distributed.dashboard.components.scheduler", "ts_color_of"),
+)
+
+
+def _wrap(module_name: str, attr: str, wrapper: Callable[[Callable], Callable]) -> str | None:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:          # e.g. the dashboard without bokeh
+        return None
+    current = getattr(module, attr, None)
+    if not callable(current):
+        return None
+    if not hasattr(current, _MARK):
+        wrapped = wrapper(current)
+        setattr(wrapped, _MARK, current)
+        setattr(module, attr, wrapped)
+    return f"{module_name}.{attr}"
+
+
+def relabel_tasks(kind_of: Callable[[object], str | None],
+                  colors: dict[str, str]) -> list[str]:
+    """Make distributed label a key by ``kind_of(key)`` where that is not None, and colour
+    those kinds by ``colors``; other keys are passed through unchanged.  Once per process;
+    returns the ``module.attribute`` names wrapped."""
+    def key_split(original: Callable[[object], str]) -> Callable[[object], str]:
+        return lambda key: kind_of(key) or original(key)
+
+    def color_of(original: Callable[..., str]) -> Callable[..., str]:
+        return lambda name, *args, **kwargs: colors[name] if isinstance(name, str) and \
+            name in colors else original(name, *args, **kwargs)
+
+    done = [_wrap(m, "key_split", key_split) for m in KEY_SPLIT_USERS]
+    done += [_wrap(m, a, color_of) for m, a in COLOR_OF_USERS]
+    return [name for name in done if name]
+
+
+def unwrapped(function: Callable) -> Callable:
+    """The original of a function :func:`relabel_tasks` wrapped (itself if not wrapped)."""
+    return getattr(function, _MARK, function)
+
+# (4) -------------------------------------------------------------------------------------
+
+
+def scheduler_workers(client: Any) -> dict[str, dict]:
+    """``{address: info}`` of the connected workers, asked of the scheduler now.
+
+    Not ``client.scheduler_info()["workers"]``: that returns the client's cached
+    identity, which a periodic refresh (``distributed.client.scheduler-info-interval``)
+    overwrites with one that lists no workers, so it can come back empty while
+    workers are connected.
+    """
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+# (5) -------------------------------------------------------------------------------------
+
+
+def add_dashboard_page(scheduler: Any, route: str, make_doc: Callable[..., None],
+                       nav_name: str) -> bool:
+    """Serve a Bokeh document at ``route`` from the scheduler's own web server, with a link
+    in the dashboard's navigation bar, the way ``distributed.dashboard.scheduler.connect``
+    adds distributed's pages.  ``make_doc(scheduler, extra, doc)`` builds it.  False where
+    there is no dashboard, or it has changed (the training does not depend on the page)."""
+    try:
+        from bokeh.server.server import BokehTornado
+        from tornado.ioloop import IOLoop
+
+        from distributed.dashboard import scheduler as dashboard
+        from distributed.dashboard.core import BokehApplication
+
+        http = scheduler.http_application
+        pages = [app for app in http.applications if isinstance(app, BokehTornado)]
+        if not pages:                       # the dashboard is off
+            return False
+        variables = dashboard.template_variables(scheduler)   # shared by every page
+        if isinstance(variables.get("pages"), list) and nav_name not in variables["pages"]:
+            variables["pages"].append(nav_name)
+        app = BokehApplication({route: make_doc}, scheduler, prefix=pages[0].prefix,
+                               template_variables=variables)
+        http.add_application(app)
+        app.initialize(IOLoop.current())
+        app.start()
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        logger.warning("dtrain: the %s page is not available here (%s: %s)", route,
+                       type(exc).__name__, exc)
+        return False
+    return True
+
+
+def style_dashboard_doc(doc: Any, page: Any, refresh_ms: int, title: str, template: str,
+                        extra: dict[str, Any]) -> None:
+    """Give a document distributed's page template and theme, and call ``page.update``
+    every ``refresh_ms`` while it is open."""
+    from distributed.dashboard.components import add_periodic_callback
+    from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+
+    add_periodic_callback(doc, page, refresh_ms)
+    doc.title = title
+    doc.template = env.from_string(template)
+    doc.template_variables.update(extra)
+    doc.theme = BOKEH_THEME
+
+# (6), (7) --------------------------------------------------------------------------------
+
+
+def add_worker_handler(worker: Any, op: str, handler: Callable[..., Any]) -> bool:
+    """Answer RPC ``op`` on ``worker`` with ``handler``."""
+    handlers = getattr(worker, "handlers", None)
+    if not isinstance(handlers, dict):
+        return False
+    handlers[op] = handler
+    return True
+
+
+def worker_threads(worker: Any) -> int:
+    """The task threads of a worker (1 if unknown)."""
+    return int(getattr(getattr(worker, "state", None), "nthreads", 1) or 1)

@@ -1,0 +1,146 @@
+"""Shards and minibatches: the training set cut into fixed shards that live on workers.
+
+After the split and normalization (:mod:`dtrain.data.prepare`) the training
+split is repeated ``replicate`` times and cut into ``shards`` contiguous
+shards.  Each shard is built on its worker by a loading task
+(:func:`load_shard`), so a lost shard can be rebuilt by running its task
+again and the driver never holds the training set.  :func:`epoch_bounds`
+says which rows of each shard form each minibatch.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from dask.sizeof import sizeof
+
+from dtrain.core.arrays import align_on_unpickle, on_device
+from dtrain.core.config import DataConfig
+from dtrain.core.errors import DataError
+from dtrain.data.prepare import prepared
+from dtrain.data.readers import synthetic_rows
+
+
+@align_on_unpickle
+@dataclass(frozen=True)
+class Shard:
+    """One fixed slice of the (replicated) training set, living on a worker."""
+
+    index: int
+    x: Any            # (n, D)
+    y: Any            # (n,)
+    _arrays = ("x", "y")
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def batch(self, epoch: int, lo: int, hi: int, seed: int | None):
+        """Rows ``lo:hi`` of this epoch's order (shuffled when ``seed`` is not None)."""
+        if seed is None:
+            return self.x[lo:hi], self.y[lo:hi]
+        rows = _epoch_order(seed, epoch, self.index, len(self))[lo:hi]
+        return self.x[rows], self.y[rows]
+
+
+@sizeof.register(Shard)
+def _sizeof_shard(shard: Shard) -> int:
+    return int(shard.x.nbytes + shard.y.nbytes)
+
+
+@functools.lru_cache(maxsize=64)
+def _epoch_order(seed: int, epoch: int, shard: int, n: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch, shard]).permutation(n)
+
+
+def shard_ranges(n_train: int, replicate: int, shards: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` rows of each shard in the replicated training set."""
+    total = n_train * replicate
+    if shards > total:
+        raise DataError(f"data.shards = {shards} but there are only {total} training samples; "
+                        f"use at most {total} shards")
+    bounds = np.linspace(0, total, shards + 1).round().astype(int)  # contiguous, near-equal
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _training_rows(cfg: DataConfig, start: int, stop: int, n_train: int):
+    base = np.arange(start, stop) % n_train  # replication repeats the training split
+    if cfg.dataset == "synthetic" and cfg.normalize == "none":
+        return synthetic_rows(cfg, base)  # generate only these rows
+    x, y = prepared(cfg)["train"]
+    return x[base], y[base]
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """Where shard ``index`` comes from: rows ``start:stop`` of the replicated training set
+    (``n_train`` rows before replication), as ``dtype``, in GPU memory if ``gpu`` (and the
+    worker has a usable GPU).  The loading task's record."""
+
+    data: DataConfig
+    index: int
+    start: int
+    stop: int
+    n_train: int
+    dtype: str
+    gpu: bool = False
+
+
+def sources(cfg: DataConfig, ranges: Sequence[tuple[int, int]], n_train: int,
+            dtype: str) -> list[ShardSource]:
+    """The loading records of shards cut at ``ranges``."""
+    return [ShardSource(cfg, i, a, b, n_train, dtype) for i, (a, b) in enumerate(ranges)]
+
+
+def load_shard(src: ShardSource) -> Shard:
+    """Loading task: build one shard on this worker."""
+    x, y = _training_rows(src.data, src.start, src.stop, src.n_train)
+    return Shard(src.index, on_device(np.ascontiguousarray(x, dtype=src.dtype), src.gpu),
+                 on_device(y, src.gpu))
+
+
+def load_shards(srcs: tuple[ShardSource, ...]) -> list[Shard]:
+    """Loading task: every shard, on one worker (model parallelism shares the whole set)."""
+    return [load_shard(src) for src in srcs]
+
+
+def load_part(cfg: DataConfig, part: str, dtype: str, gpu: bool = False) -> Shard:
+    """Loading task: the ``"val"`` or ``"test"`` split as one shard."""
+    x, y = prepared(cfg)[part]
+    return Shard(-1, on_device(np.ascontiguousarray(x, dtype=dtype), gpu), on_device(y, gpu))
+
+
+def minibatch(shards: Sequence[Shard], epoch: int, bounds: Sequence[tuple[int, int]],
+              seed: int | None) -> tuple[Any, Any]:
+    """A whole global minibatch in one piece: rows ``bounds[i]`` of each shard ``i``'s epoch
+    order, in shard order (the serial reference, and model parallelism, which holds every
+    shard on every worker)."""
+    rows = [s.batch(epoch, lo, hi, seed) for s, (lo, hi) in zip(shards, bounds)]
+    return np.concatenate([r[0] for r in rows]), np.concatenate([r[1] for r in rows])  # (B, D), (B,)
+
+
+def epoch_bounds(sizes: list[int], batch_size: int) -> np.ndarray:
+    """Which rows of each shard make up each minibatch of an epoch.
+
+    Returns ``c`` of shape ``(steps + 1, shards)``: step ``t`` takes rows
+    ``c[t, i]:c[t + 1, i]`` of shard ``i``'s epoch order.  The shards are
+    interleaved in proportion to their sizes (sample ``r`` of a shard of
+    ``n`` sits at position ``(r + 1/2) / n``, ties by shard id), so every
+    minibatch has exactly ``batch_size`` samples (the last one the rest) and
+    draws evenly from all shards, whatever their sizes.
+    """
+    sizes = np.asarray(sizes)
+    total = int(sizes.sum())
+    shard = np.repeat(np.arange(sizes.size), sizes)                    # (N,)
+    rank = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    key = (2 * rank + 1) / (2 * sizes[shard])                          # (N,)
+    order = shard[np.lexsort((shard, key))]                            # shard id at each position
+    by_shard = np.argsort(order, kind="stable")                        # positions, grouped by shard
+    steps = -(-total // batch_size)
+    cuts = np.minimum(np.arange(steps + 1) * batch_size, total)        # (steps + 1,)
+    counts = np.empty((steps + 1, sizes.size), dtype=np.int64)
+    for i, start in enumerate(np.cumsum(sizes) - sizes):
+        counts[:, i] = np.searchsorted(by_shard[start:start + sizes[i]], cuts)
+    return counts

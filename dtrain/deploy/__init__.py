@@ -1,0 +1,14 @@
+"""Deploy: getting the Dask cluster a run trains on, and tuning it.
+
+Holds the embedded LocalCluster (:mod:`~dtrain.deploy.local`), batch jobs
+through dask-jobqueue (:mod:`~dtrain.deploy.jobqueue`), a running scheduler
+and the choice between them (:mod:`~dtrain.deploy.connect`), the MPI ranks'
+roles and lifecycle (:mod:`~dtrain.deploy.mpi`) with one GPU per worker rank
+(:mod:`~dtrain.deploy.rankgpus`), GPU workers (:mod:`~dtrain.deploy.devices`),
+the workers a client sees (:mod:`~dtrain.deploy.workers`), TLS and the
+dashboard link (:mod:`~dtrain.deploy.options`), latency and allocator tuning
+(:mod:`~dtrain.deploy.tuning`) and the log filters (:mod:`~dtrain.deploy.logs`).
+It knows nothing of what is trained: a run is handed in as a callable.
+
+May import: :mod:`dtrain.core`.
+"""

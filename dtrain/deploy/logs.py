@@ -1,0 +1,70 @@
+"""Logs: what dtrain keeps out of the console, and why, in one place.
+
+Each filter drops one kind of message that would otherwise be printed with a
+traceback although nothing is wrong, or although dtrain reports it better
+itself; anything else still shows.
+"""
+from __future__ import annotations
+
+import logging
+
+from distributed import Worker, WorkerPlugin
+from distributed.core import Status
+
+from dtrain.core.errors import REPORTED_BY_DRIVER
+
+
+class _ReportedByDriver(logging.Filter):
+    """Drop a worker's "Compute Failed" log for dtrain's own errors: the driver reports
+    those once, as one line; any other exception is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (str(record.msg).startswith("Compute Failed") and len(args) > 3
+                    and str(args[3]).startswith(REPORTED_BY_DRIVER))
+
+
+class QuietUserErrors(WorkerPlugin):
+    """Installs :class:`_ReportedByDriver` on every worker, restarted ones included."""
+
+    name = "dtrain-quiet-user-errors"
+    idempotent = True
+
+    def setup(self, worker) -> None:
+        log = logging.getLogger("distributed.worker")
+        if not any(isinstance(f, _ReportedByDriver) for f in log.filters):
+            log.addFilter(_ReportedByDriver())
+
+
+CLOSING_OP = "dtrain_closing"     # the head's word to every worker rank before it closes them
+
+
+class CutByClose(logging.Filter):
+    """Drops distributed's errors about a connection that the job's own close cut.
+
+    Closing, a worker shuts its connections while a heartbeat or a transfer may be
+    in flight, and distributed logs the closed comm as an error with a traceback: a
+    heartbeat cut by this worker's close, or a transfer to a peer that closed first
+    (the head closes the ranks all at once).  The head tells every worker that the
+    job is closing (:data:`CLOSING_OP`, answered) before it closes any; the same
+    failures mid-run still show.
+    """
+
+    CUT = ("Failed to communicate with scheduler during heartbeat", "failed during get data")
+
+    def __init__(self, worker: Worker):
+        self.worker, self.closing = worker, False
+
+    def mark_closing(self) -> None:
+        """The handler of :data:`CLOSING_OP`."""
+        self.closing = True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        closing = self.closing or self.worker.status in (Status.closing, Status.closed,
+                                                         Status.closing_gracefully)
+        return not (closing and str(record.msg).startswith(self.CUT))
+
+
+def quiet_logs() -> None:
+    """Keep distributed's start-up chatter (INFO) off the job's log; warnings still show."""
+    logging.getLogger("distributed").setLevel(logging.WARNING)

@@ -1,0 +1,10 @@
+"""Maths: the network and its training step as pure functions over NumPy or CuPy.
+
+Holds the layers, losses and the flat-parameter network
+(:mod:`~dtrain.maths.model`), the optimizers over one flat state, the update
+and the local SGD round (:mod:`~dtrain.maths.optim`), and the model-parallel
+split of a network into slices (:mod:`~dtrain.maths.slicing`).  Nothing here
+knows about Dask, files or workers.
+
+May import: :mod:`dtrain.core`.
+"""

@@ -1,0 +1,260 @@
+"""Fully connected networks as pure functions over an array module ``xp``.
+
+Each layer's forward and backward stand side by side.  ``xp`` is NumPy or
+CuPy; nothing here knows which.  Shapes: ``B`` batch rows, ``I`` inputs,
+``O`` outputs of a layer, ``C`` classes, ``P`` parameters.
+
+Parameters live in one flat vector ``[W1, b1, W2, b2, ...]`` (``W`` is
+``(O, I)``, row-major); :meth:`Network.unflatten` gives per-layer views, so a
+training step moves one buffer.  Gradients are written straight into the
+views of one flat buffer too: ``[grad (P) | loss | correct]``, the summed
+loss and the number of correct predictions trailing the gradient (``TAIL``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from dtrain.core.arrays import array_module, to_host
+from dtrain.core.config import ModelConfig
+
+TAIL = 2    # numbers after the gradient in a buffer: summed loss (at P), correct predictions
+
+
+# --- activations: forward from z, backward from the output a ---------------------
+
+def sigmoid(xp, z):
+    return 0.5 * xp.tanh(0.5 * z) + 0.5          # overflow-free form of 1/(1+e^-z)
+
+
+def sigmoid_backward(xp, a):
+    return a * (1 - a)
+
+
+def tanh(xp, z):
+    return xp.tanh(z)
+
+
+def tanh_backward(xp, a):
+    return 1 - a * a
+
+
+def relu(xp, z):
+    return xp.maximum(z, 0)
+
+
+def relu_backward(xp, a):
+    return (a > 0).astype(a.dtype)
+
+
+ACTIVATIONS = {
+    "sigmoid": (sigmoid, sigmoid_backward),
+    "tanh": (tanh, tanh_backward),
+    "relu": (relu, relu_backward),
+}
+
+
+# --- affine layer ---------------------------------------------------------------
+
+def linear_forward(xp, x, W, b):
+    return x @ W.T + b                            # (B, O) = (B, I) @ (I, O) + (O,)
+
+
+def linear_backward(xp, dz, x, W, dW, db, need_dx=True):
+    """Write dL/dW and dL/db into ``dW``, ``db``; return dL/dx (or None)."""
+    xp.matmul(dz.T, x, out=dW)                    # (O, I) = (O, B) @ (B, I)
+    dz.sum(axis=0, out=db)                        # (O,)
+    return dz @ W if need_dx else None            # (B, I) = (B, O) @ (O, I)
+
+
+# --- output layer + loss: per-sample loss summed over the batch ---------------------
+
+def one_hot(xp, y, classes, dtype):
+    t = xp.zeros((y.shape[0], classes), dtype=dtype)   # (B, C)
+    t[xp.arange(y.shape[0]), y] = 1
+    return t
+
+
+def cross_entropy(xp, z, y):
+    """Softmax + cross-entropy. Returns (loss summed over rows, dL/dz)."""
+    shifted = z - z.max(axis=1, keepdims=True)    # (B, C)
+    e = xp.exp(shifted)                           # (B, C)
+    s = e.sum(axis=1, keepdims=True)              # (B, 1)
+    rows = xp.arange(z.shape[0])
+    loss = (xp.log(s[:, 0]) - shifted[rows, y]).sum()
+    dz = e / s                                    # (B, C) softmax
+    dz[rows, y] -= 1
+    return loss, dz
+
+
+def mse(xp, z, y):
+    """Sigmoid outputs + squared error 0.5*||a - onehot||^2. Returns (loss sum, dL/dz)."""
+    a = sigmoid(xp, z)                            # (B, C)
+    diff = a - one_hot(xp, y, z.shape[1], z.dtype)
+    return 0.5 * (diff * diff).sum(), diff * sigmoid_backward(xp, a)
+
+
+LOSSES = {"cross-entropy": cross_entropy, "mse": mse}
+
+
+# --- the network ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Network:
+    """Architecture of a fully connected net and the layout of its flat parameters.
+
+    Parameters
+    ----------
+    layers
+        Sizes, input first and classes last, e.g. ``(784, 128, 10)``.
+    activation
+        Hidden-layer activation: ``"sigmoid"``, ``"tanh"`` or ``"relu"``.
+    loss
+        ``"cross-entropy"`` (softmax outputs) or ``"mse"`` (sigmoid outputs).
+    dtype
+        ``"float32"`` or ``"float64"``.
+    """
+
+    layers: tuple[int, ...]
+    activation: str
+    loss: str
+    dtype: str
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> Network:
+        return cls(tuple(cfg.layers), cfg.activation, cfg.loss, cfg.dtype)
+
+    @cached_property
+    def shapes(self) -> list[tuple[int, int]]:
+        """``(O, I)`` of each layer's weight matrix."""
+        return list(zip(self.layers[1:], self.layers[:-1]))
+
+    @cached_property
+    def slices(self) -> list[tuple[slice, slice]]:
+        """Flat-vector slices of each layer's ``W`` and ``b``."""
+        out, at = [], 0
+        for o, i in self.shapes:
+            out.append((slice(at, at + o * i), slice(at + o * i, at + o * i + o)))
+            at += o * i + o
+        return out
+
+    @property
+    def size(self) -> int:
+        """Number of parameters ``P``."""
+        return self.slices[-1][1].stop
+
+    def flops(self, rows: float) -> float:
+        """Floating-point operations of a forward-backward over ``rows`` rows: about
+        ``6 rows P`` (2 per weight forward, 4 backward)."""
+        return 6 * rows * self.size
+
+    @property
+    def weight_slices(self) -> list[slice]:
+        """Where the weight matrices are (the L2 penalty's domain; biases are exempt)."""
+        return [w for w, _ in self.slices]
+
+    def unflatten(self, flat) -> list[tuple[Any, Any]]:
+        """Per-layer ``(W, b)`` views into ``flat`` (no copies)."""
+        return [(flat[w].reshape(shape), flat[b]) for (w, b), shape in zip(self.slices, self.shapes)]
+
+    def named(self, flat) -> dict[str, np.ndarray]:
+        """``{"W1": ..., "b1": ..., ...}`` as host arrays, e.g. for ``params.npz``."""
+        flat = to_host(flat)
+        out = {}
+        for n, (W, b) in enumerate(self.unflatten(flat), start=1):
+            out[f"W{n}"], out[f"b{n}"] = np.array(W), np.array(b)
+        return out
+
+    def init(self, seed: int):
+        """Seeded initial parameters: Glorot-uniform (sigmoid, tanh) or He-normal (relu)."""
+        rng = np.random.default_rng(seed)
+        flat = np.zeros(self.size, dtype=np.float64)
+        for (W, _), (o, i) in zip(self.unflatten(flat), self.shapes):
+            if self.activation == "relu":
+                W[...] = rng.normal(0.0, np.sqrt(2.0 / i), size=(o, i))
+            else:
+                limit = np.sqrt(6.0 / (i + o))
+                W[...] = rng.uniform(-limit, limit, size=(o, i))
+        return flat.astype(self.dtype)
+
+    def forward(self, params, x):
+        """Hidden activations and output logits: ``[x, a1, ..., z_out]``."""
+        return self._forward(array_module(params), self.unflatten(params), x)
+
+    def _forward(self, xp, layers, x):
+        act, _ = ACTIVATIONS[self.activation]
+        outs = [x]
+        for n, (W, b) in enumerate(layers):
+            z = linear_forward(xp, outs[-1], W, b)          # (B, O)
+            outs.append(z if n == len(layers) - 1 else act(xp, z))
+        return outs
+
+    @property
+    def buffer_size(self) -> int:
+        """Length of a gradient buffer: ``P + TAIL``."""
+        return self.size + TAIL
+
+    def loss_and_grad(self, params, x, y):
+        """Summed loss and gradient over a batch, as one flat buffer.
+
+        Returns ``buf`` of length ``P + 2``: ``buf[:P]`` is the gradient of the
+        summed per-sample loss, ``buf[P]`` the summed loss and ``buf[P + 1]``
+        the number of correct predictions (argmax of the outputs, before this
+        step's update).  Sums (not means) so that shards add up exactly (the
+        count is an integer, exact in float); the update divides by the batch
+        size.
+        """
+        xp = array_module(params)
+        buf = xp.zeros(self.buffer_size, dtype=params.dtype)
+        if x.shape[0] == 0:
+            return buf
+        with np.errstate(all="ignore"):     # a diverging run is caught by the update's check
+            return self._loss_and_grad(xp, params, x, y, buf)
+
+    def _loss_and_grad(self, xp, params, x, y, buf):
+        _, act_backward = ACTIVATIONS[self.activation]
+        layers = self.unflatten(params)
+        outs = self._forward(xp, layers, x)
+        loss, dz = LOSSES[self.loss](xp, outs[-1], y)        # dz (B, C)
+        P = self.size
+        buf[P] = loss
+        buf[P + 1] = (outs[-1].argmax(axis=1) == y).sum()
+        grads = self.unflatten(buf[:P])
+        for n in reversed(range(len(layers))):
+            W, _ = layers[n]
+            dW, db = grads[n]
+            dx = linear_backward(xp, dz, outs[n], W, dW, db, need_dx=n > 0)
+            if n > 0:
+                dz = dx * act_backward(xp, outs[n])          # (B, I) through layer n's activation
+        return buf
+
+    def evaluate(self, params, x, y, chunk: int = 8192) -> tuple[float, int, int]:
+        """``(summed loss, correct predictions, rows)`` over a dataset, in chunks."""
+        with np.errstate(all="ignore"):
+            return self._evaluate(array_module(params), params, x, y, chunk)
+
+    def _evaluate(self, xp, params, x, y, chunk):
+        loss, correct = 0.0, 0
+        for start in range(0, x.shape[0], chunk):
+            xs, ys = x[start:start + chunk], y[start:start + chunk]
+            z = self.forward(params, xs)[-1]                 # (B, C)
+            loss += float(LOSSES[self.loss](xp, z, ys)[0])
+            correct += int((z.argmax(axis=1) == ys).sum())
+        return loss, correct, int(x.shape[0])
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A flat parameter vector that is not a whole network (a model-parallel slice):
+    its size and where its weights are, which is all an optimizer needs."""
+
+    size: int
+    weight_slices: tuple[slice, ...]
+
+
+def l2_penalty(net: Network, params, l2: float) -> float:
+    """``0.5 * l2 * sum(||W||^2)`` over weight matrices (biases are not penalised)."""
+    return 0.5 * l2 * sum(float((params[w] * params[w]).sum()) for w, _ in net.slices)

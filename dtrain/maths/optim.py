@@ -1,0 +1,200 @@
+"""Optimizers over one flat state vector, the reduce operator, and LR schedules.
+
+The training state is one buffer ``[params | optimizer slots]`` (SGD: no
+slots, momentum: velocity, Adam: first and second moments) plus the running
+sums of the current epoch's training loss and correct predictions.  Every function is pure: it
+returns a new state and never writes into its inputs, which Dask may share
+between tasks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from dask.sizeof import sizeof
+
+from dtrain.core.arrays import align_on_unpickle, array_module, like, sum_in_order, to_host
+from dtrain.core.config import OptimConfig
+from dtrain.core.errors import Diverged
+from dtrain.maths.model import Layout, Network
+
+SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
+ROUND_TAIL = 3      # a local SGD leaf's buffer: [w * vector | loss sum | correct | w]
+
+
+@align_on_unpickle
+@dataclass(frozen=True)
+class TrainState:
+    """What one step hands to the next.
+
+    ``vector`` is ``[params (P) | slots (k*P)]``; ``epoch_loss``,
+    ``epoch_samples`` and ``epoch_correct`` sum the training loss, the samples
+    and the correct predictions over this epoch's steps so far (each step's
+    predictions are made with the parameters before its update).
+    """
+
+    vector: Any
+    epoch_loss: float = 0.0
+    epoch_samples: int = 0
+    epoch_correct: int = 0
+    _arrays = ("vector",)
+
+    def with_vector(self, vector: Any) -> TrainState:
+        """A state with ``vector`` and this state's epoch sums."""
+        return TrainState(vector, self.epoch_loss, self.epoch_samples, self.epoch_correct)
+
+
+@dataclass(frozen=True)
+class Step:
+    """The driver's constants for one training step, baked into its tasks."""
+
+    index: int                              # global step, from 0
+    epoch: int                              # from 0
+    position: int                           # step within its epoch, from 0
+    lr: float
+    count: int                              # samples in this global minibatch
+    first: bool                             # first step of its epoch: restart the epoch sums
+    last: bool                              # last step of its epoch: evaluate after it
+    bounds: tuple[tuple[int, int], ...]     # rows lo:hi of each shard's epoch order
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """SGD, momentum or Adam over a flat parameter vector, with an L2 penalty on weights.
+
+    ``net`` is a :class:`~dtrain.maths.model.Network`, or any layout with ``size``
+    and ``weight_slices`` (a model-parallel slice).
+    """
+
+    cfg: OptimConfig
+    net: Network | Layout
+    l2: float = 0.0
+
+    @property
+    def slots(self) -> int:
+        return SLOTS[self.cfg.name]
+
+    def init_state(self, params) -> TrainState:
+        xp = array_module(params)
+        vector = xp.zeros(self.net.size * (1 + self.slots), dtype=params.dtype)
+        vector[: self.net.size] = params
+        return TrainState(vector)
+
+    def params(self, state: TrainState):
+        return state.vector[: self.net.size]
+
+    def apply(self, state: TrainState, grad, step: Step) -> TrainState:
+        """Apply one update from the summed gradient buffer ``grad``
+        (``[grad (P) | loss | correct]``)."""
+        P, cfg = self.net.size, self.cfg
+        xp = array_module(state.vector)
+        g = grad[:P] / step.count                          # (P,) mean gradient
+        old = state.vector[:P]
+        if self.l2:
+            for w in self.net.weight_slices:
+                g[w] += self.l2 * old[w]
+        new = state.vector.copy()                          # (P * (1 + k),)
+        p = new[:P]
+        if cfg.name == "sgd":
+            p -= step.lr * g
+        elif cfg.name == "momentum":
+            v = new[P:2 * P]
+            v *= cfg.momentum
+            v += g
+            p -= step.lr * v
+        else:  # adam
+            m, v = new[P:2 * P], new[2 * P:3 * P]
+            m *= cfg.beta1
+            m += (1 - cfg.beta1) * g
+            v *= cfg.beta2
+            v += (1 - cfg.beta2) * (g * g)
+            t = step.index + 1
+            m_hat = m / (1 - cfg.beta1 ** t)
+            v_hat = v / (1 - cfg.beta2 ** t)
+            p -= step.lr * m_hat / (xp.sqrt(v_hat) + cfg.eps)
+        return _add_to_epoch(state, step, new, float(grad[P]), step.count, int(grad[P + 1]))
+
+
+def _add_to_epoch(state: TrainState, step: Step, vector: Any, loss: float, samples: int,
+                  correct: int) -> TrainState:
+    """``vector`` with ``state``'s epoch sums plus one step's (restarted on an epoch's
+    first step)."""
+    if step.first:
+        return TrainState(vector, loss, samples, correct)
+    return TrainState(vector, state.epoch_loss + loss, state.epoch_samples + samples,
+                      state.epoch_correct + correct)
+
+
+def update(opt: Optimizer, step: Step, host: bool, state: TrainState, *grads) -> TrainState:
+    """Reduce the incoming gradient buffers (in order) and apply one optimizer step, where
+    the gradient is (GPU or host); the new state goes to host memory if ``host``.
+
+    Raises :class:`~dtrain.core.errors.Diverged` if the step's loss (the slot after the
+    gradient) is NaN or infinite.
+    """
+    grad = sum_in_order(*grads)
+    loss = float(grad[opt.net.size])
+    if not math.isfinite(loss):
+        raise Diverged(step.index, step.epoch, loss)
+    state = state.with_vector(like(state.vector, grad))
+    with np.errstate(all="ignore"):   # overflow shows up as a non-finite loss next step
+        new = opt.apply(state, grad, step)
+    return new.with_vector(to_host(new.vector)) if host else new
+
+
+def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch) -> Any:
+    """Run ``steps`` on one shard alone, from ``state``; the local SGD leaf task.
+
+    ``batch(step)`` gives the shard's rows of that step.  Returns one buffer
+    ``[w * vector | loss sum | correct | w]`` where ``w`` is the number of
+    samples the shard saw and ``correct`` its correct predictions: the tree
+    reduce sums these, and :func:`average` divides by the total weight, so the
+    result is the sample-weighted mean of the local states.  With one step per
+    round and SGD or momentum that is exactly the synchronous step, up to
+    floating-point reassociation.
+    """
+    xp, P = array_module(state.vector), opt.net.size
+    local, loss, correct, seen = TrainState(state.vector), 0.0, 0, 0
+    for step in steps:
+        x, y = batch(step)
+        if len(y) == 0:
+            continue
+        grad = opt.net.loss_and_grad(local.vector[:P], x, y)     # [grad | loss | correct]
+        if not math.isfinite(float(grad[P])):
+            raise Diverged(step.index, step.epoch, float(grad[P]))
+        with np.errstate(all="ignore"):
+            local = opt.apply(local, grad, dataclasses.replace(step, count=len(y)))
+        loss, correct, seen = loss + float(grad[P]), correct + int(grad[P + 1]), seen + len(y)
+    out = xp.empty(local.vector.size + ROUND_TAIL, dtype=local.vector.dtype)  # (P(1+k) + 3,)
+    out[:-ROUND_TAIL] = local.vector * seen
+    out[-ROUND_TAIL:] = (loss, correct, seen)
+    return out
+
+
+def average(opt: Optimizer, step: Step, host: bool, state: TrainState,
+            *buffers) -> TrainState:
+    """Root of a local SGD round: the sample-weighted mean of the shards' local states."""
+    total = sum_in_order(*buffers)
+    loss = float(total[-3])
+    if not math.isfinite(loss):
+        raise Diverged(step.index, step.epoch, loss)
+    correct, seen = int(total[-2]), float(total[-1])
+    mean = total[:-ROUND_TAIL] / seen
+    return _add_to_epoch(state, step, to_host(mean) if host else mean, loss, int(seen), correct)
+
+
+def learning_rate(cfg: OptimConfig, epoch: int, epochs: int) -> float:
+    """The learning rate for ``epoch`` (from 0) under ``cfg.schedule``."""
+    if cfg.schedule == "step":
+        return cfg.lr * cfg.gamma ** (epoch // cfg.decay_every)
+    if cfg.schedule == "cosine":
+        return 0.5 * cfg.lr * (1 + math.cos(math.pi * epoch / epochs))
+    return cfg.lr
+
+
+@sizeof.register(TrainState)
+def _sizeof_state(state: TrainState) -> int:
+    return int(state.vector.nbytes) + 64

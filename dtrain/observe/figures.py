@@ -1,0 +1,81 @@
+"""Bokeh figures shared by the live ``/dtrain`` page and ``report.html``.
+
+Curves are drawn against the epoch (fractional for per-step points), so the
+page (step events) and the report (epoch rows) read the same way.  Sources
+hold the columns of ``metrics.jsonl`` (``epoch``, ``train_loss``,
+``train_accuracy``, ``val_loss``, ``val_accuracy``, ``samples_per_second``)
+and, for steps, ``epoch`` (fractional), ``loss`` and ``rate``.  In both the
+loss and the accuracy figure a run's training curve is solid and its
+validation curve dashed, in the same colour.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.palettes import Category10_10
+from bokeh.plotting import figure
+
+from dtrain.core.keys import COLORS
+
+RUN_COLORS = Category10_10
+TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
+BUSY_PARTS = ("forward-backward", "reduce", "update", "evaluate", "load", "transfer", "idle")
+BUSY_COLORS = {**COLORS, "load": COLORS["load-shard"], "transfer": "#F0E442",
+               "idle": "#EEEEEE"}
+
+
+def new_figure(title: str, y_label: str, *, x_label: str = "epoch", name: str | None = None,
+               **kwargs: Any) -> figure:
+    """A figure in dtrain's style: stretches to the page width, pan/zoom tools."""
+    fig = figure(title=title, x_axis_label=x_label, y_axis_label=y_label, tools=TOOLS,
+                 height=kwargs.pop("height", 280), sizing_mode="stretch_width", name=name,
+                 **kwargs)
+    fig.toolbar.logo = None
+    return fig
+
+
+def _hover(fig: figure, renderers: list, y: str, fmt: str = "{0.0000}") -> None:
+    fig.add_tools(HoverTool(renderers=renderers, tooltips=[
+        ("epoch", "@epoch{0.00}"), (y, f"@{y}{fmt}")]))
+
+
+def add_loss(fig: figure, epochs: ColumnDataSource, color: str, label: str = "",
+             steps: ColumnDataSource | None = None) -> None:
+    """Training (solid) and validation (dashed) loss per epoch, plus minibatch losses."""
+    prefix = f"{label}: " if label else ""
+    if steps is not None:
+        fig.line("epoch", "loss", source=steps, color=color, alpha=0.35,
+                 legend_label=f"{prefix}minibatch loss")
+    train = fig.line("epoch", "train_loss", source=epochs, color=color, line_width=2,
+                     legend_label=f"{prefix}train loss")
+    val = fig.line("epoch", "val_loss", source=epochs, color=color, line_width=2,
+                   line_dash="dashed", legend_label=f"{prefix}validation loss")
+    _hover(fig, [train], "train_loss")
+    _hover(fig, [val], "val_loss")
+    fig.legend.location = "top_right"
+    fig.legend.click_policy = "hide"
+
+
+def add_accuracy(fig: figure, epochs: ColumnDataSource, color: str, label: str = "") -> None:
+    """The epoch's running training accuracy over its minibatches (solid) and the
+    validation accuracy after it (dashed, with markers), as :func:`add_loss` draws losses."""
+    prefix = f"{label}: " if label else ""
+    train = fig.line("epoch", "train_accuracy", source=epochs, color=color, line_width=2,
+                     legend_label=f"{prefix}train accuracy")
+    val = fig.line("epoch", "val_accuracy", source=epochs, color=color, line_width=2,
+                   line_dash="dashed", legend_label=f"{prefix}validation accuracy")
+    fig.scatter("epoch", "val_accuracy", source=epochs, color=color, size=4)
+    _hover(fig, [train], "train_accuracy")
+    _hover(fig, [val], "val_accuracy")
+    fig.legend.location = "bottom_right"
+    fig.legend.click_policy = "hide"
+
+
+def add_rate(fig: figure, source: ColumnDataSource, y: str, color: str,
+             label: str = "") -> None:
+    """Training samples per second (``y`` names the column)."""
+    line = fig.line("epoch", y, source=source, color=color, line_width=2,
+                    legend_label=label or "samples/s")
+    _hover(fig, [line], y, "{0,0}")
+    fig.legend.location = "bottom_right"

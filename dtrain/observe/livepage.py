@@ -1,0 +1,154 @@
+"""The ``/dtrain`` page of the Dask dashboard: a Bokeh server document on the scheduler.
+
+:func:`install` adds it to the scheduler's own web server, next to
+distributed's pages and in its navigation bar
+(:func:`dtrain.core.internals.add_dashboard_page`); it reads the run logs of
+the :class:`~dtrain.observe.live.DtrainPlugin` that installs it twice a
+second.  A failure leaves the dashboard as it was (the training does not
+depend on the page).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Any
+
+from bokeh.layouts import column, row
+from bokeh.models import ColumnDataSource, Div, FactorRange
+
+from dtrain.core import internals
+from dtrain.observe import figures
+from dtrain.observe.runlog import BUSY_WINDOW, STEP_POINTS, RunLog
+
+ROUTE = "/dtrain"
+REFRESH_MS = 500
+STEP_COLUMNS = ("epoch", "step", "loss", "epoch_loss", "rate")
+EPOCH_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
+                 "samples_per_second")
+BUSY_NOTE = (f"<b>Busy vs idle</b>: the share of the last {BUSY_WINDOW:g} s each worker "
+             "spent computing this run's tasks (by type) or receiving their inputs (transfer), "
+             "from the scheduler's records of finished tasks (what the task stream shows); "
+             "<i>idle</i> is the rest: waiting for the scheduler, for other workers' results "
+             "or for the driver between windows.")
+
+
+# distributed's page template, plus a line for readers without JavaScript (and for curl).
+TEMPLATE = """{% extends "simple.html" %}
+{% block content %}
+<noscript>dtrain live training page: training and validation loss and accuracy, samples/s
+and per-worker busy vs idle time, drawn by Bokeh with JavaScript.</noscript>
+{{ super() }}
+{% endblock %}"""
+
+
+def _num(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+class LivePage:
+    """The figures of the latest run, updated from the plugin's :class:`RunLog`."""
+
+    def __init__(self, plugin: Any):
+        self.plugin = plugin                 # the DtrainPlugin: latest(), worker_names(), nthreads()
+        self.run: str | None = None
+        self.steps_seen = self.epochs_seen = 0
+        self.steps = ColumnDataSource({c: [] for c in STEP_COLUMNS}, name="dtrain-steps")
+        self.epochs = ColumnDataSource({c: [] for c in EPOCH_COLUMNS}, name="dtrain-epochs")
+        self.busy = ColumnDataSource({"worker": [], **{p: [] for p in figures.BUSY_PARTS}},
+                                     name="dtrain-busy")
+        self.header = Div(text="<h2>dtrain</h2><p>waiting for a dtrain run on this cluster</p>",
+                          sizing_mode="stretch_width", name="dtrain-header")
+        loss = figures.new_figure("Loss", "loss", name="dtrain-loss")
+        figures.add_loss(loss, self.epochs, figures.RUN_COLORS[0], steps=self.steps)
+        acc = figures.new_figure("Accuracy", "accuracy", name="dtrain-accuracy")
+        figures.add_accuracy(acc, self.epochs, figures.RUN_COLORS[1])
+        rate = figures.new_figure("Training throughput", "samples/s", name="dtrain-rate")
+        figures.add_rate(rate, self.steps, "rate", figures.RUN_COLORS[2])
+        self.busy_fig = figures.new_figure(f"Worker busy vs idle (last {BUSY_WINDOW:g} s)",
+                                           "worker", x_label="share of time",
+                                           y_range=FactorRange(), name="dtrain-busy")
+        self.busy_fig.hbar_stack(list(figures.BUSY_PARTS), y="worker", height=0.7,
+                                 source=self.busy, legend_label=list(figures.BUSY_PARTS),
+                                 color=[figures.BUSY_COLORS[p] for p in figures.BUSY_PARTS])
+        self.busy_fig.legend.orientation = "horizontal"
+        self.busy_fig.legend.label_text_font_size = "8pt"
+        self.busy_fig.add_layout(self.busy_fig.legend[0], "below")
+        self.root = column(self.header, row(loss, acc, sizing_mode="stretch_width"),
+                           row(rate, self.busy_fig, sizing_mode="stretch_width"),
+                           Div(text=BUSY_NOTE, sizing_mode="stretch_width"),
+                           sizing_mode="stretch_width")
+
+    def update(self) -> None:
+        plugin = self.plugin
+        log = plugin.latest()
+        if log is None:
+            return
+        if log.run != self.run:                    # a new run: start the figures afresh
+            self.run, self.steps_seen, self.epochs_seen = log.run, 0, 0
+            self.steps.data = {c: [] for c in STEP_COLUMNS}
+            self.epochs.data = {c: [] for c in EPOCH_COLUMNS}
+        per_epoch = log.meta.get("steps_per_epoch") or 1
+        new = min(log.steps_seen - self.steps_seen, len(log.steps))
+        if new > 0:
+            rows = [log.steps[i] for i in range(len(log.steps) - new, len(log.steps))]
+            self.steps.stream({
+                "epoch": [r["step"] / per_epoch for r in rows], "step": [r["step"] for r in rows],
+                "loss": [r["loss"] for r in rows], "epoch_loss": [r["epoch_loss"] for r in rows],
+                "rate": [_num(r["rate"]) for r in rows]}, rollover=STEP_POINTS)
+            self.steps_seen = log.steps_seen
+        if len(log.epochs) > self.epochs_seen:
+            rows = log.epochs[self.epochs_seen:]
+            self.epochs.stream({c: [_num(r.get(c)) for r in rows] for c in EPOCH_COLUMNS})
+            self.epochs_seen = len(log.epochs)
+        self._update_busy(plugin, log)
+        self.header.text = self._header(log)
+
+    def _update_busy(self, plugin: Any, log: RunLog) -> None:
+        names = plugin.worker_names()
+        shares = log.busy(time.time(), plugin.nthreads())
+        order = sorted(shares, key=lambda a: (len(names[a]), names[a]))
+        labels = [f"worker {names[a]}" for a in order]
+        self.busy.data = {"worker": labels, **{p: [shares[a].get(p, 0.0) for a in order]
+                                               for p in figures.BUSY_PARTS}}
+        self.busy_fig.y_range.factors = labels
+
+    @staticmethod
+    def _header(log: RunLog) -> str:
+        m, last = log.meta, log.last_step
+        total = m.get("steps_per_epoch", 0) * m.get("epochs", 0)
+        step = last["step"] if last else 0
+        status = "finished" if log.finished else "training"
+        parts = [f"run <b>{log.run}</b>: {m.get('dataset', '?')}, {m.get('strategy', '?')} on "
+                 f"{m.get('workers', '?')} worker(s), {status}",
+                 f"step {step}/{total}, epoch {last['epoch'] if last else 0}/{m.get('epochs', '?')}"]
+        if last:
+            parts.append(f"loss {last['epoch_loss']:.4f}")
+            if last.get("epoch_accuracy") is not None:
+                parts.append(f"train_acc {last['epoch_accuracy']:.4f}")
+            if last["rate"] is not None:
+                parts.append(f"{last['rate']:,.0f} samples/s")
+        if log.epochs and log.epochs[-1].get("val_accuracy") is not None:
+            ev = log.epochs[-1]
+            parts.append(f"val_acc {ev['val_accuracy']:.4f} (epoch {ev.get('epoch', '?')})")
+        return "<h2>dtrain</h2><p>" + " &middot; ".join(parts) + "</p>"
+
+
+def dtrain_doc(plugin: Any, scheduler: Any, extra: dict[str, Any], doc: Any) -> None:
+    """Bokeh document for ``/dtrain`` (after ``plugin``, the signature distributed's dashboard
+    pages have)."""
+    page = LivePage(plugin)
+    page.update()
+    doc.add_root(page.root)
+    internals.style_dashboard_doc(doc, page, REFRESH_MS, "Dask: dtrain", TEMPLATE, extra)
+
+
+def install(scheduler: Any, plugin: Any) -> bool:
+    """Serve ``/dtrain`` from the scheduler's dashboard, from ``plugin``'s run logs; False
+    where there is none."""
+    if getattr(scheduler, "_dtrain_page", False):
+        return True
+    done = internals.add_dashboard_page(scheduler, ROUTE, functools.partial(dtrain_doc, plugin),
+                                        "dtrain")
+    scheduler._dtrain_page = done
+    return done

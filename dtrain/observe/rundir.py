@@ -1,0 +1,81 @@
+"""A run directory's files, written in an order that never looks finished early.
+
+A run directory holds ``config.toml`` (written first), ``metrics.jsonl`` (one
+line per epoch, appended as epochs finish), and, only when the run succeeds,
+``params.npz``, ``timeline.json`` (the task records of a Dask run),
+``report.html`` and then ``summary.json``: a directory without
+``summary.json`` is not a finished run.  Files that must not be seen half
+written go through a temporary file and a rename.  The names are
+:mod:`dtrain.core.files`'.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dtrain.core import files
+from dtrain.core.config import Config
+from dtrain.observe import htmlreport
+
+
+def new_run_dir(base: Path, label: str) -> Path:
+    """A fresh ``base/<time>-<label>`` directory (suffixed if that exists)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        path = base / (f"{stamp}-{label}" + (f"-{n}" if n else ""))
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a new run directory under {base}")
+
+
+class RunDir:
+    """The files of one run.
+
+    A new run starts the directory afresh; a resumed one (``keep_epochs`` set)
+    keeps its files and cuts ``metrics.jsonl`` back to the epochs its
+    checkpoint covers.
+    """
+
+    def __init__(self, path: Path, config: Config, keep_epochs: int | None = None):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        if keep_epochs is None:
+            for stale in (files.SUMMARY, files.REPORT, files.TIMELINE, files.PARAMS,
+                          files.METRICS, files.CHECKPOINT):
+                (self.path / stale).unlink(missing_ok=True)
+            files.atomic_write(self.path / files.CONFIG, config.to_toml().encode())
+        else:
+            rows = self.epochs()[:keep_epochs]
+            files.atomic_write(self.path / files.METRICS,
+                               "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+    def epochs(self) -> list[dict[str, Any]]:
+        """The rows of ``metrics.jsonl`` written so far."""
+        path = self.path / files.METRICS
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+    def add_epoch(self, row: dict[str, Any]) -> None:
+        with open(self.path / files.METRICS, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def finish(self, params: dict[str, np.ndarray], summary: dict[str, Any],
+               timeline: dict[str, Any] | None = None) -> None:
+        """Write ``params.npz``, ``timeline.json``, ``report.html`` and then ``summary.json``,
+        the mark of a finished run; then drop the checkpoint, which it no longer needs."""
+        files.atomic_write(self.path / files.PARAMS, files.npz_bytes(**params))
+        if timeline is not None:
+            files.atomic_write(self.path / files.TIMELINE, json.dumps(timeline).encode())
+        run = htmlreport.RunData.read(self.path, summary=summary, timeline=timeline)
+        htmlreport.write([run], self.path / files.REPORT)
+        files.atomic_write(self.path / files.SUMMARY,
+                           (json.dumps(summary, indent=2) + "\n").encode())
+        (self.path / files.CHECKPOINT).unlink(missing_ok=True)

@@ -1,0 +1,95 @@
+"""What the scheduler remembers of a run: its events and task records, bounded.
+
+A :class:`RunLog` per run is kept by the scheduler plugin
+(:mod:`dtrain.observe.live`) and read by the ``/dtrain`` page, the Prometheus
+gauges and, at the end of a run, ``timeline.json``.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from dtrain.core import keys
+
+KEEP_RUNS = 5            # runs remembered by the scheduler plugin
+STEP_POINTS = 20_000     # step events kept per run
+TIMELINE_LIMIT = 20_000  # task records kept per run (the newest)
+BUSY_WINDOW = 10.0       # seconds over which busy vs idle is measured
+
+
+class StepRate:
+    """Samples per second over the last ``span`` ``step`` events of one run."""
+
+    def __init__(self, train_samples: int, span: int = 10):
+        self.train_samples = train_samples
+        self.points: deque[tuple[float, int]] = deque(maxlen=span + 1)
+
+    def add(self, msg: dict[str, Any]) -> float | None:
+        self.points.append((msg["t"], (msg["epoch"] - 1) * self.train_samples + msg["seen"]))
+        (t0, n0), (t1, n1) = self.points[0], self.points[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else None
+
+
+class RunLog:
+    """What the scheduler remembers of one run; every list is bounded."""
+
+    def __init__(self, run: str):
+        self.run = run
+        self.meta: dict[str, Any] = {}
+        self.steps: deque[dict[str, Any]] = deque(maxlen=STEP_POINTS)
+        self.steps_seen = 0                        # step events ever received
+        self.epochs: list[dict[str, Any]] = []
+        self.tasks: deque[tuple] = deque(maxlen=TIMELINE_LIMIT)
+        self.tasks_seen = 0
+        self.finished = False
+        self._rate = StepRate(1)
+
+    def on_event(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("kind")
+        if kind == "start":
+            self.meta = dict(msg)
+            self._rate = StepRate(int(msg.get("train_samples") or 1))
+        elif kind == "step":
+            self.steps.append({**msg, "rate": self._rate.add(msg)})
+            self.steps_seen += 1
+        elif kind == "epoch":
+            self.epochs.append(dict(msg))
+        elif kind == "end":
+            self.finished = True
+
+    def on_task(self, key: str, kwargs: dict[str, Any]) -> None:
+        """Keep a finished task's compute and transfer intervals."""
+        worker, thread = kwargs.get("worker"), kwargs.get("thread")
+        for ss in kwargs.get("startstops") or ():
+            if ss.get("action") in ("compute", "transfer"):
+                self.tasks.append((key, worker, thread, ss["action"], ss["start"], ss["stop"]))
+        self.tasks_seen += 1
+
+    @property
+    def last_step(self) -> dict[str, Any] | None:
+        return self.steps[-1] if self.steps else None
+
+    def busy(self, now: float, nthreads: dict[str, int],
+             window: float = BUSY_WINDOW) -> dict[str, dict[str, float]]:
+        """Per worker, the fraction of ``window`` seconds (times threads) spent computing
+        each task type or receiving data; ``idle`` is the rest."""
+        lo = now - window
+        out = {w: {} for w in nthreads}
+        for key, worker, _, action, start, stop in reversed(self.tasks):
+            if stop < lo - 60:          # records arrive roughly in order; stop scanning
+                break
+            if worker not in out or stop <= lo:
+                continue
+            kind = keys.family(keys.kind_of(key)) if action == "compute" else "transfer"
+            share = (min(stop, now) - max(start, lo)) / (window * nthreads[worker])
+            out[worker][kind] = out[worker].get(kind, 0.0) + max(share, 0.0)
+        for shares in out.values():
+            shares["idle"] = max(0.0, 1.0 - sum(shares.values()))
+        return out
+
+    def timeline(self, workers: dict[str, str]) -> dict[str, Any]:
+        """The kept task records, as written to ``timeline.json``."""
+        return {"run": self.run, "tasks_seen": self.tasks_seen, "limit": TIMELINE_LIMIT,
+                "workers": workers,
+                "columns": ["key", "worker", "thread", "action", "start", "stop"],
+                "rows": [list(r) for r in self.tasks]}

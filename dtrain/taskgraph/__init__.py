@@ -1,0 +1,15 @@
+"""Task graphs: each window of training steps as a plain dict of Dask tasks, and what they run.
+
+Holds the strategies, one object each (:mod:`~dtrain.taskgraph.strategies`);
+their graph builders (:mod:`~dtrain.taskgraph.dataparallel`,
+:mod:`~dtrain.taskgraph.modelparallel`); the reduce tree
+(:mod:`~dtrain.taskgraph.reduction`); which worker holds which shard
+(:mod:`~dtrain.taskgraph.placement`); the typed record of every task
+(:mod:`~dtrain.taskgraph.records`) and the functions the tasks run on the
+workers (:mod:`~dtrain.taskgraph.tasks`); a window's container
+(:mod:`~dtrain.taskgraph.window`) and the run's constants
+(:mod:`~dtrain.taskgraph.recipe`).  Builders are pure: they return graphs,
+they never talk to a cluster.
+
+May import: :mod:`dtrain.core`, :mod:`dtrain.maths`, :mod:`dtrain.data`.
+"""

@@ -1,0 +1,314 @@
+"""Data-parallel task graphs: each minibatch a plain dict of deterministic keys.
+
+One training step is::
+
+    forward-backward-<step>-<shard>      one per shard, on the worker holding the shard
+    reduce-<step>-<level>-<first shard>  tree levels, fan-in k, children in shard order
+    update-<step>                        sum of the last level + optimizer step
+
+(every key ends in ``-<run>`` so several runs can share a cluster; the
+grammar is :mod:`dtrain.core.keys`).  With ``fuse_update`` the root of the
+reduce tree *is* the update task, saving a hop.  The tree has ``depth =
+ceil(log_k shards)`` levels, counting the fused root; a group of one child
+passes through without a task.  A parameter server is the same graph with one
+flat level (``k = shards``) whose root sits on a head worker that holds no
+shard.  With replicated updates (the ``allreduce`` default) every worker runs
+its own ``update-<step>-<first shard>`` from the root level's partial sums,
+and the next step's ``forward-backward`` tasks apply the same update first
+instead of waiting for it.  With ``fuse_shards`` a reduce group whose shards
+all sit on one worker is one ``forward-backward`` task (named by its first
+shard) that sums them as the reduce would.  Local SGD replaces each step by a
+round: ``local-sgd-<step>-<shard>`` leaves that run ``sync_every`` steps
+alone, averaged by the tree.
+
+The tree itself is :mod:`~dtrain.taskgraph.reduction`, where tasks run
+:mod:`~dtrain.taskgraph.placement`, what they compute
+:mod:`~dtrain.taskgraph.tasks`, with the records of
+:mod:`~dtrain.taskgraph.records`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from dask.task_spec import DataNode, Task, TaskRef
+
+from dtrain.core import keys
+from dtrain.data.shards import ShardSource, load_shard
+from dtrain.maths.optim import Step, TrainState
+from dtrain.taskgraph.placement import Placement, Worker, place
+from dtrain.taskgraph.recipe import Recipe
+from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
+                                      Update, Updates)
+from dtrain.taskgraph.reduction import Leaf, Spec, flat, tree
+from dtrain.taskgraph.tasks import average_states, evaluate, forward_backward, local_steps, \
+    update_state
+from dtrain.taskgraph.window import DataItem, Window
+
+TINY_FLOPS = 2e6    # a shard's forward-backward this small (~1 ms of NumPy) is not worth a thread
+
+
+def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, recipe: Recipe,
+          run: str, readers: Sequence[str] = (), fusable: bool = True
+          ) -> tuple[list[Leaf], dict[str, bool], dict[str, Spec]]:
+    return tree(win, str(index), leaves, placement.root, recipe.fan_in,
+                recipe.fuse_update or bool(readers), recipe.leaf_bytes, run, readers,
+                fusable=recipe.fuse_shards and fusable)
+
+
+def _group(spec: Spec, step: Step, worker: str, placement: Placement, recipe: Recipe) -> Group:
+    """The :class:`~dtrain.taskgraph.records.Group` of a leaf: its shards' rows this step,
+    their nesting, and how many threads may share the work (none for tiny shards or a GPU)."""
+    if isinstance(spec, int):
+        return Group.one(spec, step.bounds[spec])
+    shards = flat(spec)
+    at = {i: p for p, i in enumerate(shards)}
+
+    def positions(s: Spec) -> int | tuple:
+        return at[s] if isinstance(s, int) else tuple(positions(c) for c in s)
+
+    rows = tuple(step.bounds[i] for i in shards)
+    worth = recipe.net.flops(max(hi - lo for lo, hi in rows)) > TINY_FLOPS
+    threads = len(shards) if worth and worker not in placement.gpus else 1
+    return Group(tuple(shards), rows, positions(spec), threads)
+
+
+def _leaf_tasks(leaves: list[Leaf], spec: dict[str, Spec], step: Step,
+                shards: Sequence[TaskRef], placement: Placement, recipe: Recipe
+                ) -> Iterator[tuple[str, int, str, Group, tuple[TaskRef, ...]]]:
+    """``(key, first shard, worker, group, shard refs)`` of each forward-backward task."""
+    for name, i, worker in leaves:
+        if name in spec:
+            group = _group(spec[name], step, worker, placement, recipe)
+            yield name, i, worker, group, tuple(shards[j] for j in group.shards)
+
+
+def _leaves(kind: str, index: int, shards: Sequence[TaskRef], placement: Placement,
+            run: str) -> list[Leaf]:
+    return [(keys.make(kind, index, i, run=run), i, placement.leaves[i])
+            for i in range(len(shards))]
+
+
+def _state_leaves_root(placement: Placement) -> bool:
+    """Whether a state made by the update must go to host memory: another worker needs it."""
+    return any(w != placement.root for w in placement.leaves)
+
+
+def add_step(win: Window, steps: Sequence[Step], state: str, shards: Sequence[TaskRef],
+             placement: Placement, recipe: Recipe, run: str, host: bool = True) -> str:
+    """Add one minibatch (forward-backward, reduce tree, update) and return the new state key.
+
+    ``steps`` is the one step (a unit of one); ``host``: the new state must be in host
+    memory (it leaves the root worker)."""
+    (step,) = steps
+    leaves = _leaves(keys.FORWARD_BACKWARD, step.index, shards, placement, run)
+    root, crosses, spec = _tree(win, step.index, leaves, placement, recipe, run)
+    for name, _, worker, group, refs in _leaf_tasks(leaves, spec, step, shards, placement,
+                                                     recipe):
+        task = ForwardBackward(recipe.net, recipe.shuffle_seed, step.epoch, group, crosses[name])
+        win.add(Task(name, forward_backward, task, TaskRef(state), *refs), worker,
+                recipe.leaf_bytes)
+    task = Update(recipe.opt, (step,), host, recipe.events_for(step, run))
+    return win.add(Task(keys.make(keys.UPDATE, step.index, run=run), update_state, task,
+                        TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
+                   recipe.state_bytes)
+
+
+Link = tuple[Step, tuple[TaskRef, ...]]     # a step, and its reduced partial sums
+
+
+@dataclass(frozen=True)
+class Carry:
+    """What a replicated step hands to the next: on worker ``w`` the state before the step
+    is ``base[w]`` after the updates of the ``chain``'s steps, in order."""
+
+    base: dict[str, str]
+    chain: tuple[Link, ...] = ()
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return tuple(step for step, _ in self.chain)
+
+    @property
+    def partials(self) -> list[TaskRef]:
+        return [ref for _, refs in self.chain for ref in refs]
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """How many partial sums each step of the chain has."""
+        return tuple(len(refs) for _, refs in self.chain)
+
+
+def replicated_update(win: Window, carry: Carry, workers: Sequence[str], placement: Placement,
+                      recipe: Recipe, run: str, host: bool) -> dict[str, str]:
+    """``update-<step>-<first shard>`` on each of ``workers``: the chain's updates, applied
+    to each worker's own copy of the state, named by the chain's last step.  The window's
+    end (``host``) also sends that step's event.  Returns the new state key per worker."""
+    steps, partials = carry.steps, carry.partials
+    task = Update(recipe.opt, steps, host,
+                  recipe.events_for(steps[-1], run) if host else None, carry.widths)
+    out = dict(carry.base)
+    for w in workers:
+        name = keys.make(keys.UPDATE, steps[-1].index, placement.leaves.index(w), run=run)
+        out[w] = win.add(Task(name, update_state, task, TaskRef(carry.base[w]), *partials), w,
+                         recipe.state_bytes)
+    return out
+
+
+def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[TaskRef],
+                        placement: Placement, recipe: Recipe, run: str, last: bool) -> Carry:
+    """Add one minibatch where every worker applies the update itself, as DDP and Horovod do.
+
+    The gradients are tree-reduced as in :func:`add_step` up to the root
+    level, whose few partial sums every worker reads.  Each ``forward-backward``
+    applies the updates of the steps since its worker's state was last kept
+    (the carry's chain) and then computes, so a step costs one scheduler
+    round trip instead of two, and only gradients cross the network.  Every
+    ``recipe.state_every`` steps, and after an epoch's last step (its
+    evaluation reads the state), ``update-<step>-<first shard>`` keeps each
+    worker's state; between them a worker computes each update once, for all
+    the tasks that apply it (:mod:`dtrain.taskgraph.tasks`).  The root's first
+    ``forward-backward`` sends the chain's last step event.  ``last``: no
+    step follows in this window, so only the root reads the partials.
+    """
+    workers = list(dict.fromkeys(placement.leaves))
+    leaves = _leaves(keys.FORWARD_BACKWARD, step.index, shards, placement, run)
+    top, crosses, spec = _tree(win, step.index, leaves, placement, recipe, run,
+                               readers=() if last else workers)
+    nxt = carry
+    if carry.chain and (len(carry.chain) >= recipe.state_every or carry.chain[-1][0].last):
+        # keep the state (off the critical path: these tasks wait for what the next step's
+        # forward-backward tasks wait for)
+        nxt = Carry(replicated_update(win, carry, [placement.root] if last else workers,
+                                      placement, recipe, run, False))
+    events = recipe.events_for(carry.chain[-1][0], run) if carry.chain else None
+    for name, i, worker, group, refs in _leaf_tasks(leaves, spec, step, shards, placement,
+                                                     recipe):
+        updates = Updates(recipe.opt, carry.steps, carry.widths, events if i == 0 else None) \
+            if carry.chain else None
+        task = ForwardBackward(recipe.net, recipe.shuffle_seed, step.epoch, group,
+                               crosses[name], updates)
+        win.add(Task(name, forward_backward, task, TaskRef(carry.base[worker]), *refs,
+                     *(carry.partials if updates else ())), worker, recipe.leaf_bytes)
+    return Carry(nxt.base, (*nxt.chain, (step, tuple(TaskRef(g[0]) for g in top))))
+
+
+def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[TaskRef],
+              placement: Placement, recipe: Recipe, run: str, host: bool = True) -> str:
+    """Add one local SGD round: each shard runs ``steps`` alone, then the tree averages."""
+    last = steps[-1].index
+    leaves = _leaves(keys.LOCAL_SGD, steps[0].index, shards, placement, run)
+    root, crosses, _ = _tree(win, last, leaves, placement, recipe, run, fusable=False)
+    for name, i, worker in leaves:
+        task = LocalSteps(recipe.opt, recipe.shuffle_seed, tuple(steps), i, crosses[name])
+        win.add(Task(name, local_steps, task, TaskRef(state), shards[i]), worker,
+                recipe.leaf_bytes)
+    # the round is reported as its last step (its epoch sums restart with its first)
+    task = Average(recipe.opt, dataclasses.replace(steps[0], index=last), host,
+                   recipe.events_for(steps[-1], run))
+    return win.add(Task(keys.make(keys.UPDATE, last, run=run), average_states, task,
+                        TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
+                   recipe.state_bytes)
+
+
+Unit = Callable[..., str]       # add_step or add_round: one unit of steps, its new state's key
+
+
+def units(steps: Sequence[Step], recipe: Recipe) -> list[tuple[Step, ...]]:
+    """Steps grouped as the graph runs them: one by one, or local SGD rounds of
+    ``sync_every`` steps aligned to each epoch's start (a round never spans two epochs)."""
+    out: list[list[Step]] = []
+    for s in steps:
+        if not out or recipe.unit_starts(s):
+            out.append([])
+        out[-1].append(s)
+    return [tuple(u) for u in out]
+
+
+def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[TaskRef],
+                 val: TaskRef | None, placement: Placement, recipe: Recipe, run: str,
+                 unit: Unit = add_step) -> Window:
+    """Chain ``steps`` into one graph that starts from the literal state ``start``, a
+    ``unit`` (:func:`add_step` or :func:`add_round`) at a time.
+
+    Each epoch that ends inside the window gets an ``evaluate-<epoch>`` task
+    on the validation shard ``val`` (without a validation split it reports the
+    epoch's train loss only: it still marks the epoch's end).
+    """
+    win = Window()
+    state = win.add(DataNode(keys.make(keys.STATE, steps[0].index, run=run), start),
+                    placement.root, recipe.state_bytes)
+    if recipe.replicated:
+        return _replicated_window(win, steps, state, shards, val, placement, recipe, run)
+    todo = units(steps, recipe)
+    for n, group in enumerate(todo):
+        host = n == len(todo) - 1 or _state_leaves_root(placement)   # the driver takes the last
+        state = unit(win, group, state, shards, placement, recipe, run, host)
+        if group[-1].last:
+            _evaluate(win, group[-1].epoch, state, val, placement, recipe, run)
+    win.ends = [state]
+    return win
+
+
+def _evaluate(win: Window, epoch: int, state: str, val: TaskRef | None, placement: Placement,
+              recipe: Recipe, run: str) -> None:
+    win.evals[epoch] = win.add(Task(keys.make(keys.EVALUATE, epoch + 1, run=run), evaluate,
+                                    Evaluate(recipe.net, epoch), TaskRef(state), val),
+                               placement.root)
+
+
+def _replicated_window(win: Window, steps: Sequence[Step], state: str,
+                       shards: Sequence[TaskRef], val: TaskRef | None, placement: Placement,
+                       recipe: Recipe, run: str) -> Window:
+    """:func:`window_graph` with replicated updates: a step's state exists on the root once the
+    next step's updates are added (or the window's final update)."""
+    root = placement.root
+    carry = Carry({w: state for w in placement.leaves})
+    for n, step in enumerate(steps):
+        last = n == len(steps) - 1
+        carry = add_replicated_step(win, step, carry, shards, placement, recipe, run, last)
+        if n and steps[n - 1].last:
+            _evaluate(win, steps[n - 1].epoch, carry.base[root], val, placement, recipe, run)
+    end = replicated_update(win, carry, [root], placement, recipe, run, True)[root]
+    if steps[-1].last:
+        _evaluate(win, steps[-1].epoch, end, val, placement, recipe, run)
+    win.ends = [end]
+    return win
+
+
+class DataParallel:
+    """The graph builder of the data-parallel strategies: one leaf per shard, each shard
+    built by a loading task on its worker.
+
+    Parameters
+    ----------
+    recipe
+        The run's constants.
+    sources
+        Each shard's loading record, in shard order.
+    server
+        A head worker reduces and updates and holds no shard (a parameter server).
+    unit
+        :func:`add_step`, or :func:`add_round` for local SGD.
+    """
+
+    def __init__(self, recipe: Recipe, sources: Sequence[ShardSource], server: bool = False,
+                 unit: Unit = add_step):
+        self.recipe, self.sources, self.server, self.unit = recipe, list(sources), server, unit
+
+    @property
+    def min_workers(self) -> int:
+        return 2 if self.server else 1
+
+    def place(self, workers: Sequence[Worker | str]) -> Placement:
+        return place(workers, len(self.sources), self.server)
+
+    def data(self, placement: Placement) -> list[DataItem]:
+        return [DataItem((keys.LOAD_SHARD, i), load_shard,
+                         dataclasses.replace(src, gpu=placement.leaves[i] in placement.gpus),
+                         placement.leaves[i]) for i, src in enumerate(self.sources)]
+
+    def window(self, steps: Sequence[Step], start: TrainState, refs: Sequence[TaskRef],
+               val: TaskRef | None, placement: Placement, run: str) -> Window:
+        return window_graph(steps, start, refs, val, placement, self.recipe, run, self.unit)

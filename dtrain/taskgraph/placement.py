@@ -1,0 +1,88 @@
+"""Placement: which worker holds which shard (or model slice), and where the update runs.
+
+Shards go to workers in contiguous blocks, so a reduce subtree over
+neighbouring shards stays on one worker; blocks are sized so the slowest
+worker finishes first when CPU and GPU workers mix.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A worker as placement sees it: its address, whether it computes on a GPU, and its
+    relative speed (measured when CPU and GPU workers mix; else 1); and its task threads
+    (which tasks may skip the thread pool: :func:`dtrain.training.engines.inline_prefixes`)."""
+
+    address: str
+    gpu: bool = False
+    weight: float = 1.0
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where tasks run: leaf ``i``'s tasks (shard ``i``, or slice ``i`` of a model-parallel
+    net) on ``leaves[i]``, the update on ``root``; ``gpus`` are the GPU workers."""
+
+    leaves: tuple[str, ...]
+    root: str
+    gpus: frozenset[str] = frozenset()
+
+    @property
+    def workers(self) -> list[str]:
+        return sorted(set(self.leaves) | {self.root})
+
+
+def place(workers: Sequence[Worker | str], shards: int, server: bool = False) -> Placement:
+    """Assign shards to workers in contiguous blocks, so a reduce subtree stays on one worker.
+
+    Blocks are sized by the workers' weights (equal unless calibrated): a GPU
+    worker ten times faster than a CPU worker gets ten times the shards.
+    Without a ``server`` every worker holds shards and the update runs with
+    shard 0; with one (a parameter server) the first worker is the head: it
+    reduces and updates and holds no shard.
+    """
+    workers = [w if isinstance(w, Worker) else Worker(w) for w in workers]
+    head, trainers = (workers[0], workers[1:]) if server else (None, workers)
+    counts = blocks([w.weight for w in trainers], shards)
+    owner = tuple(w.address for w, n in zip(trainers, counts) for _ in range(n))
+    return Placement(owner, head.address if head else owner[0],
+                     frozenset(w.address for w in workers if w.gpu))
+
+
+def blocks(weights: Sequence[float], shards: int) -> list[int]:
+    """Shards per worker, in worker order, so the slowest worker finishes first.
+
+    Blocks proportional to the weights, unless shards are too few to split
+    that finely; then the fewest-time blocks (a worker too slow to help gets
+    none: a GPU five times faster than a CPU takes all 4 shards, rather than
+    3 while the CPU takes 1 and makes everyone wait for it).
+    """
+    edges = np.cumsum(weights) / sum(weights)
+    owner = [min(int(np.searchsorted(edges, (i + 0.5) / shards)), len(weights) - 1)
+             for i in range(shards)]
+    counts = [owner.count(j) for j in range(len(weights))]
+
+    def slowest(c: list[int]) -> float:
+        return max(n / w for n, w in zip(c, weights) if n)
+
+    def fill(limit: float) -> list[int] | None:       # greedy blocks within a time limit
+        out, left = [], shards
+        for w in weights:
+            out.append(min(left, int(limit * w + 1e-9)))
+            left -= out[-1]
+        return None if left else out
+
+    times = sorted({n / w for w in weights for n in range(1, shards + 1)})
+    lo, hi = 0, len(times) - 1
+    while lo < hi:                                     # the least feasible time limit
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fill(times[mid]) else (mid + 1, hi)
+    best = fill(times[lo])
+    return best if best is not None and slowest(best) < slowest(counts) * (1 - 1e-9) \
+        else counts

@@ -1,0 +1,56 @@
+"""The run's constants that graph builders need, decided once by the strategy."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from dask.sizeof import sizeof
+
+from dtrain.core.events import StepEvents
+from dtrain.maths.model import Network
+from dtrain.maths.optim import Optimizer, Step, TrainState
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What the builders bake into a run's tasks; small.
+
+    ``fan_in`` is already normalised (:meth:`~dtrain.taskgraph.strategies.Strategy.fan_in`);
+    ``sync_every`` is 1 for strategies that synchronise every step; ``leaf_bytes`` is what
+    a leaf sends up the reduce tree (the strategy's communication accounting).
+    """
+
+    net: Network
+    opt: Optimizer
+    shuffle_seed: int | None
+    fan_in: int = 2
+    leaf_bytes: int = 0
+    fuse_update: bool = True
+    sync_every: int = 1            # steps per unit (a local SGD round)
+    step_events: int = 0           # send a step event every this many steps (0: never)
+    replicated: bool = False       # every worker applies each update
+    state_every: int = 1           # replicated: steps between the tasks keeping each state
+    fuse_shards: bool = True       # a worker's reduce subtree in one leaf task (see tree)
+    step_event_gap: float = 0.0    # step events: at most one per this many seconds per worker
+
+    def events(self, run: str) -> StepEvents:
+        """Where the tasks of ``run`` send their step events."""
+        return StepEvents(run, self.step_event_gap)
+
+    def reports(self, step: Step) -> bool:
+        """Whether ``step``'s update sends a step event (always at an epoch's end)."""
+        return self.step_events > 0 and (step.last or (step.index + 1) % self.step_events == 0)
+
+    def events_for(self, step: Step, run: str) -> StepEvents | None:
+        """Where ``step``'s update sends its event, or None if it sends none."""
+        return self.events(run) if self.reports(step) else None
+
+    @property
+    def state_bytes(self) -> int:
+        """Size of a TrainState as Dask's ``sizeof`` counts it."""
+        return sizeof(TrainState(np.empty(self.net.size * (1 + self.opt.slots), self.net.dtype)))
+
+    def unit_starts(self, step: Step) -> bool:
+        """Whether ``step`` begins a unit (a local SGD round, aligned to its epoch's start)
+        rather than continuing one."""
+        return step.position % self.sync_every == 0

@@ -1,0 +1,216 @@
+"""The functions a data-parallel graph's tasks run on the workers: pure, over NumPy or CuPy.
+
+Each takes its :mod:`~dtrain.taskgraph.records` record first (the run's
+constants, baked into the task) and the values of its dependencies after it;
+a record's ``host`` says whether the result must leave GPU memory because
+another worker reads it.
+"""
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from dtrain.core import events, internals
+from dtrain.core.arrays import like, on_device, sum_in_order, to_host
+from dtrain.data.shards import Shard
+from dtrain.maths.model import Network
+from dtrain.maths.optim import Optimizer, Step, TrainState, average, local_sgd, update
+from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, LocalSteps, Reduce,
+                                      Update, Updates)
+
+
+def _one_shard(net: Network, shuffle_seed: int | None, epoch: int, rows: tuple[int, int],
+               state: TrainState, shard: Shard) -> Any:
+    """``[grad (P) | loss | correct]`` of one shard's rows this epoch, computed where the
+    shard lives (host or GPU)."""
+    x, y = shard.batch(epoch, *rows, shuffle_seed)
+    return net.loss_and_grad(like(state.vector[: net.size], x), x, y)      # (P + 2,)
+
+
+# --- fused groups: a worker's shards in one task --------------------------------------------
+
+class _Helpers:
+    """The helper threads of fused tasks, started on first use, one pool per process."""
+
+    def __init__(self) -> None:
+        self.pool: ThreadPoolExecutor | None = None
+        self.lock = threading.Lock()
+
+    def __call__(self) -> ThreadPoolExecutor:
+        with self.lock:
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(thread_name_prefix="dtrain-shards")
+            return self.pool
+
+
+_helpers = _Helpers()
+
+
+def _worker_threads() -> int:
+    """Threads of the Dask worker running this task (1 outside a worker)."""
+    from distributed import get_worker
+    try:
+        return internals.worker_threads(get_worker())
+    except ValueError:
+        return 1
+
+
+def _nested_sum(tree: int | tuple, bufs: list) -> Any:
+    """The reduce tree's sums over ``bufs``, level by level, children in order."""
+    if isinstance(tree, int):
+        return bufs[tree]
+    return sum_in_order(*(_nested_sum(t, bufs) for t in tree))
+
+
+def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
+    """Each shard of the group, summed as its reduce subtree would sum them: the same
+    buffer, bit for bit, in one task instead of several."""
+    group = task.group
+
+    def run(positions: range) -> list:
+        return [_one_shard(task.net, task.shuffle_seed, task.epoch, group.rows[p], state,
+                           shards[p]) for p in positions]
+
+    n = len(shards)
+    ways = min(group.threads, n, _worker_threads()) if group.threads > 1 else 1
+    parts = [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
+    helpers = [_helpers().submit(run, part) for part in parts[1:]]
+    bufs = run(parts[0]) + [b for f in helpers for b in f.result()]
+    return _nested_sum(group.tree, bufs)
+
+
+# --- replicated updates: each computed once per worker --------------------------------------
+
+class _RecentUpdates:
+    """The updates this worker applied last, with the very input objects they were applied
+    to.  A replicated update task and the forward-backward tasks that follow it on the same
+    worker get the same objects from the worker's memory, so whichever runs first computes
+    each update and the others reuse it (the function is pure, so this changes no bit).  A
+    chain of updates is found link by link: each link's input state is the object the link
+    before it returned."""
+
+    def __init__(self) -> None:
+        self.kept: deque[tuple[Optimizer, Step, TrainState, tuple, TrainState]] = deque()
+        self.lock = threading.Lock()
+
+    def update(self, opt: Optimizer, step: Step, state: TrainState, grads: tuple,
+               keep: int) -> TrainState:
+        """:func:`~dtrain.maths.optim.update`, computed once per worker for the same inputs;
+        the newest ``keep`` results are remembered."""
+        with self.lock:
+            for o, st, s, gs, new in self.kept:
+                if s is state and len(gs) == len(grads) and all(map(operator.is_, gs, grads)) \
+                        and st == step and o == opt:
+                    return new
+        new = update(opt, step, False, state, *grads)
+        with self.lock:
+            self.kept.append((opt, step, state, grads, new))
+            while len(self.kept) > keep:
+                self.kept.popleft()
+        return new
+
+
+_recent = _RecentUpdates()
+
+
+def _last(opt: Optimizer, steps: tuple[Step, ...], widths: tuple[int, ...], host: bool,
+          state: TrainState, grads: tuple) -> tuple[TrainState, TrainState]:
+    """The state before and after the last of ``steps``, walking the chain once; ``grads``
+    holds each step's partial sums in turn, ``widths[j]`` for step ``j`` and the rest for the
+    last.  ``host``: the last update is for another worker or the driver, computed afresh in
+    host memory."""
+    keep, at = len(steps) + 1, 0
+    for step, width in zip(steps[:-1], widths):
+        state = _recent.update(opt, step, state, grads[at:at + width], keep)
+        at += width
+    after = update(opt, steps[-1], True, state, *grads[at:]) if host \
+        else _recent.update(opt, steps[-1], state, grads[at:], keep)
+    return state, after
+
+
+def _apply(updates: Updates, state: TrainState, grads: tuple) -> TrainState:
+    """This worker's state after ``updates``, sending the last one's event if asked."""
+    before, new = _last(updates.opt, updates.steps, updates.widths, False, state, grads)
+    if updates.events is not None:
+        events.step_event(updates.events, updates.steps[-1], before, new)
+    return new
+
+
+# --- the task functions -----------------------------------------------------------------------
+
+def forward_backward(task: ForwardBackward, state: TrainState, *inputs) -> Any:
+    """See :class:`~dtrain.taskgraph.records.ForwardBackward`."""
+    n = len(task.group.shards)
+    if task.updates is not None:
+        state = _apply(task.updates, state, inputs[n:])
+    total = _group_sum(task, state, inputs[:n])
+    return to_host(total) if task.host else total
+
+
+def reduce(task: Reduce, *grads) -> Any:
+    """Sum gradient buffers in the given (shard) order; to host memory if ``host``."""
+    total = sum_in_order(*grads)
+    return to_host(total) if task.host else total
+
+
+def update_state(task: Update, state: TrainState, *grads) -> TrainState:
+    """See :class:`~dtrain.taskgraph.records.Update`; the event is queued, not waited for."""
+    before, new = _last(task.opt, task.steps, task.widths, task.host, state, grads)
+    if task.events is not None:
+        events.step_event(task.events, task.steps[-1], before, new)
+    return new
+
+
+def local_steps(task: LocalSteps, state: TrainState, shard: Shard) -> Any:
+    """Local SGD leaf: the shard runs ``steps`` alone from ``state``, where it lives."""
+    local = TrainState(like(state.vector, shard.x))
+    out = local_sgd(task.opt, task.steps, local,
+                    lambda s: shard.batch(s.epoch, *s.bounds[task.shard], task.shuffle_seed))
+    return to_host(out) if task.host else out
+
+
+def average_states(task: Average, state: TrainState, *buffers) -> TrainState:
+    """:func:`~dtrain.maths.optim.average` (a local SGD round's end), then its event."""
+    new = average(task.opt, task.step, task.host, state, *buffers)
+    if task.events is not None:
+        events.step_event(task.events, task.step, state, new)
+    return new
+
+
+def evaluate(task: Evaluate, state: TrainState, part: Shard | None) -> dict[str, float]:
+    """Loss and accuracy of the state's parameters on a held-out shard (None: there is no
+    held-out data), plus the epoch's running train loss and accuracy (over its minibatches,
+    each predicted before its update)."""
+    net = task.net
+    out = {"epoch": task.epoch + 1}
+    if part is not None:
+        loss, correct, n = net.evaluate(like(state.vector[: net.size], part.x), part.x, part.y)
+        out.update(loss=loss / max(n, 1), accuracy=correct / max(n, 1))
+    if state.epoch_samples:
+        out["train_loss"] = state.epoch_loss / state.epoch_samples
+        out["train_accuracy"] = state.epoch_correct / state.epoch_samples
+    return out
+
+
+def calibrate(net: Network, rows: int, gpu: bool, repeats: int = 3) -> float:
+    """Samples per second of a forward-backward pass of ``net`` here, on ``rows`` random
+    samples (on the GPU if ``gpu`` and there is one): how CPU and GPU workers are weighed
+    against each other."""
+    rng = np.random.default_rng(0)
+    x = on_device(rng.standard_normal((rows, net.layers[0])).astype(net.dtype), gpu)
+    y = on_device(rng.integers(0, net.layers[-1], rows), gpu)
+    params = on_device(net.init(0), gpu)
+    net.loss_and_grad(params, x, y)                    # warm up (kernels, BLAS threads)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buf = net.loss_and_grad(params, x, y)
+        float(buf[-1])                                 # wait for the device
+        best = min(best, time.perf_counter() - start)
+    return rows / max(best, 1e-9)

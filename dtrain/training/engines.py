@@ -1,0 +1,391 @@
+"""The engines that run a planned training: in one process, or as Dask task graphs.
+
+* :class:`SerialEngine`: the reference; no Dask, each global minibatch in one piece.
+* :class:`DaskEngine`: data on the workers, built by loading tasks; one task
+  graph per window of steps, from the plan's graph builder
+  (:mod:`dtrain.taskgraph`); the driver waits only at window edges, for the
+  state it needs to start the next window; evaluations come back on their
+  own.
+
+Both run the same :class:`~dtrain.training.plan.Schedule` from a
+:class:`Start`, save checkpoints through a
+:class:`~dtrain.training.checkpoint.Checkpoints` and report to a
+:class:`~dtrain.observe.recorder.Recorder`.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask
+from dask.task_spec import TaskRef
+from distributed import Client, Future, wait
+
+from dtrain.core import keys
+from dtrain.core.errors import UserError
+from dtrain.data.prepare import clear_cache
+from dtrain.data.shards import load_part, load_shard, minibatch
+from dtrain.deploy import tuning
+from dtrain.deploy.devices import GPU, is_gpu_worker
+from dtrain.deploy.logs import QuietUserErrors
+from dtrain.deploy.workers import wait_for_workers, worker_addresses, workers
+from dtrain.core.arrays import gpu_problem
+from dtrain.maths.optim import TrainState, update
+from dtrain.observe import metrics
+from dtrain.observe.recorder import Recorder
+from dtrain.taskgraph.dataparallel import TINY_FLOPS
+from dtrain.taskgraph.placement import Placement, Worker
+from dtrain.taskgraph.records import Evaluate
+from dtrain.taskgraph.tasks import calibrate, evaluate
+from dtrain.taskgraph.window import Window
+from dtrain.training.checkpoint import Checkpoint, Checkpoints
+from dtrain.training.plan import Plan
+
+INLINE_MAX_BYTES = 1 << 20    # states up to this size are reduced and updated in the event loop
+INLINE_MAX_FLOPS = TINY_FLOPS  # forward-backward tasks up to this are too
+INLINE_ALONE_FLOPS = 2e8      # ... and up to this (~5-10 ms of NumPy) on one-thread workers
+
+
+def inline_kinds(plan: Plan, placement: Placement | None = None,
+                 threads: int | None = None) -> tuple[str, ...]:
+    """Kinds of the tasks short enough to run in the worker's event loop rather than
+    pay a thread handoff: the reduces and updates of a state up to ``INLINE_MAX_BYTES``, and
+    then forward-backward tasks of up to ``INLINE_MAX_FLOPS``, counting every shard a task
+    computes where a worker's shards share one task (``placement``; data-parallel leaves only:
+    local SGD rounds and model-parallel slices have keys of their own).  Where every worker
+    has one thread (``threads``, the most any worker has), its tasks run one at a time
+    whatever the executor, so forward-backward tasks of up to ``INLINE_ALONE_FLOPS`` run
+    inline too: the handoff and the two threads' turns at the GIL cost more than a few
+    milliseconds of blocked event loop (measured in benchmarks/README.md, "Latest
+    results")."""
+    if plan.recipe.state_bytes > INLINE_MAX_BYTES:
+        return ()
+    shared = max(Counter(placement.leaves).values()) \
+        if placement and placement.leaves and plan.recipe.fuse_shards else 1
+    rows = plan.config.train.batch_size / max(len(plan.ranges), 1) * shared   # per task, step
+    limit = INLINE_ALONE_FLOPS if threads == 1 else INLINE_MAX_FLOPS
+    short = plan.net.flops(rows) <= limit
+    return (keys.UPDATE, keys.REDUCE, *((keys.FORWARD_BACKWARD,) if short else ()))
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where an engine begins: step 0, or a checkpoint's step."""
+
+    state: TrainState
+    step: int = 0
+    epochs_done: int = 0
+
+
+@dataclass
+class Outcome:
+    metrics: list[dict[str, Any]]
+    state: TrainState
+    test: dict[str, float] | None
+    workers: int
+    seconds: float
+    setup_seconds: float
+    steps: int                                                  # steps run by this engine
+    compute: dict[str, float] = field(default_factory=dict)    # see observe.metrics.StepTimer
+    worker_rss: dict[str, float] = field(default_factory=dict)
+    comm: dict[str, int] = field(default_factory=dict)         # bytes between workers
+    split: dict[str, dict[str, Any]] = field(default_factory=dict)   # work per worker
+
+
+def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float) -> dict[str, Any]:
+    epoch = ev["epoch"]
+    return {"epoch": epoch, "train_loss": ev.get("train_loss"),
+            "train_accuracy": ev.get("train_accuracy"),
+            "val_loss": ev["loss"] if plan.info.val else None,
+            "val_accuracy": ev["accuracy"] if plan.info.val else None,
+            "seconds": seconds, "samples_per_second": plan.train_samples / seconds if seconds else None,
+            "lr": plan.schedule.rates[epoch - 1], "steps": plan.schedule.steps_per_epoch}
+
+
+WINDOW_SECONDS = 1.0              # graph.window = 0: windows of about this long ...
+WINDOW_STEPS = (100, 1000)        # ... and this many steps (the first window: the fewest)
+
+
+def window_steps(plan: Plan, seconds_per_step: float | None) -> int:
+    """Steps in the next window: ``graph.window``, or with 0 (auto) as many as take about
+    ``WINDOW_SECONDS`` at the rate measured so far, within ``WINDOW_STEPS``.
+
+    Each window edge is a pause of some 10-30 ms (the driver waits for the
+    window's end state, then submits the next graph): long windows of short steps
+    hide it, short windows of long steps keep checkpoints frequent.
+    """
+    fixed, (low, high) = plan.config.graph.window, WINDOW_STEPS
+    if fixed or not seconds_per_step:
+        return fixed or low
+    return max(low, min(high, round(WINDOW_SECONDS / seconds_per_step)))
+
+
+def windows(plan: Plan, start: int,
+             seconds_per_step: Callable[[], float | None] = lambda: None) -> Iterator[range]:
+    """Step ranges of the windows from ``start``: the driver syncs and checkpoints at each edge.
+
+    A window ends after :func:`window_steps` steps (``seconds_per_step`` is asked at
+    each edge), or later at the end of a local SGD round.
+    """
+    total = len(plan.schedule)
+    first = start
+    while first < total:
+        stop = min(first + window_steps(plan, seconds_per_step()), total)
+        while stop < total and not plan.recipe.unit_starts(plan.schedule[stop]):
+            stop += 1
+        yield range(first, stop)
+        first = stop
+
+
+class SerialEngine:
+    """The reference: one process, NumPy, every global minibatch in one piece."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+
+    def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints) -> Outcome:
+        p, cfg = self.plan, self.plan.config
+        t0 = time.perf_counter()
+        shards = [load_shard(src) for src in p.sources]
+        val = load_part(cfg.data, "val", cfg.model.dtype)
+        test = load_part(cfg.data, "test", cfg.model.dtype)
+        state, rows = start.state, list(recorder.metrics)
+        began = last = time.perf_counter()
+        fb = upd = 0.0
+        for window in windows(p, start.step):
+            for t in window:
+                step = p.schedule[t]
+                x, y = minibatch(shards, step.epoch, step.bounds, p.recipe.shuffle_seed)
+                t1 = time.perf_counter()
+                grad = p.net.loss_and_grad(p.opt.params(state), x, y)
+                t2 = time.perf_counter()
+                state = update(p.opt, step, True, state, grad)
+                fb, upd = fb + t2 - t1, upd + time.perf_counter() - t2
+                if step.last:
+                    now = time.perf_counter()
+                    row = _epoch_row(p, evaluate(Evaluate(p.net, step.epoch), state, val),
+                                     now - last)
+                    last = now
+                    rows.append(row)
+                    recorder.epoch(row)
+            checkpoints.save(Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch,
+                                        state))
+        seconds = time.perf_counter() - began
+        result = evaluate(Evaluate(p.net, -1), state, test) if p.info.test else None
+        compute = {"forward_backward_seconds": fb, "reduce_seconds": 0.0, "update_seconds": upd,
+                   "critical_seconds": fb + upd}
+        return Outcome(rows, state, result, 0, seconds, began - t0,
+                       len(p.schedule) - start.step, compute)
+
+
+class DaskEngine:
+    """Data on the workers, one task graph per window of steps.
+
+    At every window edge the driver (1) looks at the workers that are there
+    now and re-pins: data whose worker is gone, or which belongs on a new
+    worker, gets a fresh loading task there; (2) submits the window; (3) turns
+    the previous window's evaluations into epoch rows and checkpoints its end
+    state; (4) waits for this window's end state, its only wait.
+    """
+
+    def __init__(self, plan: Plan, client: Client):
+        self.plan, self.client = plan, client
+        self.run_id = plan.run
+        client.register_plugin(QuietUserErrors())
+        client.register_plugin(metrics.StepTimer())
+        client.register_plugin(metrics.TransferCounter())
+        self.low_latency = plan.config.cluster.low_latency and tuning.low_latency(client)
+        self.inline = False                         # see place
+        self.inline_kinds: tuple[str, ...] = ()     # see place
+        self.items: list[tuple[str, Future]] = []   # (worker, loading-task future)
+        self.loads = 0
+        self.predicted_bytes = 0                    # what the graphs say crosses workers
+        self.speed: dict[str, float] = {}           # calibrated samples/s, by worker address
+        self.cuda: dict[str, str] = {}              # GPU workers: why CuPy fails there ("": ok)
+        self.placement: Placement | None = None
+        self.live: list[Future] = []                # the windows in flight
+        self.parts: list[Future] = []               # validation and test shards
+
+    def _key(self, name: str, *parts: int | str) -> str:
+        return keys.make(name, *parts, run=self.run_id)
+
+    def _workers(self) -> list[Worker]:
+        """The workers there now, as placement sees them: GPU or not, how fast, how many threads."""
+        cfg = self.plan.config
+        info = workers(self.client)
+        gpu = {a: cfg.cluster.device != "cpu" and is_gpu_worker(i) and self.plan.strategy.on_gpu
+               for a, i in info.items()}
+        if cfg.cluster.device == "gpu" and not any(gpu.values()):
+            raise UserError(f"cluster.device = 'gpu' but none of the {len(info)} workers "
+                            f"advertises a GPU resource; start GPU workers with "
+                            f"`dask worker --resources {GPU}=1` or use device 'auto'")
+        if cfg.cluster.device == "gpu":             # a GPU resource is a promise: check it
+            claimed = [a for a in info if gpu[a] and a not in self.cuda]
+            if claimed:
+                self.cuda.update(self.client.run(gpu_problem, workers=claimed))
+            broken = {a: why for a, why in self.cuda.items() if why and a in info}
+            if broken:
+                a, why = next(iter(broken.items()))
+                raise UserError(f"cluster.device = 'gpu' but worker {info[a].get('name', a)} "
+                                f"advertises a {GPU} resource and cannot compute on a "
+                                f"GPU: {why}")
+        if len(set(gpu.values())) > 1:             # CPU and GPU workers: size work by speed
+            rows = max(16, min(1024, cfg.train.batch_size // max(1, len(info))))
+            for a in info.keys() - self.speed.keys():
+                self.speed[a] = self.client.run(calibrate, self.plan.net, rows, gpu[a],
+                                                workers=[a])[a]
+        return [Worker(a, gpu[a], self.speed.get(a, 1.0), i.get("nthreads", 1))
+                for a, i in info.items()]
+
+    def place(self) -> Placement:
+        """Placement over the workers there now; (re)load data that must move."""
+        cfg, c, builder = self.plan.config, self.client, self.plan.builder
+        wait_for_workers(c, builder.min_workers, cfg.cluster.timeout)
+        self.inline = self.low_latency and tuning.inline_executor(c)
+        present = self._workers()
+        placement = self.placement = builder.place(present)
+        self.inline_kinds = inline_kinds(self.plan, placement,
+                                         max((w.threads for w in present), default=1))
+        wanted = builder.data(placement)
+        for j, item in enumerate(wanted):
+            if j < len(self.items) and self.items[j][0] == item.worker:
+                continue
+            future = c.submit(item.fn, item.record, key=self._key(*item.name, self.loads),
+                              workers=[item.worker], allow_other_workers=True)
+            self.items[j:j + 1] = [(item.worker, future)]
+        del self.items[len(wanted):]
+        self.loads += 1
+        return placement
+
+    @property
+    def data(self) -> list[Future]:
+        return [f for _, f in self.items]
+
+    @property
+    def refs(self) -> list[TaskRef]:
+        """The loading tasks' keys for the graphs.  Graphs name them rather than embed the
+        futures: a scheduler in this process keeps recent messages (and so the graphs'
+        objects) for a while, and an embedded future would keep its data alive with them."""
+        return [TaskRef(f.key) for f in self.data]
+
+    def load_held_out(self, placement: Placement) -> tuple[Future | None, Future | None]:
+        """Validation and test shards, loaded where the updates run; surface data errors now."""
+        p, cfg, c, root = self.plan, self.plan.config, self.client, placement.root
+        parts = [c.submit(load_part, cfg.data, part, cfg.model.dtype, root in placement.gpus,
+                          key=self._key(f"load-{part}"), workers=[root],
+                          allow_other_workers=True) if getattr(p.info, part) else None
+                 for part in ("val", "test")]
+        self.parts = [f for f in parts if f is not None]
+        loading = self.data + self.parts
+        wait(loading)
+        for f in loading:
+            if f.status == "error":
+                f.result()  # re-raises the worker's exception here
+        c.run(clear_cache)  # the data is built; drop the workers' copies of the files
+        return parts[0], parts[1]
+
+    def _submit(self, win: Window) -> list[Future]:
+        gpus = self.placement.gpus if self.placement else frozenset()
+        need = {GPU: 1}
+
+        def resources(key: str) -> dict:            # the maths of shards on GPU workers
+            return need if win.where[key][0] in gpus and keys.is_leaf(key) else {}
+
+        inline = keys.prefixes(self.inline_kinds) if self.inline else ()
+
+        def executor(key: str) -> str:              # short tasks: no thread handoff
+            return tuning.INLINE if key.startswith(inline) and not resources(key) \
+                else "default"
+
+        with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
+                           resources=resources, executor=executor):
+            return self.client.get(win.dsk, [*win.ends, *win.evals.values()], sync=False)
+
+    def split(self) -> dict[str, dict[str, Any]]:
+        """How the work was split over the workers (for the summary)."""
+        pl, info = self.placement, workers(self.client)
+        names = {a: str(i.get("name", a)) for a, i in info.items()}
+        out = {}
+        for a in [a for a in info if pl and a in pl.workers]:
+            mine = [i for i, w in enumerate(pl.leaves) if w == a]
+            out[names.get(a, a)] = {
+                "device": "gpu" if a in pl.gpus else "cpu", "leaves": len(mine),
+                "samples": sum(self.plan.ranges[i][1] - self.plan.ranges[i][0] for i in mine)
+                if self.plan.strategy.leaf == "shard" else None,
+                "samples_per_second": round(self.speed[a], 1) if a in self.speed else None}
+        return out
+
+    def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints) -> Outcome:
+        try:
+            return self._run(start, recorder, checkpoints)
+        except BaseException:
+            # a failed run leaves nothing behind on the workers: drop what it holds now, not
+            # when the traceback (which references these futures) is finally collected
+            for future in self.data + self.live + self.parts:
+                future.release()
+            self.items.clear()
+            raise
+
+    def _run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints) -> Outcome:
+        p = self.plan
+        t0 = time.perf_counter()
+        placement = self.place()
+        val, test = self.load_held_out(placement)
+        state, rows = start.state, list(recorder.metrics)
+        arrived: dict[int, float] = {}      # epoch -> when its evaluation arrived
+        began = time.perf_counter()
+        pending: list[tuple[int, Future]] = []
+        done: Checkpoint | None = None
+
+        def rate() -> float | None:                 # seconds per step so far
+            steps = (done.step if done else start.step) - start.step
+            return (time.perf_counter() - began) / steps if steps else None
+
+        for window in windows(p, start.step, rate):
+            if window.start != start.step:
+                placement = self.place()
+            win = p.builder.window([p.schedule[t] for t in window], state, self.refs,
+                                   TaskRef(val.key) if val else None, placement, self.run_id)
+            located = {f.key: w for w, f in self.items} | ({val.key: placement.root} if val else {})
+            self.predicted_bytes += win.transfer_bytes(located)
+            futures = self._submit(win)
+            ends, evals = futures[:len(win.ends)], futures[len(win.ends):]
+            self.live = futures + [f for _, f in pending]
+            for epoch, fut in zip(win.evals, evals):
+                fut.add_done_callback(lambda f, e=epoch: arrived.setdefault(e, time.perf_counter()))
+            self._drain(pending, rows, arrived, began, recorder)
+            if done is not None:
+                checkpoints.save(done)      # its epochs are recorded: safe to resume from
+            pending = list(zip(win.evals, evals))
+            state = win.join(self.client.gather(ends))   # the one wait per window
+            done = Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch, state)
+            del ends
+        self._drain(pending, rows, arrived, began, recorder)
+        if done is not None:
+            checkpoints.save(done)
+        seconds = time.perf_counter() - began
+        result = None
+        if test is not None:
+            result = self.client.submit(evaluate, Evaluate(p.net, -1), state, test,
+                                        key=self._key(keys.EVALUATE_TEST),
+                                        workers=[placement.root],
+                                        allow_other_workers=True).result()
+        moved = metrics.transfers(self.client, self.run_id)
+        return Outcome(rows, state, result, len(worker_addresses(self.client)), seconds,
+                       began - t0, len(p.schedule) - start.step,
+                       metrics.task_times(self.client, self.run_id) or {},
+                       metrics.worker_peak_rss_mb(self.client),
+                       {"predicted": self.predicted_bytes, "measured": moved["bytes"],
+                        "transfers": moved["transfers"]}, self.split())
+
+    def _drain(self, pending, rows, arrived, began, recorder: Recorder) -> None:
+        """Turn finished evaluations into epoch rows, in epoch order."""
+        for epoch, fut in pending:
+            ev = fut.result()
+            end = arrived.get(epoch) or time.perf_counter()
+            row = _epoch_row(self.plan, ev, end - arrived.get(epoch - 1, began))
+            rows.append(row)
+            recorder.epoch(row)

@@ -1,0 +1,94 @@
+"""distributed's internals that dtrain relies on (:mod:`dtrain.core.internals`) are still there.
+
+Each check fails when the installed distributed changes one of them, so the change is seen
+here first, rather than as a slower or plainer run (the functions themselves fall back to
+doing nothing).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import importlib
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from distributed import Client, Scheduler, Worker
+
+from dtrain.core import internals, keys
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_control_streams_have_a_numeric_batching_interval():
+    async def check():
+        async with Scheduler(port=0, dashboard=False) as s, \
+                Worker(s.address, nthreads=2) as w, \
+                Client(s.address, asynchronous=True) as c:
+            streams = [internals.client_stream(c), internals.worker_stream(w),
+                       *internals.scheduler_streams(s, "workers").values(),
+                       *internals.scheduler_streams(s, "clients").values()]
+            assert len(streams) == 4
+            for stream in streams:
+                assert isinstance(internals.batch_interval(stream), float)
+                assert internals.set_batch_interval(stream, 0.0)
+                assert internals.batch_interval(stream) == 0.0
+            assert internals.worker_threads(w) == 2
+            assert internals.add_worker_handler(w, "dtrain_test", lambda: "ok")
+            assert await s.broadcast(msg={"op": "dtrain_test"}) == {w.address: "ok"}
+            info = await c.scheduler.identity(n_workers=-1)
+            assert list(info["workers"]) == [w.address]
+    _run(check())
+
+
+def test_get_worker_reads_the_context_variable_an_inline_executor_sets():
+    from distributed import get_worker
+
+    current = internals.worker_context()
+    assert isinstance(current, contextvars.ContextVar)
+
+    async def check():
+        async with Scheduler(port=0, dashboard=False) as s, Worker(s.address) as w:
+            token = current.set(w)
+            try:
+                assert get_worker() is w
+            finally:
+                current.reset(token)
+            assert internals.add_executor(w, "dtrain-test", ThreadPoolExecutor(1))
+            assert internals.has_executor(w, "dtrain-test")
+    _run(check())
+
+
+def test_distributed_modules_hold_their_own_key_split_and_color_of():
+    for module in internals.KEY_SPLIT_USERS:
+        assert callable(getattr(importlib.import_module(module), "key_split")), module
+    for module, attr in internals.COLOR_OF_USERS:
+        assert callable(getattr(importlib.import_module(module), attr)), (module, attr)
+    wrapped = internals.relabel_tasks(keys.kind_of, keys.COLORS)
+    assert len(wrapped) == len(internals.KEY_SPLIT_USERS) + len(internals.COLOR_OF_USERS)
+    from distributed.diagnostics import task_stream
+    assert task_stream.key_split("reduce-3-1-0-ab12cd34") == "reduce"
+    assert task_stream.color_of("update") == keys.COLORS["update"]
+    assert task_stream.key_split("x-1") == internals.unwrapped(task_stream.key_split)("x-1")
+
+
+def test_the_dashboard_takes_a_page_in_its_template():
+    pytest.importorskip("bokeh")
+
+    def make_doc(scheduler, extra, doc):
+        from bokeh.models import Div
+
+        class Page:
+            def update(self):
+                pass
+        doc.add_root(Div(text="dtrain test page"))
+        internals.style_dashboard_doc(doc, Page(), 500, "t", '{% extends "simple.html" %}',
+                                      extra)
+
+    async def check():
+        async with Scheduler(port=0, dashboard=True, dashboard_address=":0") as s:
+            assert internals.add_dashboard_page(s, "/dtrain-test", make_doc, "dtrain-test")
+            from distributed.dashboard import scheduler as dashboard
+            assert "dtrain-test" in dashboard.template_variables(s)["pages"]
+    _run(check())
