@@ -1,7 +1,10 @@
 """The bad-input table: each mistake gets one line naming it, exit code 2, no traceback,
-and nothing that looks like a finished run.  Rows marked :class:`Mpiexec` run as an MPI job
-(``mpiexec -n N python -m dtrain --scheduler-rank 0``): there every rank must end, within
-seconds, with the one line printed once, by the head, before any cluster starts."""
+and nothing that looks like a finished run.  Rows run in this process, through the command
+line's own entry point (``dtrain.cli.main``), with everything written to the process's
+stdout and stderr captured; rows marked :class:`Mpiexec` run as an MPI job (``mpiexec -n N
+python -m dtrain --scheduler-rank 0``): there every rank must end, within seconds, with the
+one line printed once, by the head, before any cluster starts.  (``python -m dtrain`` itself
+is run in a fresh process by the CLI tests.)"""
 from __future__ import annotations
 
 import importlib.util
@@ -9,13 +12,14 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import dtrain
 import mpirun
-from conftest import run_cli
+from dtrain import cli
 from test_data import make_images, tiny_mnist, write_idx
 
 MNIST = ["--set", "data.dataset=mnist", "--set", "model.layers=[784, 10]"]
@@ -145,7 +149,7 @@ def _params(row) -> object:
 
 
 @pytest.mark.parametrize("make_args, message", [_params(row) for row in TABLE])
-def test_bad_input(tmp_path, make_args, message):
+def test_bad_input(tmp_path, make_args, message, capfd):
     data = tmp_path / "data"
     data.mkdir()
     out = tmp_path / "run"
@@ -158,7 +162,9 @@ def test_bad_input(tmp_path, make_args, message):
         assert proc.stdout == "", proc.stdout    # no rank started anything (no scheduler line)
         assert not out.exists()
     else:
-        proc = run_cli(*args)
+        code = cli.main(args)
+        seen = capfd.readouterr()              # file descriptors: logging's too
+        proc = SimpleNamespace(returncode=code, stdout=seen.out, stderr=seen.err)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr                  # under mpiexec: once, by the head
