@@ -56,7 +56,8 @@ def _hashes(workers: int, tmp: Path) -> dict[str, str]:
                 if workers > 1 or name != "parameter-server"}
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("workers", [pytest.param(1, marks=pytest.mark.slow),
+                                     pytest.param(2, marks=pytest.mark.slow), 3])
 def test_params_bytes_are_locked(workers, tmp_path):
     locked = json.loads(LOCK.read_text())
     assert set(locked) == {f"{n}/{d}" for n in RUNS for d in DTYPES}

@@ -243,7 +243,9 @@ def test_prometheus_gauges_next_to_dask_metrics(training):
     deadline = time.monotonic() + 60
     while True:
         later = _get(f"{training}/metrics")[1]
-        if _gauge(later, "val_accuracy") is not None or time.monotonic() > deadline:
+        moved = (_gauge(later, "step") or 0) > (_gauge(first, "step") or 0)
+        if (moved and _gauge(later, "val_accuracy") is not None) or \
+                time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert _gauge(later, "step") > _gauge(first, "step")

@@ -100,7 +100,7 @@ def test_a_user_error_mid_run_ends_every_rank_with_code_2(tmp_path):
     assert not (out / "summary.json").exists() and not mpirun.leftovers(str(out))
 
 
-@pytest.mark.parametrize("how", ["killed", "leaves"])
+@pytest.mark.parametrize("how", [pytest.param("killed", marks=pytest.mark.slow), "leaves"])
 def test_a_lost_worker_rank_ends_the_job(client, tmp_path, how):
     """A worker rank killed mid-training: mpiexec ends the other ranks (MPI's own rule), and
     ``--resume`` under mpiexec finishes the run from its checkpoint with the bytes of an
