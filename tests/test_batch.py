@@ -206,6 +206,40 @@ def test_sbatch_runs_the_mpirun_form(slurm, client, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.mpi
+def test_sbatch_requeues_at_its_walltime_signal_and_resumes_to_the_same_bytes(slurm, client,
+                                                                               tmp_path):
+    """The walltime warning (--signal=B:USR1@120, sent here at once with scancel, as SLURM
+    sends it): dtrain checkpoints and exits 75, the script requeues the job, the requeued
+    job resumes the same run directory, and the result is an uninterrupted run's."""
+    exe, _ = mpirun.launcher()
+    out = tmp_path / "run"
+    sets = ["--set", "train.epochs=300"]
+    submit = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=1", "--ntasks=3", f"--output={tmp_path}/job.log",
+         f"--export=ALL,DTRAIN_VENV={Path(sys.executable).parent.parent},"
+         f"DTRAIN_MPIEXEC={' '.join(exe)}",
+         str(REPO / "jobqueue" / "slurm.sh"), *sets, "--out", str(out),
+         "--dashboard-address", "127.0.0.1:0"],
+        cwd=tmp_path, capture_output=True, text=True, check=True)
+    job = submit.stdout.strip().split(";")[0]
+    log = tmp_path / "job.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and log.read_text().count("\nepoch") >= 5):
+        assert time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+    state = _wait_for_job(job, timeout=300)
+    text = log.read_text()
+    assert state == "COMPLETED", text
+    assert "dtrain: stopped by SIGUSR1 after step" in text and "requeueing job" in text
+    assert f"resuming {out}" in text and "Traceback" not in text
+    dtrain.train(dtrain.load_config(None, ["train.epochs=300"]), client=client,
+                 out=tmp_path / "local", echo=None)
+    assert (out / "params.npz").read_bytes() == (tmp_path / "local" / "params.npz").read_bytes()
+
+
+@pytest.mark.slow
 def test_cluster_slurm_trains_on_worker_jobs(slurm, client, site, tmp_path):
     """python -m dtrain --cluster slurm: two worker jobs over TLS, cancelled at the end, and the
     LocalCluster's params."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from dtrain.cli import tools, train
-from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, UserError, exit_code
+from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, Stopped, UserError, exit_code
 
 SUBCOMMANDS = {"report": tools.report, "graph": tools.draw}
 
@@ -16,6 +16,10 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])
         return train.run(argv)
+    except Stopped as exc:
+        for line in exc.lines(train.resume_command(argv)):
+            print(f"dtrain: {line}", file=sys.stderr)
+        return exc.code
     except (UserError, Diverged) as exc:
         print(f"dtrain: error: {exc}", file=sys.stderr)
         return exit_code(exc)

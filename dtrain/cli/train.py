@@ -103,6 +103,14 @@ def prepare(argv: list[str]) -> mpi.Job:
     return mpi.Job(config, job, strategy.ranks, strategy.workers_word)
 
 
+def resume_command(argv: list[str]) -> str:
+    """How to resume what ``argv`` started: under MPI with the same ranks' launcher."""
+    if _scheduler_rank(argv) is None:
+        return "python -m dtrain --resume"
+    return f"mpiexec -n {mpi.world_size()} python -m dtrain --scheduler-rank " \
+           f"{_scheduler_rank(argv)} --resume"
+
+
 def run(argv: list[str]) -> int:
     """Train (or resume) as ``argv`` says; returns the exit code."""
     rank_text = _scheduler_rank(argv)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 EXIT_USER_ERROR = 2     # bad input: one line, no traceback
 EXIT_DIVERGED = 3       # the loss became NaN or infinite
+EXIT_STOPPED = 75       # stopped by SIGTERM or SIGUSR1 after saving a checkpoint: resume it
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 
@@ -33,11 +34,49 @@ class Diverged(Exception):
                 f"{self.loss}; lower optim.lr or raise model.l2{self.note}")
 
 
+class Stopped(Exception):
+    """A signal stopped the run at a step boundary, after a checkpoint was saved (or, on a
+    second Ctrl-C, at once, with the last checkpoint kept).
+
+    ``signal`` is the signal's name (``"SIGINT"``, ``"SIGTERM"``, ``"SIGUSR1"``); ``step``
+    the steps done of ``steps`` (None: stopped at once, mid-step); ``checkpoint`` the step of the checkpoint a resume starts
+    from (None if the run had saved none); ``run_dir`` where it is (None: no files).
+    """
+
+    def __init__(self, signal: str, step: int | None, steps: int, checkpoint: int | None = None,
+                 run_dir: object = None):
+        super().__init__(signal, step, steps, checkpoint, run_dir)
+        self.signal, self.step, self.steps = signal, step, steps
+        self.checkpoint, self.run_dir = checkpoint, run_dir
+
+    @property
+    def code(self) -> int:
+        """130 for Ctrl-C, :data:`EXIT_STOPPED` for SIGTERM and SIGUSR1 (a scheduler's
+        warning that the job must end: the run is meant to be resumed)."""
+        return EXIT_INTERRUPTED if self.signal == "SIGINT" else EXIT_STOPPED
+
+    def lines(self, resume: str = "python -m dtrain --resume") -> list[str]:
+        """At most two lines: where it stopped and what was kept; how to go on."""
+        where = f"stopped by {self.signal} after step {self.step} of {self.steps}" \
+            if self.step is not None else f"interrupted at once (a second {self.signal})"
+        if self.run_dir is None:
+            return [f"{where}; the run wrote no files, so it cannot be resumed"]
+        if self.checkpoint is None:
+            what = f"no checkpoint yet in {self.run_dir}"
+        else:
+            kept = "saved" if self.step is not None else "kept"
+            what = f"checkpoint of step {self.checkpoint} {kept} in {self.run_dir}"
+        return [f"{where}; {what}", f"resume with: {resume} {self.run_dir}"]
+
+
 # what a worker's "Compute Failed" log names for these; the driver reports them once instead
 REPORTED_BY_DRIVER = tuple(f"{cls.__name__}(" for cls in (Diverged, UserError, DataError,
                                                            ConfigError))
 
 
 def exit_code(exc: BaseException) -> int:
-    """The exit code of a run that ended with ``exc``: 2 for bad input, 3 for divergence."""
+    """The exit code of a run that ended with ``exc``: 2 for bad input, 3 for divergence,
+    130 or 75 for a stop by a signal."""
+    if isinstance(exc, Stopped):
+        return exc.code
     return EXIT_DIVERGED if isinstance(exc, Diverged) else EXIT_USER_ERROR

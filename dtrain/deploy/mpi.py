@@ -43,10 +43,11 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dtrain.core import internals
 from dtrain.core.config import ClusterConfig, Config
-from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, UserError, exit_code
+from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, Stopped, UserError, exit_code
 from dtrain.deploy.devices import GPU
 from dtrain.deploy.logs import CLOSING_OP, CutByClose, quiet_logs
 from dtrain.deploy.options import dashboard_link_config, security_for
+from dtrain.deploy.signals import ignore_stop_signals
 from dtrain.deploy.rankgpus import gpu_problem, gpu_report, local_worker_index, pin_gpu
 from dtrain.deploy.tuning import keep_freed_memory
 from dtrain.deploy.workers import wait_for_workers
@@ -70,6 +71,11 @@ class Job:
 
 
 Prepare = Callable[[], Job]     # parses and checks everything on the head, before any start
+
+
+def world_size() -> int:
+    """Ranks in this MPI job."""
+    return _comm().Get_size()
 
 
 def _comm() -> Any:
@@ -188,7 +194,7 @@ def _abort(comm: Any, message: str | None, code: int) -> None:
 def _exit_code(exc: BaseException) -> int:
     if isinstance(exc, SystemExit):       # --help, or argparse leaving on its own
         return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    return exit_code(exc) if isinstance(exc, (UserError, Diverged)) else 1
+    return exit_code(exc) if isinstance(exc, (UserError, Diverged, Stopped)) else 1
 
 
 # --- the head ----------------------------------------------------------------------------
@@ -233,9 +239,9 @@ def _head(comm: Any, size: int, prepare: Prepare) -> int:
 
 
 def _drive(comm: Any, config: Config, job: Callable[[Client], Any], address: str,
-           security: Any, workers: int) -> UserError | Diverged | None:
-    """Train as the driver; return the user error (or divergence) that stopped it, or abort
-    on any other exception."""
+           security: Any, workers: int) -> UserError | Diverged | Stopped | None:
+    """Train as the driver; return the user error, divergence or signal that stopped it, or
+    abort on any other exception."""
     try:
         with dask.config.set(dashboard_link_config(config.cluster.dashboard_address)), \
                 Client(address, security=security, timeout=config.cluster.timeout) as client:
@@ -243,9 +249,9 @@ def _drive(comm: Any, config: Config, job: Callable[[Client], Any], address: str
                 wait_for_workers(client, workers, config.cluster.timeout)
             result = job(client)
         print(f"run directory: {result.out}")
-    except (UserError, Diverged) as exc:
+    except (UserError, Diverged, Stopped) as exc:
         return exc
-    except KeyboardInterrupt:      # mpiexec passes Ctrl-C on to every rank
+    except KeyboardInterrupt:      # Ctrl-C before the training could stop itself
         _abort(comm, "interrupted", EXIT_INTERRUPTED)
     except BaseException:
         traceback.print_exc()
@@ -357,7 +363,8 @@ class SchedulerThread:
 # --- worker ranks ------------------------------------------------------------------------
 
 def _worker(comm: Any, rank: int, head: int) -> int:
-    go = _bcast(comm, None, head)
+    ignore_stop_signals()            # mpiexec forwards Ctrl-C, SIGTERM and SIGUSR1 to every
+    go = _bcast(comm, None, head)    # rank: the head stops the run and closes the workers
     if isinstance(go, _Stop):
         return go.code
     index = local_worker_index(comm, is_worker=True)

@@ -25,12 +25,13 @@ from dask.task_spec import TaskRef
 from distributed import Client, Future, wait
 
 from dtrain.core import keys
-from dtrain.core.errors import UserError
+from dtrain.core.errors import Stopped, UserError
 from dtrain.data.prepare import clear_cache
 from dtrain.data.shards import load_part, load_shard, minibatch
 from dtrain.deploy import tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors
+from dtrain.deploy.signals import WorkersIgnoreInterrupts
 from dtrain.deploy.workers import wait_for_workers, worker_addresses, workers
 from dtrain.core.arrays import gpu_problem
 from dtrain.maths.optim import TrainState, update
@@ -89,20 +90,39 @@ class Outcome:
     seconds: float
     setup_seconds: float
     steps: int                                                  # steps run by this engine
+    samples: int                                                # samples they trained
     compute: dict[str, float] = field(default_factory=dict)    # see observe.metrics.StepTimer
     worker_rss: dict[str, float] = field(default_factory=dict)
     comm: dict[str, int] = field(default_factory=dict)         # bytes between workers
     split: dict[str, dict[str, Any]] = field(default_factory=dict)   # work per worker
 
 
-def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float) -> dict[str, Any]:
-    epoch = ev["epoch"]
+def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float, first: int) -> dict[str, Any]:
+    """An epoch's ``metrics.jsonl`` row; its throughput counts the samples of this epoch's
+    steps from ``first`` on (a resumed run trained only those here)."""
+    epoch, per = ev["epoch"], plan.schedule.steps_per_epoch
+    samples = plan.schedule.samples(max(first, (epoch - 1) * per), epoch * per)
     return {"epoch": epoch, "train_loss": ev.get("train_loss"),
             "train_accuracy": ev.get("train_accuracy"),
             "val_loss": ev["loss"] if plan.info.val else None,
             "val_accuracy": ev["accuracy"] if plan.info.val else None,
-            "seconds": seconds, "samples_per_second": plan.train_samples / seconds if seconds else None,
-            "lr": plan.schedule.rates[epoch - 1], "steps": plan.schedule.steps_per_epoch}
+            "seconds": seconds, "samples_per_second": samples / seconds if seconds else None,
+            "lr": plan.schedule.rates[epoch - 1], "steps": per}
+
+
+class Stop:
+    """What asks a run to stop at its next step boundary: :attr:`requested` names the signal
+    (see :class:`dtrain.deploy.signals.StopSignals`); None: carry on."""
+
+    requested: str | None = None
+
+
+def _stop_here(stop: Stop, plan: Plan, step: int, checkpoints: Checkpoints) -> None:
+    """After the checkpoint of ``step``: raise :class:`Stopped` if a stop was asked for and
+    steps remain."""
+    if stop.requested and step < len(plan.schedule):
+        raise Stopped(stop.requested, step, len(plan.schedule),
+                      step if checkpoints.run_dir is not None else None, checkpoints.run_dir)
 
 
 WINDOW_SECONDS = 1.0              # graph.window = 0: windows of about this long ...
@@ -146,7 +166,8 @@ class SerialEngine:
     def __init__(self, plan: Plan):
         self.plan = plan
 
-    def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints) -> Outcome:
+    def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
+            stop: Stop = Stop()) -> Outcome:
         p, cfg = self.plan, self.plan.config
         t0 = time.perf_counter()
         shards = [load_shard(src) for src in p.sources]
@@ -167,18 +188,20 @@ class SerialEngine:
                 if step.last:
                     now = time.perf_counter()
                     row = _epoch_row(p, evaluate(Evaluate(p.net, step.epoch), state, val),
-                                     now - last)
+                                     now - last, start.step)
                     last = now
                     rows.append(row)
                     recorder.epoch(row)
             checkpoints.save(Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch,
                                         state))
+            _stop_here(stop, p, window.stop, checkpoints)
         seconds = time.perf_counter() - began
         result = evaluate(Evaluate(p.net, -1), state, test) if p.info.test else None
         compute = {"forward_backward_seconds": fb, "reduce_seconds": 0.0, "update_seconds": upd,
                    "critical_seconds": fb + upd}
         return Outcome(rows, state, result, 0, seconds, began - t0,
-                       len(p.schedule) - start.step, compute)
+                       len(p.schedule) - start.step,
+                       p.schedule.samples(start.step, len(p.schedule)), compute)
 
 
 class DaskEngine:
@@ -195,6 +218,7 @@ class DaskEngine:
         self.plan, self.client = plan, client
         self.run_id = plan.run
         client.register_plugin(QuietUserErrors())
+        client.register_plugin(WorkersIgnoreInterrupts())
         client.register_plugin(metrics.StepTimer())
         client.register_plugin(metrics.TransferCounter())
         self.low_latency = plan.config.cluster.low_latency and tuning.low_latency(client)
@@ -318,9 +342,10 @@ class DaskEngine:
                 "samples_per_second": round(self.speed[a], 1) if a in self.speed else None}
         return out
 
-    def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints) -> Outcome:
+    def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
+            stop: Stop = Stop()) -> Outcome:
         try:
-            return self._run(start, recorder, checkpoints)
+            return self._run(start, recorder, checkpoints, stop)
         except BaseException:
             # a failed run leaves nothing behind on the workers: drop what it holds now, not
             # when the traceback (which references these futures) is finally collected
@@ -329,7 +354,8 @@ class DaskEngine:
             self.items.clear()
             raise
 
-    def _run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints) -> Outcome:
+    def _run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
+             stop: Stop) -> Outcome:
         p = self.plan
         t0 = time.perf_counter()
         placement = self.place()
@@ -356,14 +382,18 @@ class DaskEngine:
             self.live = futures + [f for _, f in pending]
             for epoch, fut in zip(win.evals, evals):
                 fut.add_done_callback(lambda f, e=epoch: arrived.setdefault(e, time.perf_counter()))
-            self._drain(pending, rows, arrived, began, recorder)
+            self._drain(pending, rows, arrived, began, recorder, start.step)
             if done is not None:
                 checkpoints.save(done)      # its epochs are recorded: safe to resume from
             pending = list(zip(win.evals, evals))
             state = win.join(self.client.gather(ends))   # the one wait per window
             done = Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch, state)
             del ends
-        self._drain(pending, rows, arrived, began, recorder)
+            if stop.requested and window.stop < len(p.schedule):   # no window is in flight
+                self._drain(pending, rows, arrived, began, recorder, start.step)
+                checkpoints.save(done)
+                _stop_here(stop, p, window.stop, checkpoints)
+        self._drain(pending, rows, arrived, began, recorder, start.step)
         if done is not None:
             checkpoints.save(done)
         seconds = time.perf_counter() - began
@@ -376,16 +406,17 @@ class DaskEngine:
         moved = metrics.transfers(self.client, self.run_id)
         return Outcome(rows, state, result, len(worker_addresses(self.client)), seconds,
                        began - t0, len(p.schedule) - start.step,
+                       p.schedule.samples(start.step, len(p.schedule)),
                        metrics.task_times(self.client, self.run_id) or {},
                        metrics.worker_peak_rss_mb(self.client),
                        {"predicted": self.predicted_bytes, "measured": moved["bytes"],
                         "transfers": moved["transfers"]}, self.split())
 
-    def _drain(self, pending, rows, arrived, began, recorder: Recorder) -> None:
+    def _drain(self, pending, rows, arrived, began, recorder: Recorder, first: int) -> None:
         """Turn finished evaluations into epoch rows, in epoch order."""
         for epoch, fut in pending:
             ev = fut.result()
             end = arrived.get(epoch) or time.perf_counter()
-            row = _epoch_row(self.plan, ev, end - arrived.get(epoch - 1, began))
+            row = _epoch_row(self.plan, ev, end - arrived.get(epoch - 1, began), first)
             rows.append(row)
             recorder.epoch(row)

@@ -49,6 +49,16 @@ class Schedule:
     def __len__(self) -> int:
         return self.steps_per_epoch * self.epochs
 
+    def samples(self, first: int, stop: int) -> int:
+        """Training samples in steps ``first`` to ``stop - 1``."""
+        per_step = (self.bounds[1:] - self.bounds[:-1]).sum(axis=1)          # (steps,)
+        per_epoch = int(per_step.sum())
+
+        def before(t: int) -> int:                  # samples in steps 0 .. t - 1
+            epochs, into = divmod(t, self.steps_per_epoch)
+            return epochs * per_epoch + int(per_step[:into].sum())
+        return before(stop) - before(first)
+
     def __getitem__(self, index: int) -> Step:
         if not 0 <= index < len(self):
             raise IndexError(index)

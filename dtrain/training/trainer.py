@@ -18,8 +18,9 @@ import numpy as np
 from distributed import Client
 
 from dtrain.core.config import Config
-from dtrain.core.errors import Diverged, UserError
+from dtrain.core.errors import Diverged, Stopped, UserError
 from dtrain.deploy.connect import connect
+from dtrain.deploy.signals import StopSignals
 from dtrain.observe.console import Echo
 from dtrain.observe.metrics import peak_rss_mb
 from dtrain.observe.recorder import Recorder
@@ -142,11 +143,15 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
         recorder.start(the_plan.run, the_plan.schedule.steps_per_epoch, the_plan.train_samples)
         keep = Checkpoints(recorder.path, the_plan.config, recorder.checkpointed)
         try:
-            with _engine(the_plan, client, recorder) as engine:
-                outcome = engine.run(start, recorder, keep)
+            with StopSignals() as signals, _engine(the_plan, client, recorder) as engine:
+                outcome = engine.run(start, recorder, keep, signals)
         except Diverged as exc:
             exc.note = recorder.checkpoint_note()
             raise
+        except KeyboardInterrupt:           # a second Ctrl-C: at once, from wherever it was
+            saved = recorder.saved[0] if recorder.saved else None
+            raise Stopped("SIGINT", None, len(the_plan.schedule), saved, recorder.path) \
+                from None
         params = the_plan.net.named(the_plan.opt.params(outcome.state))
         summary = _summary(the_plan, outcome)
         recorder.finish(params, summary)
@@ -196,7 +201,7 @@ def _summary(plan: Plan, outcome: Outcome) -> dict[str, Any]:
         "test_samples": plan.info.test,
         "seconds": outcome.seconds,
         "setup_seconds": outcome.setup_seconds,
-        "samples_per_second": plan.train_samples * cfg.train.epochs / outcome.seconds
+        "samples_per_second": outcome.samples / outcome.seconds
         if outcome.seconds else None,
         "final_train_loss": last.get("train_loss"),
         "final_train_accuracy": last.get("train_accuracy"),
