@@ -65,7 +65,7 @@ def test_the_package_is_its_parts():
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert loose == ["__init__.py", "__main__.py"]
     assert set(PARTS) == {"core", "maths", "data", "taskgraph", "deploy", "observe", "training",
-                          "cli"}
+                          "inference", "estimators", "cli"}
     for part in PARTS:
         assert _allowed(part) <= set(PARTS), part
     import tomllib

@@ -75,13 +75,17 @@ def free(default: Any, doc: str = "") -> Any:
 
 # --- the schema ---------------------------------------------------------------------
 
-DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "synthetic")
+DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "parquet", "synthetic")
 
 
 @dataclass(frozen=True)
 class DataConfig:
     dataset: str = choice("iris", *DATASETS)
-    path: str = free("", "directory (mnist, image-folder) or file (csv)")
+    path: str = free("", "directory (mnist, image-folder), or a file or glob of files (csv, "
+                     "parquet: e.g. /data/part-*.parquet)")
+    label: str = free("", "csv, parquet: the label column's name ('': the last column)")
+    delimiter: str = _opt("", "'' (detect) or one character, e.g. ';'",
+                          lambda v: len(v) <= 1, "csv: the field separator")
     split: tuple[float, ...] = _opt(
         (0.8, 0.1, 0.1), "three fractions (train, validation, test) >= 0 summing to 1",
         lambda v: len(v) == 3 and min(v) >= 0 and v[0] > 0 and abs(sum(v) - 1) < 1e-9)
@@ -129,6 +133,16 @@ class OptimConfig:
 class TrainConfig:
     epochs: int = at_least(10, 1)
     batch_size: int = at_least(16, 1, "global minibatch; >= training samples is full batch")
+    patience: int = at_least(0, 0, "stop after this many epochs without an improvement of the "
+                             "monitored loss by at least min_delta (0: never stop early)")
+    min_delta: float = at_least(0.0, 0.0, "the least decrease of the monitored loss that "
+                                "counts as an improvement")
+    monitor: str = choice("val_loss", "val_loss", "train_loss",
+                          doc="the loss early stopping and keep_best watch")
+    keep_best: bool = free(False, "params.npz holds the parameters of the epoch with the best "
+                           "monitored loss, not the last epoch's")
+    max_loss: float = positive(1e6, "a step whose mean per-sample training loss exceeds this "
+                               "has diverged, as a NaN or infinite loss has")
 
 
 @dataclass(frozen=True)
@@ -169,7 +183,10 @@ class ClusterConfig:
     device: str = choice("cpu", "cpu", "gpu", "auto",
                          doc="gpu: every shard on a GPU; auto: GPUs where workers have them")
     low_latency: bool = free(True, "send Dask's control messages without batching delays")
-    timeout: float = positive(20.0, "seconds to wait for a scheduler and its workers")
+    timeout: float = positive(10.0, "seconds to wait for a scheduler and its workers")
+    layout: str = choice("hybrid", "hybrid", "flat",
+                         doc="hybrid: one worker process per machine (MPI: per node) with a "
+                         "thread per core; flat: a single-thread worker process per core")
     kind: str = choice("local", "local", "slurm", "pbs",
                        doc="who starts the workers: a LocalCluster, or dask-jobqueue batch jobs")
     tls: str = choice("auto", "auto", "on", "off",

@@ -20,6 +20,7 @@ CONFIG = "config.toml"          # the resolved config, written first
 METRICS = "metrics.jsonl"       # one line per epoch, appended as epochs finish
 CHECKPOINT = "checkpoint.npz"   # while the run goes: the state at the last window edge
 PARAMS = "params.npz"           # the final (or best) parameters
+MODEL = "model.json"            # what applying them needs: sizes, normalization, class labels
 TIMELINE = "timeline.json"      # a Dask run's task records
 REPORT = "report.html"          # the standalone report
 SUMMARY = "summary.json"        # written last, only on success: the mark of a finished run

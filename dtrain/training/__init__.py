@@ -8,5 +8,6 @@ Dask task graphs (:mod:`~dtrain.training.engines`); checkpoints and resuming
 config would run (:mod:`~dtrain.training.pictures`).
 
 May import: :mod:`dtrain.core`, :mod:`dtrain.maths`, :mod:`dtrain.data`,
-:mod:`dtrain.taskgraph`, :mod:`dtrain.deploy`, :mod:`dtrain.observe`.
+:mod:`dtrain.taskgraph`, :mod:`dtrain.deploy`, :mod:`dtrain.observe`,
+:mod:`dtrain.inference`.
 """

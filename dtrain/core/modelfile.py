@@ -1,0 +1,185 @@
+"""The saved model: ``model.json`` beside ``params.npz`` makes a run directory a model.
+
+Everything needed to apply a trained network to raw inputs, in one
+documented, versioned JSON file (``FORMAT``, ``VERSION``)::
+
+    {
+      "format": "dtrain-model",
+      "version": 1,
+      "network": {"layers": [4, 16, 3], "activation": "tanh", "loss": "cross-entropy",
+                  "output": "softmax", "dtype": "float64"},
+      "features": {"count": 4, "names": ["sepal length (cm)", ...]},   # names may be null
+      "normalization": {"kind": "standardize", "shift": [...], "scale": [...]},
+      "classes": ["setosa", "versicolor", "virginica"],
+      "training": {"dataset": "iris", "epochs": 40, "best_epoch": 37, ...}
+    }
+
+``normalization`` is the one fitted on the training split: an input row ``x``
+becomes ``(x - shift) / scale`` in float64, then ``dtype`` (``kind`` "none":
+no shift, no scale).  Floats are written as Python's shortest repr, which
+reads back to the same bits.  ``classes`` are the labels as the data named
+them (strings or integers), in the order of the network's outputs.  The
+parameters stay in ``params.npz`` (``W1``, ``b1``, ... with ``W`` as
+``(outputs, inputs)``).  This module owns the format; the recorder writes it,
+:mod:`dtrain.inference` reads it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dtrain.core import files
+from dtrain.core.errors import UserError
+
+FORMAT = "dtrain-model"
+VERSION = 1
+OUTPUTS = {"cross-entropy": "softmax", "mse": "sigmoid"}   # the loss decides the output layer
+Label = str | int
+
+
+class ModelFileError(UserError):
+    """A run directory that is not a usable model: missing, corrupt or of another version."""
+
+
+@dataclass(frozen=True, eq=False)
+class Normalization:
+    """How raw features become network inputs: ``(x - shift) / scale``.
+
+    ``kind`` is ``"standardize"`` (mean, standard deviation), ``"minmax"``
+    (minimum, range) or ``"none"`` (``shift`` and ``scale`` None).  A
+    constant feature's scale is 1.
+    """
+
+    kind: str = "none"
+    shift: np.ndarray | None = None     # (D,) float64
+    scale: np.ndarray | None = None     # (D,) float64
+
+    def apply(self, x: np.ndarray, dtype: str | np.dtype = np.float64) -> np.ndarray:
+        """Raw rows ``x`` (B, D) as the network saw them in training, as ``dtype``."""
+        x = np.asarray(x, dtype=np.float64)
+        if self.shift is not None:
+            x = (x - self.shift) / self.scale                  # (B, D)
+        return np.ascontiguousarray(x, dtype=dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind,
+                "shift": None if self.shift is None else [float(v) for v in self.shift],
+                "scale": None if self.scale is None else [float(v) for v in self.scale]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Normalization:
+        if d.get("kind", "none") == "none" or d.get("shift") is None:
+            return cls(d.get("kind", "none"))
+        return cls(d["kind"], np.asarray(d["shift"], dtype=np.float64),
+                   np.asarray(d["scale"], dtype=np.float64))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Normalization) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.to_dict()))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What ``model.json`` holds: the network's shape, its input pipeline and its labels."""
+
+    layers: tuple[int, ...]
+    activation: str
+    loss: str
+    dtype: str
+    normalization: Normalization
+    classes: tuple[Label, ...]
+    feature_names: tuple[str, ...] | None = None
+    training: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def features(self) -> int:
+        return self.layers[0]
+
+    @property
+    def output(self) -> str:
+        """``"softmax"`` (cross-entropy) or ``"sigmoid"`` (mse): what the outputs pass through."""
+        return OUTPUTS[self.loss]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION,
+                "network": {"layers": list(self.layers), "activation": self.activation,
+                            "loss": self.loss, "output": self.output, "dtype": self.dtype},
+                "features": {"count": self.features,
+                             "names": None if self.feature_names is None
+                             else list(self.feature_names)},
+                "normalization": self.normalization.to_dict(),
+                "classes": [_plain(c) for c in self.classes],
+                "training": self.training}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "model.json") -> ModelSpec:
+        """Read a ``model.json`` document; :class:`ModelFileError` names what is wrong."""
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ModelFileError(f"{where} is not a dtrain model file (no \"format\": "
+                                 f"\"{FORMAT}\")")
+        if d.get("version") != VERSION:
+            raise ModelFileError(f"{where} is model format version {d.get('version')}; this "
+                                 f"dtrain reads version {VERSION}: use the dtrain that wrote it")
+        try:
+            net, feats = d["network"], d["features"]
+            spec = cls(tuple(int(n) for n in net["layers"]), str(net["activation"]),
+                       str(net["loss"]), str(net["dtype"]),
+                       Normalization.from_dict(d["normalization"]),
+                       tuple(d["classes"]),
+                       None if feats.get("names") is None else tuple(map(str, feats["names"])),
+                       dict(d.get("training") or {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelFileError(f"{where} is incomplete or malformed ({type(exc).__name__}: "
+                                 f"{exc}); it was not written by dtrain, or was edited") from None
+        _check(spec, where)
+        return spec
+
+    @classmethod
+    def read(cls, run_dir: str | Path) -> ModelSpec:
+        path = Path(run_dir) / files.MODEL
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ModelFileError(f"{run_dir} has no {files.MODEL}") from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ModelFileError(f"{path} is not valid JSON ({exc}); the file is damaged") \
+                from None
+        return cls.from_dict(doc, str(path))
+
+
+def _plain(label: Any) -> Label:
+    """A label as JSON keeps it: NumPy integers become ints, anything else its text."""
+    if isinstance(label, (bool, np.bool_)):
+        return str(label)
+    if isinstance(label, (int, np.integer)):
+        return int(label)
+    return str(label)
+
+
+def _check(spec: ModelSpec, where: str) -> None:
+    if len(spec.layers) < 2 or min(spec.layers) < 1:
+        raise ModelFileError(f"{where}: network.layers = {list(spec.layers)} is not a network")
+    if spec.loss not in OUTPUTS or spec.dtype not in ("float32", "float64"):
+        raise ModelFileError(f"{where}: unknown loss {spec.loss!r} or dtype {spec.dtype!r}")
+    if len(spec.classes) != spec.layers[-1]:
+        raise ModelFileError(f"{where}: {len(spec.classes)} classes for "
+                             f"{spec.layers[-1]} outputs")
+    norm = spec.normalization
+    if norm.shift is not None and (norm.shift.shape != (spec.features,)
+                                   or norm.scale is None or norm.scale.shape != (spec.features,)):
+        raise ModelFileError(f"{where}: normalization has {norm.shift.shape[0]} features, the "
+                             f"network {spec.features}")
+    if spec.feature_names is not None and len(spec.feature_names) != spec.features:
+        raise ModelFileError(f"{where}: {len(spec.feature_names)} feature names for "
+                             f"{spec.features} inputs")
