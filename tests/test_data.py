@@ -64,7 +64,7 @@ def test_split_sizes():
 
 def test_standardization_uses_training_statistics_only():
     cfg = DataConfig(dataset="iris", split=(0.6, 0.2, 0.2), seed=3)
-    parts = prepare.prepared(cfg)
+    parts, _ = prepare.prepared(cfg, None)
     xt = parts["train"][0]
     np.testing.assert_allclose(xt.mean(axis=0), 0, atol=1e-12)
     np.testing.assert_allclose(xt.std(axis=0), 1, atol=1e-12)
@@ -78,10 +78,10 @@ def test_standardization_uses_training_statistics_only():
 
 def test_minmax_and_seeded_split():
     cfg = DataConfig(dataset="digits", normalize="minmax", seed=1)
-    xt = prepare.prepared(cfg)["train"][0]
+    xt = prepare.prepared(cfg, None)[0]["train"][0]
     assert xt.min() == 0 and xt.max() == 1
-    a = prepare.prepared(DataConfig(dataset="digits", seed=1))["val"][1]
-    b = prepare.prepared(DataConfig(dataset="digits", seed=2))["val"][1]
+    a = prepare.prepared(DataConfig(dataset="digits", seed=1), None)[0]["val"][1]
+    b = prepare.prepared(DataConfig(dataset="digits", seed=2), None)[0]["val"][1]
     assert not (a == b).all()
 
 
@@ -111,7 +111,7 @@ def test_real_mnist(mnist_dir):
     cfg = load_config("configs/mnist.toml", [f"data.path={mnist_dir}"]).data
     info = prepare.describe(cfg)
     assert (info.features, info.classes, info.train + info.val + info.test) == (784, 10, 10000)
-    x, y = prepare.prepared(cfg)["test"]
+    x, y = prepare.prepared(cfg, None)[0]["test"]
     assert x.shape == (info.test, 784) and set(np.unique(y)) == set(range(10))
 
 
@@ -121,7 +121,7 @@ def test_mnist_resize_and_official_split(tmp_path):
     cfg = DataConfig(dataset="mnist", path=str(tmp_path), image_size=(14, 10), split=(0.8, 0.2, 0.0))
     info = prepare.describe(cfg)
     assert (info.features, info.train, info.val, info.test) == (140, 24, 6, 12)
-    assert prepare.prepared(cfg)["test"][0].shape == (12, 140)
+    assert prepare.prepared(cfg, None)[0]["test"][0].shape == (12, 140)
 
 
 @pytest.mark.parametrize("corrupt, message", [

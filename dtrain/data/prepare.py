@@ -14,11 +14,15 @@ from pathlib import Path
 import numpy as np
 
 from dtrain.core.config import DataConfig
-from dtrain.data.readers import idx_count, idx_files, image_classes, read_raw
+from dtrain.core.modelfile import Normalization
+from dtrain.data.readers import (DIGITS, DIGITS_NAMES, IRIS_LABELS, IRIS_NAMES, idx_count,
+                                 idx_files, image_classes, read_raw)
+
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """Sizes of a dataset after the split, before replication."""
+    """Sizes of a dataset after the split, before replication; its class ``labels`` as the
+    data names them and its features' ``names`` where it has them."""
 
     name: str
     features: int
@@ -26,6 +30,8 @@ class DatasetInfo:
     train: int
     val: int
     test: int
+    labels: tuple[str | int, ...] = ()
+    names: tuple[str, ...] | None = None
 
 
 def split_sizes(n: int, fractions: tuple[float, ...], has_test: bool) -> tuple[int, int, int]:
@@ -49,19 +55,30 @@ def describe(cfg: DataConfig) -> DatasetInfo:
         train, val, test = split_sizes(counts["train" if has_test else next(iter(counts))][0],
                                        cfg.split, has_test)
         return DatasetInfo("mnist", h * w, 10, train, val,
-                           counts["t10k"][0] if has_test else test)
+                           counts["t10k"][0] if has_test else test, DIGITS)
     if cfg.dataset == "synthetic":
         return DatasetInfo("synthetic", cfg.features, cfg.classes,
-                           *split_sizes(cfg.samples, cfg.split, False))
+                           *split_sizes(cfg.samples, cfg.split, False),
+                           tuple(range(cfg.classes)))
     if cfg.dataset == "image-folder":
         classes = image_classes(Path(cfg.path))
         n = sum(len(files) for _, files in classes)
         h, w = cfg.image_size
         return DatasetInfo(Path(cfg.path).name, h * w * (1 if cfg.grayscale else 3),
-                           len(classes), *split_sizes(n, cfg.split, False))
+                           len(classes), *split_sizes(n, cfg.split, False),
+                           tuple(name for name, _ in classes))
+    if cfg.dataset in BUNDLED:
+        size, features, labels, names = BUNDLED[cfg.dataset]
+        return DatasetInfo(cfg.dataset, features, len(labels),
+                           *split_sizes(size, cfg.split, False), labels, names)
     raw = read_raw(cfg)
-    return DatasetInfo(cfg.dataset if cfg.dataset != "csv" else Path(cfg.path).name,
-                       raw.x.shape[1], raw.classes, *split_sizes(len(raw.y), cfg.split, False))
+    return DatasetInfo(Path(cfg.path).name, raw.x.shape[1], raw.classes,
+                       *split_sizes(len(raw.y), cfg.split, False), raw.labels, raw.names)
+
+
+# the datasets scikit-learn ships: rows, features, labels, feature names (no need to read them)
+BUNDLED = {"iris": (150, 4, IRIS_LABELS, IRIS_NAMES),
+           "digits": (1797, 64, DIGITS, DIGITS_NAMES)}
 
 
 def split_indices(cfg: DataConfig, n: int, has_test: bool) -> list[np.ndarray]:
@@ -72,22 +89,39 @@ def split_indices(cfg: DataConfig, n: int, has_test: bool) -> list[np.ndarray]:
     return [order[:train], order[train:train + val], order[train + val:]]
 
 
-@functools.lru_cache(maxsize=1)
-def prepared(cfg: DataConfig) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{"train"|"val"|"test": (x, y)}``, normalized with training-split statistics."""
+def fit_normalization(x: np.ndarray, kind: str) -> Normalization:
+    """The normalization of ``kind`` fitted on the training rows ``x`` (N, D): mean and
+    standard deviation, or minimum and range; a constant feature (MNIST's borders) gets
+    scale 1 and stays put."""
+    if kind == "standardize":
+        shift, scale = x.mean(axis=0), x.std(axis=0)                      # (D,), (D,)
+    elif kind == "minmax":
+        shift, scale = x.min(axis=0), x.max(axis=0) - x.min(axis=0)
+    else:
+        return Normalization("none")
+    return Normalization(kind, shift, np.where(scale > 0, scale, 1.0))
+
+
+@functools.lru_cache(maxsize=2)
+def prepared(cfg: DataConfig, norm: Normalization | None = None
+             ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], Normalization]:
+    """``{"train"|"val"|"test": (x, y)}`` normalized with training-split statistics (or with
+    ``norm``, a model's own), and the normalization used."""
     raw = read_raw(cfg)
     train, val, test = split_indices(cfg, len(raw.y), raw.test is not None)
     parts = {"train": (raw.x[train], raw.y[train]), "val": (raw.x[val], raw.y[val]),
              "test": raw.test if raw.test is not None else (raw.x[test], raw.y[test])}
-    xt = parts["train"][0]
-    if cfg.normalize == "standardize":
-        shift, scale = xt.mean(axis=0), xt.std(axis=0)
-    elif cfg.normalize == "minmax":
-        shift, scale = xt.min(axis=0), xt.max(axis=0) - xt.min(axis=0)
-    else:
-        return parts
-    scale = np.where(scale > 0, scale, 1.0)  # constant features (MNIST borders) stay put
-    return {k: ((x - shift) / scale, y) for k, (x, y) in parts.items()}
+    if norm is None:
+        norm = fit_normalization(parts["train"][0], cfg.normalize)
+    if norm.shift is None:
+        return parts, norm
+    return {k: ((x - norm.shift) / norm.scale, y) for k, (x, y) in parts.items()}, norm
+
+
+def normalization(cfg: DataConfig, norm: Normalization | None = None) -> Normalization:
+    """The normalization a run on ``cfg`` trains with: ``norm`` if given, else fitted on the
+    training split (a task on a worker, where the data is read anyway)."""
+    return norm if norm is not None else prepared(cfg, None)[1]
 
 
 def clear_cache() -> None:

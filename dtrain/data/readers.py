@@ -7,10 +7,8 @@ only (:func:`dtrain.data.prepare.describe`).
 """
 from __future__ import annotations
 
-import csv
 import functools
 import gzip
-import io
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ import numpy as np
 
 from dtrain.core.config import DataConfig
 from dtrain.core.errors import DataError
+from dtrain.data import tables
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm"}
 SYNTHETIC_BLOCK = 4096
@@ -26,12 +25,25 @@ SYNTHETIC_BLOCK = 4096
 
 @dataclass(frozen=True)
 class Raw:
-    """Samples as read: ``x`` (N, D) float64, ``y`` (N,) int64; ``test`` if the source ships one."""
+    """Samples as read: ``x`` (N, D) float64, ``y`` (N,) int64 indices into ``labels`` (the
+    classes as the data names them: strings or ints); ``names`` the features' names where
+    the data has them; ``test`` if the source ships one."""
 
     x: np.ndarray
     y: np.ndarray
-    classes: int
+    labels: tuple[str | int, ...]
     test: tuple[np.ndarray, np.ndarray] | None = None
+    names: tuple[str, ...] | None = None
+
+    @property
+    def classes(self) -> int:
+        return len(self.labels)
+
+
+DIGITS = tuple(range(10))
+IRIS_NAMES = ("sepal length (cm)", "sepal width (cm)", "petal length (cm)", "petal width (cm)")
+IRIS_LABELS = ("setosa", "versicolor", "virginica")
+DIGITS_NAMES = tuple(f"pixel_{r}_{c}" for r in range(8) for c in range(8))
 
 
 # --- readers -------------------------------------------------------------------------
@@ -124,9 +136,9 @@ def _read_mnist(cfg: DataConfig) -> Raw:
     size = tuple(cfg.image_size)
     if len(pairs) == 2:  # the official split: train for training, t10k for testing
         x, y = _mnist_pair(*pairs["train"], size)
-        return Raw(x, y, 10, _mnist_pair(*pairs["t10k"], size))
+        return Raw(x, y, DIGITS, _mnist_pair(*pairs["t10k"], size))
     x, y = _mnist_pair(*next(iter(pairs.values())), size)
-    return Raw(x, y, 10)
+    return Raw(x, y, DIGITS)
 
 
 def image_classes(directory: Path) -> list[tuple[str, list[Path]]]:
@@ -147,7 +159,8 @@ def _read_image_folder(cfg: DataConfig) -> Raw:
     from PIL import Image, UnidentifiedImageError
     h, w = cfg.image_size
     xs, ys = [], []
-    for label, (_, files) in enumerate(image_classes(Path(cfg.path))):
+    classes = image_classes(Path(cfg.path))
+    for label, (_, files) in enumerate(classes):
         for path in files:
             try:
                 with Image.open(path) as im:
@@ -156,44 +169,52 @@ def _read_image_folder(cfg: DataConfig) -> Raw:
             except (UnidentifiedImageError, OSError, ValueError) as exc:
                 raise DataError(f"cannot read image {path}: {exc}; remove or replace it") from None
             ys.append(label)
-    return Raw(np.stack(xs), np.array(ys, dtype=np.int64), label + 1)
+    return Raw(np.stack(xs), np.array(ys, dtype=np.int64), tuple(name for name, _ in classes))
 
 
 def _read_csv(cfg: DataConfig) -> Raw:
+    """A CSV file: one sample per row, the label in ``data.label``'s column (the last if
+    empty), the separator and a header row found by :func:`dtrain.data.tables.sniff`."""
     path = Path(cfg.path)
-    if not path.is_file():
-        raise DataError(f"CSV file {path} not found; set data.path to a CSV file whose last "
-                        f"column is the class label")
-    text = _read_bytes(path).decode("utf-8", errors="replace")
-    rows = [r for r in csv.reader(io.StringIO(text)) if r]
-
-    def numeric(row):
-        try:
-            [float(v) for v in row[:-1]]
-            return True
-        except ValueError:
-            return False
-
-    if rows and not numeric(rows[0]):
-        rows = rows[1:]  # a header line
-    if not rows:
-        raise DataError(f"CSV file {path} has no data rows")
-    width = len(rows[0])
-    for n, row in enumerate(rows, start=1):
-        if len(row) != width or not numeric(row):
-            raise DataError(f"{path}: data row {n} has {len(row)} fields or a non-number; "
-                            f"every row needs {width - 1} numbers and a label")
-    names = sorted({r[-1].strip() for r in rows}, key=lambda s: (len(s), s))
+    layout = tables.sniff(path, cfg.delimiter)
+    label = layout.column(cfg.label, path) if cfg.label else layout.width - 1
+    x, text = tables.read_table(path, layout, label)
+    names = sorted(set(text), key=lambda s: (len(s), s))
     index = {name: i for i, name in enumerate(names)}
-    x = np.array([[float(v) for v in r[:-1]] for r in rows])
-    return Raw(x, np.array([index[r[-1].strip()] for r in rows], dtype=np.int64), len(names))
+    features = None if layout.header is None else \
+        tuple(h for j, h in enumerate(layout.header) if j != label)
+    return Raw(x, np.array([index[t] for t in text], dtype=np.int64), label_values(names),
+               names=features)
+
+
+def label_values(names: list[str]) -> tuple[str | int, ...]:
+    """Class labels read as text, as the data means them: integers if every one is one."""
+    try:
+        return tuple(int(n) for n in names)
+    except ValueError:
+        return tuple(names)
+
+
+def _bundled_file(name: str) -> Path:
+    """scikit-learn's copy of a bundled dataset, found without importing scikit-learn (an
+    import of a second or more in every worker that loads iris)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise DataError(f"dataset '{name}' is read from scikit-learn's bundled copy, but "
+                        f"scikit-learn is not installed; pip install scikit-learn")
+    return Path(spec.origin).parent / "datasets" / "data" / name
 
 
 def _read_bundled(cfg: DataConfig) -> Raw:
-    from sklearn import datasets
-    loader = {"iris": datasets.load_iris, "digits": datasets.load_digits}[cfg.dataset]
-    x, y = loader(return_X_y=True)
-    return Raw(x.astype(np.float64), y.astype(np.int64), int(y.max()) + 1)
+    """iris and digits, from the files scikit-learn ships (its loaders read the same)."""
+    if cfg.dataset == "iris":
+        table = np.loadtxt(_bundled_file("iris.csv"), delimiter=",", skiprows=1)  # (150, 5)
+        return Raw(table[:, :-1], table[:, -1].astype(np.int64), IRIS_LABELS,
+                   names=IRIS_NAMES)
+    table = np.loadtxt(_bundled_file("digits.csv.gz"), delimiter=",")           # (1797, 65)
+    return Raw(table[:, :-1], table[:, -1].astype(np.int64), DIGITS, names=DIGITS_NAMES)
 
 
 def synthetic_rows(cfg: DataConfig, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -223,7 +244,7 @@ def read_raw(cfg: DataConfig) -> Raw:
     if cfg.dataset == "csv":
         return _read_csv(cfg)
     x, y = synthetic_rows(cfg, np.arange(cfg.samples))
-    return Raw(x, y, cfg.classes)
+    return Raw(x, y, tuple(range(cfg.classes)))
 
 
 # --- split, describe, normalize ---------------------------------------------------------

@@ -19,6 +19,7 @@ from dask.sizeof import sizeof
 
 from dtrain.core.arrays import align_on_unpickle, on_device
 from dtrain.core.config import DataConfig
+from dtrain.core.modelfile import Normalization
 from dtrain.core.errors import DataError
 from dtrain.data.prepare import prepared
 from dtrain.data.readers import synthetic_rows
@@ -65,11 +66,12 @@ def shard_ranges(n_train: int, replicate: int, shards: int) -> list[tuple[int, i
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _training_rows(cfg: DataConfig, start: int, stop: int, n_train: int):
+def _training_rows(cfg: DataConfig, start: int, stop: int, n_train: int,
+                   norm: Normalization | None):
     base = np.arange(start, stop) % n_train  # replication repeats the training split
-    if cfg.dataset == "synthetic" and cfg.normalize == "none":
+    if cfg.dataset == "synthetic" and cfg.normalize == "none" and norm is None:
         return synthetic_rows(cfg, base)  # generate only these rows
-    x, y = prepared(cfg)["train"]
+    x, y = prepared(cfg, norm)[0]["train"]
     return x[base], y[base]
 
 
@@ -77,7 +79,8 @@ def _training_rows(cfg: DataConfig, start: int, stop: int, n_train: int):
 class ShardSource:
     """Where shard ``index`` comes from: rows ``start:stop`` of the replicated training set
     (``n_train`` rows before replication), as ``dtype``, in GPU memory if ``gpu`` (and the
-    worker has a usable GPU).  The loading task's record."""
+    worker has a usable GPU), normalized with ``norm`` (None: fitted on the training split).
+    The loading task's record."""
 
     data: DataConfig
     index: int
@@ -86,17 +89,19 @@ class ShardSource:
     n_train: int
     dtype: str
     gpu: bool = False
+    norm: Normalization | None = None
 
 
-def sources(cfg: DataConfig, ranges: Sequence[tuple[int, int]], n_train: int,
-            dtype: str) -> list[ShardSource]:
+def sources(cfg: DataConfig, ranges: Sequence[tuple[int, int]], n_train: int, dtype: str,
+            norm: Normalization | None = None) -> list[ShardSource]:
     """The loading records of shards cut at ``ranges``."""
-    return [ShardSource(cfg, i, a, b, n_train, dtype) for i, (a, b) in enumerate(ranges)]
+    return [ShardSource(cfg, i, a, b, n_train, dtype, norm=norm)
+            for i, (a, b) in enumerate(ranges)]
 
 
 def load_shard(src: ShardSource) -> Shard:
     """Loading task: build one shard on this worker."""
-    x, y = _training_rows(src.data, src.start, src.stop, src.n_train)
+    x, y = _training_rows(src.data, src.start, src.stop, src.n_train, src.norm)
     return Shard(src.index, on_device(np.ascontiguousarray(x, dtype=src.dtype), src.gpu),
                  on_device(y, src.gpu))
 
@@ -106,9 +111,10 @@ def load_shards(srcs: tuple[ShardSource, ...]) -> list[Shard]:
     return [load_shard(src) for src in srcs]
 
 
-def load_part(cfg: DataConfig, part: str, dtype: str, gpu: bool = False) -> Shard:
+def load_part(cfg: DataConfig, part: str, dtype: str, gpu: bool = False,
+              norm: Normalization | None = None) -> Shard:
     """Loading task: the ``"val"`` or ``"test"`` split as one shard."""
-    x, y = prepared(cfg)[part]
+    x, y = prepared(cfg, norm)[0][part]
     return Shard(-1, on_device(np.ascontiguousarray(x, dtype=dtype), gpu), on_device(y, gpu))
 
 

@@ -1,0 +1,137 @@
+"""Delimited text tables (CSV and friends): the separator and the header found, then read.
+
+One place decides how a text table is laid out, for training (the ``csv``
+dataset) and for predicting on raw files: :func:`sniff` looks at the first
+lines only (the separator among ``, ; tab |`` unless given, and whether the
+first row is a header), :func:`read_table` reads every row and says which
+line, which column and what is wrong when a row does not fit.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dtrain.core.errors import DataError
+
+CANDIDATES = ",;\t|"
+SAMPLE_BYTES = 1 << 16
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a table is written: its ``delimiter``, its ``header`` (column names, or None when
+    the first row is data) and its ``width`` (fields per row)."""
+
+    delimiter: str
+    header: tuple[str, ...] | None
+    width: int
+
+    def column(self, name: str, path: Path, what: str = "data.label") -> int:
+        """The index of the column called ``name``."""
+        if self.header is None:
+            raise DataError(f"{what} = {name!r} but {path} has no header row to name its "
+                            f"columns; add one, or leave {what} empty for the last column")
+        if name not in self.header:
+            raise DataError(f"{what} = {name!r} is not a column of {path}; its columns are "
+                            f"{', '.join(self.header)}")
+        return self.header.index(name)
+
+
+def _text(path: Path, limit: int | None = None) -> str:
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as f:
+            blob = f.read(limit) if limit else f.read()
+    except (OSError, EOFError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from None
+    return blob.decode("utf-8", errors="replace")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _rows(text: str, delimiter: str) -> list[list[str]]:
+    return [[f.strip() for f in r] for r in csv.reader(io.StringIO(text), delimiter=delimiter)
+            if any(f.strip() for f in r)]
+
+
+def _guess_delimiter(lines: list[str]) -> str:
+    """The candidate that splits every sample line into the same number (> 1) of fields, the
+    most fields winning; ``,`` if none does."""
+    best, fields = ",", 1
+    for d in CANDIDATES:
+        counts = {len(next(csv.reader([line], delimiter=d))) for line in lines}
+        if len(counts) == 1 and (n := counts.pop()) > fields:
+            best, fields = d, n
+    return best
+
+
+def sniff(path: str | Path, delimiter: str = "") -> Layout:
+    """The layout of the table at ``path``, from its first lines.
+
+    The first row is a header when one of its fields is not a number where the
+    second row has one (a label column of names is not a header's sign).
+    Raises :class:`~dtrain.core.errors.DataError` for a missing or empty file,
+    or one whose rows split into a single column.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"CSV file {path} not found; check data.path")
+    sample = _text(path, SAMPLE_BYTES)
+    lines = [line for line in sample.splitlines()[:-1 if len(sample) == SAMPLE_BYTES else None]
+             if line.strip()][:20]
+    if not lines:
+        raise DataError(f"CSV file {path} is empty")
+    sep = delimiter or _guess_delimiter(lines)
+    rows = _rows("\n".join(lines), sep)
+    width = len(rows[0])
+    if width < 2:
+        raise DataError(f"{path} parses to one column with delimiter {sep!r}: set "
+                        f"data.delimiter to the file's separator (e.g. --set 'data.delimiter=;')")
+    header = None
+    if len(rows) > 1 and any(not _is_number(a) and _is_number(b)
+                             for a, b in zip(rows[0], rows[1])):
+        header = tuple(rows[0])
+    return Layout(sep, header, width)
+
+
+def read_table(path: str | Path, layout: Layout, label: int | None
+               ) -> tuple[np.ndarray, list[str] | None]:
+    """Every data row: the features (N, D) as float64 and, if ``label`` (a column index, may
+    be negative) is given, that column's text.
+
+    Raises :class:`~dtrain.core.errors.DataError` naming the line and column of
+    the first row that has the wrong number of fields or a feature that is not
+    a number.
+    """
+    path = Path(path)
+    rows = _rows(_text(path), layout.delimiter)
+    first = 1 if layout.header is not None else 0
+    if len(rows) <= first:
+        raise DataError(f"CSV file {path} has no data rows")
+    keep = [j for j in range(layout.width) if label is None or j != label % layout.width]
+    x = np.empty((len(rows) - first, len(keep)))                       # (N, D)
+    for n, row in enumerate(rows[first:]):
+        line = n + first + 1
+        if len(row) != layout.width:
+            raise DataError(f"{path}: line {line} has {len(row)} fields, the first row "
+                            f"{layout.width} (delimiter {layout.delimiter!r}); fix or drop it")
+        try:
+            x[n] = [float(row[j]) for j in keep]
+        except ValueError:
+            j = next(j for j in keep if not _is_number(row[j]))
+            name = layout.header[j] if layout.header else f"{j + 1}"
+            raise DataError(f"{path}: line {line}, column {name}: {row[j]!r} is not a number; "
+                            f"every feature must be numeric") from None
+    labels = None if label is None else [row[label] for row in rows[first:]]
+    return x, labels
