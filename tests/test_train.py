@@ -96,8 +96,8 @@ def test_default_job_learns_iris(client, tmp_path):
     result = dtrain.train(dtrain.load_config(), client=client, out=tmp_path, echo=None)
     assert result.summary["test_accuracy"] >= 0.90
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["config.toml", "metrics.jsonl", "params.npz", "report.html", "summary.json",
-                     "timeline.json"]
+    assert files == ["checkpoint.npz", "config.toml", "metrics.jsonl", "model.json", "params.npz",
+                     "report.html", "summary.json", "timeline.json"]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == list(range(1, 41))
     for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "seconds",

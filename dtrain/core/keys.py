@@ -8,6 +8,7 @@ several runs share a cluster::
     update-<step>-<run>  (root)                update-<step>-<first shard>-<run>  (replicated)
     state-<step>-<run>   evaluate-<epoch>-<run>  evaluate-test-<run>
     load-shard-<i>-<gen>-<run>   load-val-<run>   load-test-<run>   local-sgd-<step>-<shard>-<run>
+    fit-normalization-<run>
     model-parallel: forward-<step>-<block>-<slice>-<run>, backward-..., input-grad-...,
     combine-<step>-<block>-<run>, back-combine-..., loss-<step>-<run>,
     reduce-<step>f<block>-... / reduce-<step>b<block>-... (forward / backward trees),
@@ -33,6 +34,7 @@ STATE = "state"
 EVALUATE = "evaluate"
 EVALUATE_TEST = "evaluate-test"
 LOAD_SHARD, LOAD_VAL, LOAD_TEST, LOAD_TRAIN = "load-shard", "load-val", "load-test", "load-train"
+NORMALIZATION = "fit-normalization"     # the training split's statistics, for model.json
 FORWARD, BACKWARD, INPUT_GRAD = "forward", "backward", "input-grad"
 COMBINE, BACK_COMBINE, LOSS = "combine", "back-combine", "loss"
 
@@ -55,11 +57,12 @@ COLORS: dict[str, str] = {
     LOAD_VAL: "#CC79A7",
     LOAD_TEST: "#CC79A7",
     LOAD_TRAIN: "#CC79A7",
+    NORMALIZATION: "#CC79A7",
     STATE: "#999999",               # grey: the literal state that starts a window
 }
 KINDS: tuple[str, ...] = tuple(COLORS)
 OTHER_COLOR = "#BBBBBB"
-NUMBERLESS = (LOAD_VAL, LOAD_TEST, EVALUATE_TEST)     # <kind>-<run>, no parts
+NUMBERLESS = (LOAD_VAL, LOAD_TEST, EVALUATE_TEST, NORMALIZATION)   # <kind>-<run>, no parts
 LEAVES = (FORWARD_BACKWARD, LOCAL_SGD)                 # the model's maths on a shard
 WORK = (FORWARD_BACKWARD, LOCAL_SGD, FORWARD, BACKWARD)   # the model's maths, any strategy
 

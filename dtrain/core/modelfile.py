@@ -26,6 +26,7 @@ parameters stay in ``params.npz`` (``W1``, ``b1``, ... with ``W`` as
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,11 @@ class ModelSpec:
                 "training": self.training}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1) + "\n"
+        """Indented JSON with each flat list on one line (784 means stay 784 numbers, not
+        784 lines)."""
+        text = json.dumps(self.to_dict(), indent=1)
+        return re.sub(r"\[\s+([^\[\]{}]*?)\s+\]",
+                      lambda m: "[" + re.sub(r",\s*\n\s*", ", ", m.group(1)) + "]", text) + "\n"
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "model.json") -> ModelSpec:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from dtrain.core.config import Config
+from dtrain.core.modelfile import ModelSpec
 from dtrain.observe import console
 from dtrain.observe.console import Console, Echo, summary_lines
 from dtrain.observe.feed import LiveFeed
@@ -133,9 +134,12 @@ class Recorder:
         step, path = self.saved
         return f"; the last good checkpoint (step {step}) is kept in {path}"
 
-    def finish(self, params: dict[str, np.ndarray], summary: dict[str, Any]) -> None:
+    def finish(self, params: dict[str, np.ndarray], summary: dict[str, Any],
+               model: ModelSpec | None = None, keep_checkpoint: bool = True) -> None:
+        """The run is done: its parameters, ``model.json`` and summary are written (the last
+        checkpoint is kept, for going on, if ``keep_checkpoint``)."""
         self.console.close()
         if self.run_dir is not None:
-            self.run_dir.finish(params, summary, self.timeline)
+            self.run_dir.finish(params, summary, self.timeline, model, keep_checkpoint)
         for line in summary_lines(summary):
             self.say(line)

@@ -1,10 +1,11 @@
 """A run directory's files, written in an order that never looks finished early.
 
 A run directory holds ``config.toml`` (written first), ``metrics.jsonl`` (one
-line per epoch, appended as epochs finish), and, only when the run succeeds,
-``params.npz``, ``timeline.json`` (the task records of a Dask run),
-``report.html`` and then ``summary.json``: a directory without
-``summary.json`` is not a finished run.  Files that must not be seen half
+line per epoch, appended as epochs finish), ``checkpoint.npz`` (the state at
+the last window edge), and, only when the run succeeds, ``params.npz``,
+``model.json`` (:mod:`dtrain.core.modelfile`), ``timeline.json`` (the task
+records of a Dask run), ``report.html`` and then ``summary.json``: a
+directory without ``summary.json`` is not a finished run.  Files that must not be seen half
 written go through a temporary file and a rename.  The names are
 :mod:`dtrain.core.files`'.
 """
@@ -19,6 +20,7 @@ import numpy as np
 
 from dtrain.core import files
 from dtrain.core.config import Config
+from dtrain.core.modelfile import ModelSpec
 from dtrain.observe import htmlreport
 
 
@@ -68,14 +70,19 @@ class RunDir:
             f.write(json.dumps(row) + "\n")
 
     def finish(self, params: dict[str, np.ndarray], summary: dict[str, Any],
-               timeline: dict[str, Any] | None = None) -> None:
-        """Write ``params.npz``, ``timeline.json``, ``report.html`` and then ``summary.json``,
-        the mark of a finished run; then drop the checkpoint, which it no longer needs."""
+               timeline: dict[str, Any] | None = None, model: ModelSpec | None = None,
+               keep_checkpoint: bool = True) -> None:
+        """Write ``params.npz``, ``model.json``, ``timeline.json``, ``report.html`` and then
+        ``summary.json``, the mark of a finished run.  The last checkpoint stays (``--resume
+        DIR --set train.epochs=M`` goes on from it) unless ``keep_checkpoint`` is False."""
         files.atomic_write(self.path / files.PARAMS, files.npz_bytes(**params))
+        if model is not None:
+            files.atomic_write(self.path / files.MODEL, model.to_json().encode())
         if timeline is not None:
             files.atomic_write(self.path / files.TIMELINE, json.dumps(timeline).encode())
         run = htmlreport.RunData.read(self.path, summary=summary, timeline=timeline)
         htmlreport.write([run], self.path / files.REPORT)
         files.atomic_write(self.path / files.SUMMARY,
                            (json.dumps(summary, indent=2) + "\n").encode())
-        (self.path / files.CHECKPOINT).unlink(missing_ok=True)
+        if not keep_checkpoint:
+            (self.path / files.CHECKPOINT).unlink(missing_ok=True)

@@ -254,7 +254,8 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
 def _evaluate(win: Window, epoch: int, state: str, val: TaskRef | None, placement: Placement,
               recipe: Recipe, run: str) -> None:
     win.evals[epoch] = win.add(Task(keys.make(keys.EVALUATE, epoch + 1, run=run), evaluate,
-                                    Evaluate(recipe.net, epoch), TaskRef(state), val),
+                                    Evaluate(recipe.net, epoch, recipe.keep_states),
+                                    TaskRef(state), val),
                                placement.root)
 
 

@@ -181,7 +181,7 @@ def evaluate_slices(task: EvaluateSlices, root: TrainState, part, *outs: SliceOu
     spec = task.spec
     parts = dict(zip(spec.slicing.index, (o.state for o in outs)))
     full = spec.slicing.join(root, parts, spec.opt.slots)
-    return evaluate(Evaluate(spec.net, task.epoch), full, part)
+    return evaluate(Evaluate(spec.net, task.epoch, task.keep), full, part)
 
 
 def _bias_slice(spec: Spec, j: int) -> slice:
@@ -241,7 +241,7 @@ class ModelParallel:
             if step.last:
                 win.evals[step.epoch] = win.add(Task(
                     keys.make(keys.EVALUATE, step.epoch + 1, run=run), evaluate_slices,
-                    EvaluateSlices(spec, step.epoch), TaskRef(root), val,
+                    EvaluateSlices(spec, step.epoch, self.recipe.keep_states), TaskRef(root), val,
                     *(TaskRef(prev[jm]) for jm in sl.index)), placement.root)
         win.ends = [root, *(prev[jm] for jm in sl.index)]
         slots = self.recipe.opt.slots

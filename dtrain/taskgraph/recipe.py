@@ -32,6 +32,7 @@ class Recipe:
     state_every: int = 1           # replicated: steps between the tasks keeping each state
     fuse_shards: bool = True       # a worker's reduce subtree in one leaf task (see tree)
     step_event_gap: float = 0.0    # step events: at most one per this many seconds per worker
+    keep_states: bool = False      # evaluations return their epoch's state (early stopping)
 
     def events(self, run: str) -> StepEvents:
         """Where the tasks of ``run`` send their step events."""

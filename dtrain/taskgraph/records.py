@@ -121,10 +121,12 @@ class Average:
 @dataclass(frozen=True)
 class Evaluate:
     """``evaluate-<epoch>`` (``evaluate-test``: ``epoch`` is -1): loss and accuracy on a
-    held-out shard.  Inputs: the state, the shard (None: no held-out data)."""
+    held-out shard.  Inputs: the state, the shard (None: no held-out data).  ``keep``: the
+    result carries the state too (early stopping and ``keep_best`` choose among epochs)."""
 
     net: Network
     epoch: int
+    keep: bool = False
 
 
 # --- model parallelism (:mod:`dtrain.taskgraph.modelparallel`) ------------------------------
@@ -215,3 +217,4 @@ class EvaluateSlices:
 
     spec: Spec
     epoch: int
+    keep: bool = False

@@ -79,7 +79,8 @@ class Strategy:
                       leaf_bytes=self.leaf_bytes(net, opt), fuse_update=g.fuse_update,
                       step_events=g.step_events, replicated=self.replicated(cfg),
                       state_every=g.state_every, fuse_shards=g.fuse_shards,
-                      step_event_gap=g.step_event_gap)
+                      step_event_gap=g.step_event_gap,
+                      keep_states=cfg.train.patience > 0 or cfg.train.keep_best)
 
     def builder(self, recipe: Recipe, cfg: Config,
                 sources: Sequence[ShardSource]) -> Builder | None:

@@ -195,6 +195,8 @@ def evaluate(task: Evaluate, state: TrainState, part: Shard | None) -> dict[str,
     if state.epoch_samples:
         out["train_loss"] = state.epoch_loss / state.epoch_samples
         out["train_accuracy"] = state.epoch_correct / state.epoch_samples
+    if task.keep:
+        out["state"] = state.with_vector(to_host(state.vector))
     return out
 
 

@@ -11,6 +11,7 @@ state, a resumed run ends with the same bytes as an uninterrupted one.
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +28,13 @@ FILE = files.CHECKPOINT
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Where a run stands after ``step`` steps."""
+    """Where a run stands after ``step`` steps; ``best``: the best epoch's state so far, kept
+    for ``train.keep_best`` (see :mod:`dtrain.training.stopping`)."""
 
     step: int
     epochs_done: int
     state: TrainState
+    best: TrainState | None = None
 
 
 def save(run_dir: Path, ckpt: Checkpoint, config: Config) -> None:
@@ -41,8 +44,9 @@ def save(run_dir: Path, ckpt: Checkpoint, config: Config) -> None:
             "epoch_loss": ckpt.state.epoch_loss, "epoch_samples": ckpt.state.epoch_samples,
             "epoch_correct": ckpt.state.epoch_correct,
             "config": config.to_dict()}
+    best = {} if ckpt.best is None else {"best": to_host(ckpt.best.vector)}
     files.atomic_write(run_dir / FILE, files.npz_bytes(
-        vector=to_host(ckpt.state.vector),
+        vector=to_host(ckpt.state.vector), **best,
         meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)))
 
 
@@ -54,12 +58,13 @@ def load(run_dir: Path) -> tuple[Checkpoint, dict] | None:
     try:
         with np.load(path) as f:
             vector, meta = f["vector"], json.loads(f["meta"].tobytes())
-    except (OSError, ValueError, KeyError) as exc:
+            best = TrainState(f["best"]) if "best" in f.files else None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
         raise UserError(f"cannot read checkpoint {path}: {exc}; delete it to restart the run "
                         f"from step 0") from None
     state = TrainState(vector, meta["epoch_loss"], meta["epoch_samples"],
                        meta.get("epoch_correct", 0))      # absent in older checkpoints
-    return Checkpoint(meta["step"], meta["epochs_done"], state), meta["config"]
+    return Checkpoint(meta["step"], meta["epochs_done"], state, best), meta["config"]
 
 
 def resumable(run_dir: Path, config: Config | None) -> Config:

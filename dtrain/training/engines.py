@@ -14,6 +14,7 @@ Both run the same :class:`~dtrain.training.plan.Schedule` from a
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -26,7 +27,8 @@ from distributed import Client, Future, wait
 
 from dtrain.core import keys
 from dtrain.core.errors import Stopped, UserError
-from dtrain.data.prepare import clear_cache
+from dtrain.core.modelfile import Normalization
+from dtrain.data.prepare import clear_cache, normalization
 from dtrain.data.shards import load_part, load_shard, minibatch
 from dtrain.deploy import tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
@@ -44,6 +46,7 @@ from dtrain.taskgraph.tasks import calibrate, evaluate
 from dtrain.taskgraph.window import Window
 from dtrain.training.checkpoint import Checkpoint, Checkpoints
 from dtrain.training.plan import Plan
+from dtrain.training.stopping import Watch
 
 INLINE_MAX_BYTES = 1 << 20    # states up to this size are reduced and updated in the event loop
 INLINE_MAX_FLOPS = TINY_FLOPS  # forward-backward tasks up to this are too
@@ -84,7 +87,9 @@ class Start:
 @dataclass
 class Outcome:
     metrics: list[dict[str, Any]]
-    state: TrainState
+    state: TrainState                                           # what params.npz is made of
+    last: TrainState                                            # the last step's (to go on)
+    normalization: Normalization
     test: dict[str, float] | None
     workers: int
     seconds: float
@@ -115,6 +120,12 @@ class Stop:
     (see :class:`dtrain.deploy.signals.StopSignals`); None: carry on."""
 
     requested: str | None = None
+
+
+def _chosen(watch: Watch, last: TrainState) -> TrainState:
+    """The state params.npz is made of: the best epoch's with ``keep_best`` (once there is
+    one), else the last one trained (the epoch where early stopping stopped)."""
+    return watch.best_state if watch.cfg.keep_best and watch.best_state is not None else last
 
 
 def _stop_here(stop: Stop, plan: Plan, step: int, checkpoints: Checkpoints) -> None:
@@ -167,15 +178,18 @@ class SerialEngine:
         self.plan = plan
 
     def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
-            stop: Stop = Stop()) -> Outcome:
+            stop: Stop = Stop(), watch: Watch | None = None) -> Outcome:
         p, cfg = self.plan, self.plan.config
+        watch = watch or Watch(cfg.train)
         t0 = time.perf_counter()
         shards = [load_shard(src) for src in p.sources]
-        val = load_part(cfg.data, "val", cfg.model.dtype)
-        test = load_part(cfg.data, "test", cfg.model.dtype)
+        val = load_part(cfg.data, "val", cfg.model.dtype, norm=p.norm)
+        test = load_part(cfg.data, "test", cfg.model.dtype, norm=p.norm)
+        norm = normalization(cfg.data, p.norm)
         state, rows = start.state, list(recorder.metrics)
         began = last = time.perf_counter()
         fb = upd = 0.0
+        done = start.step
         for window in windows(p, start.step):
             for t in window:
                 step = p.schedule[t]
@@ -184,7 +198,7 @@ class SerialEngine:
                 grad = p.net.loss_and_grad(p.opt.params(state), x, y)
                 t2 = time.perf_counter()
                 state = update(p.opt, step, True, state, grad)
-                fb, upd = fb + t2 - t1, upd + time.perf_counter() - t2
+                fb, upd, done = fb + t2 - t1, upd + time.perf_counter() - t2, t + 1
                 if step.last:
                     now = time.perf_counter()
                     row = _epoch_row(p, evaluate(Evaluate(p.net, step.epoch), state, val),
@@ -192,16 +206,20 @@ class SerialEngine:
                     last = now
                     rows.append(row)
                     recorder.epoch(row)
+                    if watch.see(row, state):
+                        break
+            if watch.stopped:
+                break
             checkpoints.save(Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch,
-                                        state))
+                                        state, watch.best_state))
             _stop_here(stop, p, window.stop, checkpoints)
         seconds = time.perf_counter() - began
-        result = evaluate(Evaluate(p.net, -1), state, test) if p.info.test else None
+        final = _chosen(watch, state)
+        result = evaluate(Evaluate(p.net, -1), final, test) if p.info.test else None
         compute = {"forward_backward_seconds": fb, "reduce_seconds": 0.0, "update_seconds": upd,
                    "critical_seconds": fb + upd}
-        return Outcome(rows, state, result, 0, seconds, began - t0,
-                       len(p.schedule) - start.step,
-                       p.schedule.samples(start.step, len(p.schedule)), compute)
+        return Outcome(rows, final, state, norm, result, 0, seconds, began - t0,
+                       done - start.step, p.schedule.samples(start.step, done), compute)
 
 
 class DaskEngine:
@@ -232,6 +250,7 @@ class DaskEngine:
         self.placement: Placement | None = None
         self.live: list[Future] = []                # the windows in flight
         self.parts: list[Future] = []               # validation and test shards
+        self.normalization = Normalization()        # the training split's, once loaded
 
     def _key(self, name: str, *parts: int | str) -> str:
         return keys.make(name, *parts, run=self.run_id)
@@ -299,15 +318,18 @@ class DaskEngine:
         """Validation and test shards, loaded where the updates run; surface data errors now."""
         p, cfg, c, root = self.plan, self.plan.config, self.client, placement.root
         parts = [c.submit(load_part, cfg.data, part, cfg.model.dtype, root in placement.gpus,
-                          key=self._key(f"load-{part}"), workers=[root],
+                          p.norm, key=self._key(f"load-{part}"), workers=[root],
                           allow_other_workers=True) if getattr(p.info, part) else None
                  for part in ("val", "test")]
         self.parts = [f for f in parts if f is not None]
-        loading = self.data + self.parts
+        norm = c.submit(normalization, cfg.data, p.norm, key=self._key(keys.NORMALIZATION),
+                        workers=[root], allow_other_workers=True)
+        loading = self.data + self.parts + [norm]
         wait(loading)
         for f in loading:
             if f.status == "error":
                 f.result()  # re-raises the worker's exception here
+        self.normalization = norm.result()
         c.run(clear_cache)  # the data is built; drop the workers' copies of the files
         return parts[0], parts[1]
 
@@ -343,9 +365,10 @@ class DaskEngine:
         return out
 
     def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
-            stop: Stop = Stop()) -> Outcome:
+            stop: Stop = Stop(), watch: Watch | None = None) -> Outcome:
         try:
-            return self._run(start, recorder, checkpoints, stop)
+            return self._run(start, recorder, checkpoints, stop,
+                             watch or Watch(self.plan.config.train))
         except BaseException:
             # a failed run leaves nothing behind on the workers: drop what it holds now, not
             # when the traceback (which references these futures) is finally collected
@@ -355,20 +378,17 @@ class DaskEngine:
             raise
 
     def _run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
-             stop: Stop) -> Outcome:
+             stop: Stop, watch: Watch) -> Outcome:
         p = self.plan
         t0 = time.perf_counter()
         placement = self.place()
         val, test = self.load_held_out(placement)
-        state, rows = start.state, list(recorder.metrics)
-        arrived: dict[int, float] = {}      # epoch -> when its evaluation arrived
-        began = time.perf_counter()
-        pending: list[tuple[int, Future]] = []
-        done: Checkpoint | None = None
+        book = _Book(self.plan, recorder, watch, start.step, list(recorder.metrics))
+        state, done = start.state, None
 
         def rate() -> float | None:                 # seconds per step so far
             steps = (done.step if done else start.step) - start.step
-            return (time.perf_counter() - began) / steps if steps else None
+            return (time.perf_counter() - book.began) / steps if steps else None
 
         for window in windows(p, start.step, rate):
             if window.start != start.step:
@@ -379,44 +399,82 @@ class DaskEngine:
             self.predicted_bytes += win.transfer_bytes(located)
             futures = self._submit(win)
             ends, evals = futures[:len(win.ends)], futures[len(win.ends):]
-            self.live = futures + [f for _, f in pending]
+            self.live = futures + [f for _, f in book.pending]
             for epoch, fut in zip(win.evals, evals):
-                fut.add_done_callback(lambda f, e=epoch: arrived.setdefault(e, time.perf_counter()))
-            self._drain(pending, rows, arrived, began, recorder, start.step)
-            if done is not None:
-                checkpoints.save(done)      # its epochs are recorded: safe to resume from
-            pending = list(zip(win.evals, evals))
+                fut.add_done_callback(lambda f, e=epoch: book.arrived.setdefault(
+                    e, time.perf_counter()))
+            if book.drain():                        # early stopping: nothing after its epoch
+                self.client.cancel(futures)
+                break
+            if done is not None:            # its epochs are recorded: safe to resume from
+                checkpoints.save(dataclasses.replace(done, best=watch.best_state))
+            book.pending = list(zip(win.evals, evals))
             state = win.join(self.client.gather(ends))   # the one wait per window
             done = Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch, state)
             del ends
             if stop.requested and window.stop < len(p.schedule):   # no window is in flight
-                self._drain(pending, rows, arrived, began, recorder, start.step)
-                checkpoints.save(done)
+                if book.drain():
+                    break
+                checkpoints.save(dataclasses.replace(done, best=watch.best_state))
                 _stop_here(stop, p, window.stop, checkpoints)
-        self._drain(pending, rows, arrived, began, recorder, start.step)
-        if done is not None:
-            checkpoints.save(done)
-        seconds = time.perf_counter() - began
+        else:
+            if not book.drain() and done is not None:
+                checkpoints.save(dataclasses.replace(done, best=watch.best_state))
+        seconds = time.perf_counter() - book.began
+        last = book.last_state if watch.stopped else state
+        final = _chosen(watch, last)
         result = None
         if test is not None:
-            result = self.client.submit(evaluate, Evaluate(p.net, -1), state, test,
+            result = self.client.submit(evaluate, Evaluate(p.net, -1), final, test,
                                         key=self._key(keys.EVALUATE_TEST),
                                         workers=[placement.root],
                                         allow_other_workers=True).result()
         moved = metrics.transfers(self.client, self.run_id)
-        return Outcome(rows, state, result, len(worker_addresses(self.client)), seconds,
-                       began - t0, len(p.schedule) - start.step,
-                       p.schedule.samples(start.step, len(p.schedule)),
+        trained = book.steps_done(done)
+        return Outcome(book.rows, final, last, self.normalization, result,
+                       len(worker_addresses(self.client)), seconds, book.began - t0,
+                       trained - start.step, p.schedule.samples(start.step, trained),
                        metrics.task_times(self.client, self.run_id) or {},
                        metrics.worker_peak_rss_mb(self.client),
                        {"predicted": self.predicted_bytes, "measured": moved["bytes"],
                         "transfers": moved["transfers"]}, self.split())
 
-    def _drain(self, pending, rows, arrived, began, recorder: Recorder, first: int) -> None:
-        """Turn finished evaluations into epoch rows, in epoch order."""
+
+@dataclass
+class _Book:
+    """The driver's book of a Dask run: evaluations in flight and when they arrived, the
+    epoch rows recorded, and what early stopping decided."""
+
+    plan: Plan
+    recorder: Recorder
+    watch: Watch
+    first: int                                  # the step this engine started at
+    rows: list[dict[str, Any]]
+    pending: list[tuple[int, Future]] = field(default_factory=list)
+    arrived: dict[int, float] = field(default_factory=dict)     # epoch -> its evaluation's
+    began: float = field(default_factory=time.perf_counter)
+    last_state: TrainState | None = None        # the newest recorded epoch's (if kept)
+
+    def drain(self) -> bool:
+        """Turn finished evaluations into epoch rows, in epoch order; True once early
+        stopping has stopped the run (no row after its epoch is recorded)."""
+        pending, self.pending = self.pending, []
         for epoch, fut in pending:
+            if self.watch.stopped:
+                break
             ev = fut.result()
-            end = arrived.get(epoch) or time.perf_counter()
-            row = _epoch_row(self.plan, ev, end - arrived.get(epoch - 1, began), first)
-            rows.append(row)
-            recorder.epoch(row)
+            end = self.arrived.get(epoch) or time.perf_counter()
+            row = _epoch_row(self.plan, ev, end - self.arrived.get(epoch - 1, self.began),
+                             self.first)
+            self.rows.append(row)
+            self.recorder.epoch(row)
+            self.last_state = ev.get("state")
+            self.watch.see(row, self.last_state)
+        return self.watch.stopped is not None
+
+    def steps_done(self, done: Checkpoint | None) -> int:
+        """Steps trained: to the end of the epoch early stopping stopped after, else to the
+        last window's end."""
+        if self.watch.stopped is not None:
+            return self.watch.stopped * self.plan.schedule.steps_per_epoch
+        return done.step if done is not None else self.first

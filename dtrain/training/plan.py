@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from dtrain.core.config import Config, OptimConfig
 from dtrain.core.errors import UserError
+from dtrain.core.modelfile import Normalization
 from dtrain.data import prepare
 from dtrain.data.shards import ShardSource, epoch_bounds, shard_ranges, sources
 from dtrain.maths.model import Network
@@ -80,6 +81,7 @@ class Plan:
     net: Network
     opt: Optimizer
     schedule: Schedule
+    norm: Normalization | None = None       # a model's own, to start from (model.init_from)
     strategy: Strategy = field(init=False)
     recipe: Recipe = field(init=False)
     builder: Builder | None = field(init=False)
@@ -99,7 +101,8 @@ class Plan:
     @property
     def sources(self) -> list[ShardSource]:
         """Every shard's loading record."""
-        return sources(self.config.data, self.ranges, self.info.train, self.config.model.dtype)
+        return sources(self.config.data, self.ranges, self.info.train, self.config.model.dtype,
+                       self.norm)
 
     @property
     def train_samples(self) -> int:
@@ -119,6 +122,12 @@ def plan(config: Config) -> Plan:
     if layers[-1] != info.classes:
         raise UserError(f"model.layers[-1] = {layers[-1]} but {info.name} has {info.classes} "
                         f"classes; set model.layers = [{info.features}, ..., {info.classes}]")
+    train = config.train
+    if (train.patience or train.keep_best) and train.monitor == "val_loss" and not info.val:
+        raise UserError(f"train.patience = {train.patience}, train.keep_best = "
+                        f"{str(train.keep_best).lower()} watch the validation loss, but "
+                        f"data.split = {list(config.data.split)} leaves no validation samples; "
+                        f"give the split a validation share or set train.monitor = 'train_loss'")
     ranges = shard_ranges(info.train, config.data.replicate, config.data.shards)
     net = Network.from_config(config.model)
     opt = Optimizer(config.optim, net, config.model.l2)

@@ -19,6 +19,8 @@ from distributed import Client
 
 from dtrain.core.config import Config
 from dtrain.core.errors import Diverged, Stopped, UserError
+from dtrain.core.modelfile import ModelSpec
+from dtrain.core.version import __version__
 from dtrain.deploy.connect import connect
 from dtrain.deploy.signals import StopSignals
 from dtrain.observe.console import Echo
@@ -29,6 +31,7 @@ from dtrain.training import checkpoint
 from dtrain.training.checkpoint import Checkpoints
 from dtrain.training.engines import DaskEngine, Outcome, SerialEngine, Start
 from dtrain.training.plan import Plan, plan
+from dtrain.training.stopping import Watch
 
 
 @dataclass
@@ -80,7 +83,8 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
         When the training loss becomes NaN or infinite.
     """
     the_plan = plan(config)
-    return _run(the_plan, Recorder(config, out, echo), Start(the_plan.initial_state()), client)
+    return _run(the_plan, Recorder(config, out, echo), Start(the_plan.initial_state()), client,
+                Watch(config.train))
 
 
 def resume(run_dir: str | Path, *, config: Config | None = None, client: Client | None = None,
@@ -135,16 +139,19 @@ def resume_checked(point: Resumption, *, client: Client | None = None,
     if start.step:
         recorder.say(f"resuming {point.run_dir} at step {start.step} of "
                      f"{len(the_plan.schedule)} (epoch {start.epochs_done + 1})")
-    return _run(the_plan, recorder, start, client)
+    watch = Watch(point.config.train)
+    watch.replay(recorder.metrics, ckpt.best if ckpt is not None else None)
+    return _run(the_plan, recorder, start, client, watch)
 
 
-def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None) -> RunResult:
+def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None,
+         watch: Watch) -> RunResult:
     with recorder:
         recorder.start(the_plan.run, the_plan.schedule.steps_per_epoch, the_plan.train_samples)
         keep = Checkpoints(recorder.path, the_plan.config, recorder.checkpointed)
         try:
             with StopSignals() as signals, _engine(the_plan, client, recorder) as engine:
-                outcome = engine.run(start, recorder, keep, signals)
+                outcome = engine.run(start, recorder, keep, signals, watch)
         except Diverged as exc:
             exc.note = recorder.checkpoint_note()
             raise
@@ -153,8 +160,9 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
             raise Stopped("SIGINT", None, len(the_plan.schedule), saved, recorder.path) \
                 from None
         params = the_plan.net.named(the_plan.opt.params(outcome.state))
-        summary = _summary(the_plan, outcome)
-        recorder.finish(params, summary)
+        summary = _summary(the_plan, outcome, watch)
+        recorder.finish(params, summary, model_spec(the_plan, outcome, watch),
+                        keep_checkpoint=watch.stopped is None)
     return RunResult(outcome.metrics, summary, params, recorder.path)
 
 
@@ -182,7 +190,17 @@ def default_out_dir(config_path: str | Path | None) -> Path:
     return new_run_dir(Path("runs"), Path(config_path).stem if config_path else "iris")
 
 
-def _summary(plan: Plan, outcome: Outcome) -> dict[str, Any]:
+def model_spec(plan: Plan, outcome: Outcome, watch: Watch) -> ModelSpec:
+    """What ``model.json`` says: the network, its input normalization and class labels."""
+    m = plan.config.model
+    return ModelSpec(tuple(m.layers), m.activation, m.loss, m.dtype, outcome.normalization,
+                     plan.info.labels, plan.info.names,
+                     {"dataset": plan.info.name, "data_path": plan.config.data.path or None,
+                      "epochs": len(outcome.metrics), "train_samples": plan.train_samples,
+                      **watch.summary(), "dtrain": __version__})
+
+
+def _summary(plan: Plan, outcome: Outcome, watch: Watch) -> dict[str, Any]:
     """What ``summary.json`` says about a finished run."""
     cfg, net = plan.config, plan.net
     last = outcome.metrics[-1] if outcome.metrics else {}
@@ -193,6 +211,8 @@ def _summary(plan: Plan, outcome: Outcome) -> dict[str, Any]:
         "shards": len(plan.ranges),
         "fan_in": plan.recipe.fan_in,
         "epochs": cfg.train.epochs,
+        "epochs_run": len(outcome.metrics),
+        **watch.summary(),
         "steps": len(plan.schedule),
         "batch_size": min(cfg.train.batch_size, plan.train_samples),
         "parameters": net.size,

@@ -1,0 +1,73 @@
+"""Early stopping and the best epoch: decided from the epoch rows, in epoch order.
+
+Every decision is a function of the monitored loss of each epoch
+(``train.monitor``: the validation or the training loss), which dtrain
+computes bit for bit the same on any number of workers, so a run stops after
+the same epoch and keeps the same parameters whatever the cluster, and a
+resumed run, replaying its recorded rows, decides as the run it continues
+would have.  The engines make the evaluations of such a run return their
+epoch's state (:class:`~dtrain.taskgraph.records.Evaluate`'s ``keep``); the
+state of the best epoch travels in the checkpoint.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dtrain.core.config import TrainConfig
+from dtrain.maths.optim import TrainState
+
+
+@dataclass
+class Watch:
+    """The monitored loss so far: its best value and epoch (from 1), the epochs since, and
+    the best epoch's state (with ``keep_best``)."""
+
+    cfg: TrainConfig
+    best: float = math.inf
+    best_epoch: int | None = None
+    wait: int = 0
+    best_state: TrainState | None = None
+    stopped: int | None = None          # the epoch after which patience ran out
+
+    @property
+    def active(self) -> bool:
+        """Whether epochs' states matter: early stopping or ``keep_best`` is on."""
+        return self.cfg.patience > 0 or self.cfg.keep_best
+
+    def see(self, row: dict[str, Any], state: TrainState | None = None) -> bool:
+        """Take epoch ``row`` (and its end ``state``); True when the run should stop after it.
+
+        An epoch improves when its loss is below the best so far by more than
+        ``min_delta`` (a NaN never improves); ``patience`` epochs in a row
+        without one stop the run.
+        """
+        if not self.active:
+            return False
+        loss = row.get(self.cfg.monitor)
+        if loss is not None and loss < self.best - self.cfg.min_delta:
+            self.best, self.best_epoch, self.wait = loss, row["epoch"], 0
+            if self.cfg.keep_best:
+                self.best_state = state
+        else:
+            self.wait += 1
+        if self.cfg.patience and self.wait >= self.cfg.patience:
+            self.stopped = row["epoch"]
+        return self.stopped is not None
+
+    def replay(self, rows: list[dict[str, Any]], best: TrainState | None) -> None:
+        """Catch up with a resumed run's recorded ``rows``; ``best`` is the best epoch's state
+        from its checkpoint."""
+        for row in rows:
+            self.see(row)
+        self.best_state = best
+
+    def summary(self) -> dict[str, Any]:
+        """What ``summary.json`` says about it."""
+        if not self.active:
+            return {}
+        return {"monitor": self.cfg.monitor, "best_epoch": self.best_epoch,
+                f"best_{self.cfg.monitor}": None if self.best_epoch is None else self.best,
+                "stopped_early": self.stopped, "params_from_epoch":
+                    self.best_epoch if self.cfg.keep_best else None}
