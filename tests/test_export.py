@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 import onnx
+
+import dtrain
 import onnxruntime as ort
 import pytest
 
@@ -131,7 +133,7 @@ def test_the_graph_is_valid_and_declares_what_it_computes(tmp_path):
         "Cast", "Sub", "Div", "Cast", "Gemm", "Relu", "Gemm", "Relu", "Gemm", "Sigmoid",
         "ArgMax", "Gather"]
     meta = {p.key: p.value for p in model.metadata_props}
-    assert meta["producer"] == "dtrain" and meta["dtrain_version"] == "0.1.0"
+    assert meta["producer"] == "dtrain" and meta["dtrain_version"] == dtrain.__version__
     assert json.loads(meta["classes"]) == [7, -2, 11]
     assert json.loads(meta["feature_names"]) == [f"feature {i}" for i in range(5)]
     assert (meta["normalization"], meta["dtype"], meta["output"]) == \

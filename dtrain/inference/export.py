@@ -33,7 +33,6 @@ null), ``normalization`` (the kind), ``activation``, ``loss``, ``output`` and
 from __future__ import annotations
 
 import json
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +41,7 @@ import numpy as np
 from dtrain.core import files
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import ModelSpec
+from dtrain.core.version import __version__
 from dtrain.maths.model import ACTIVATIONS
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def _model(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarray], dtype: np.
                                   _label_value(onnx, spec)],
                          initializer=constants)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)],
-                         producer_name="dtrain", producer_version=_version())
+                         producer_name="dtrain", producer_version=__version__)
     model.ir_version = IR_VERSION
     model.doc_string = (f"dtrain network {list(spec.layers)}, {spec.activation} hidden "
                         f"layers, {spec.output} outputs")
@@ -248,18 +248,10 @@ def _value(onnx: Any, name: str, dtype: np.dtype, shape: list[Any]) -> Any:
 def _metadata(spec: ModelSpec, dtype: np.dtype) -> dict[str, str]:
     """The ``metadata_props``: strings, lists as JSON."""
     labels = [int(c) if _int_labels(spec.classes) else str(c) for c in spec.classes]
-    return {"producer": "dtrain", "dtrain_version": _version(),
+    return {"producer": "dtrain", "dtrain_version": __version__,
             "classes": json.dumps(labels),
             "feature_names": json.dumps(None if spec.feature_names is None
                                         else list(spec.feature_names)),
             "normalization": spec.normalization.kind,
             "activation": spec.activation, "loss": spec.loss, "output": spec.output,
             "dtype": dtype.name}
-
-
-def _version() -> str:
-    """dtrain's installed version (this layer may not import the package's root)."""
-    try:
-        return metadata.version("dtrain")
-    except metadata.PackageNotFoundError:
-        return "unknown"
