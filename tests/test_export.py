@@ -7,11 +7,10 @@ import sys
 
 import numpy as np
 import onnx
-
-import dtrain
 import onnxruntime as ort
 import pytest
 
+import dtrain
 from conftest import REPO
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import ModelSpec, Normalization
