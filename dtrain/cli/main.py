@@ -1,12 +1,16 @@
 """Dispatch ``python -m dtrain ...`` to its subcommand and turn errors into exit codes."""
 from __future__ import annotations
 
+import os
 import sys
 
-from dtrain.cli import tools, train
+from dtrain.cli import tools, train, use
 from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, Stopped, UserError, exit_code
 
-SUBCOMMANDS = {"report": tools.report, "graph": tools.draw}
+EXIT_BROKEN_PIPE = 141     # 128 + SIGPIPE, what a shell reports for a writer whose reader left
+
+SUBCOMMANDS = {"report": tools.report, "graph": tools.draw, "predict": use.predict,
+               "evaluate": use.evaluate, "export": use.export_model}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,3 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dtrain: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:             # `python -m dtrain predict ... | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE

@@ -85,7 +85,7 @@ def prepare(argv: list[str]) -> mpi.Job:
             raise UserError(f"--out {args.out} with --resume: a resumed run stays in its own "
                             f"directory ({args.resume})")
         run_dir = Path(args.resume)
-        checkpoint.resumable(run_dir, None)       # a run dtrain started: config.toml is there
+        checkpoint.started(run_dir)               # config.toml is there
         point = check_resume(
             run_dir, load_config(args.config or run_dir / "config.toml", _overrides(args)))
         config = point.config

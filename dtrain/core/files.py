@@ -24,6 +24,7 @@ MODEL = "model.json"            # what applying them needs: sizes, normalization
 TIMELINE = "timeline.json"      # a Dask run's task records
 REPORT = "report.html"          # the standalone report
 SUMMARY = "summary.json"        # written last, only on success: the mark of a finished run
+EVALUATION = "evaluation.json"  # what `python -m dtrain evaluate RUN` found (default place)
 
 
 def shipped(name: str) -> Path:

@@ -123,12 +123,17 @@ def _mnist_pair(images_path: Path, labels_path: Path, size: tuple[int, ...]):
                         f"{labels.shape[0]} labels; use matching files")
     if labels.size and labels.max() > 9:
         raise DataError(f"{labels_path} has label {labels.max()}; MNIST labels are 0-9")
+    return image_rows(images, size), labels.astype(np.int64)
+
+
+def image_rows(images: np.ndarray, size: tuple[int, ...] = ()) -> np.ndarray:
+    """IDX images (N, h, w) uint8 as rows (N, H * W) float64, resized to ``size`` if given."""
     if size and tuple(size) != images.shape[1:]:
         from PIL import Image
         h, w = size
         images = np.stack([np.asarray(Image.fromarray(im).resize((w, h), Image.BILINEAR))
                            for im in images])
-    return images.reshape(images.shape[0], -1).astype(np.float64), labels.astype(np.int64)
+    return images.reshape(images.shape[0], -1).astype(np.float64)
 
 
 def _read_mnist(cfg: DataConfig) -> Raw:
@@ -155,19 +160,25 @@ def image_classes(directory: Path) -> list[tuple[str, list[Path]]]:
     return classes
 
 
-def _read_image_folder(cfg: DataConfig) -> Raw:
+def read_image(path: Path, size: tuple[int, int], grayscale: bool) -> np.ndarray:
+    """One image file as a row (H * W * channels,) float64, resized to ``size``."""
     from PIL import Image, UnidentifiedImageError
+    h, w = size
+    try:
+        with Image.open(path) as im:
+            im = im.convert("L" if grayscale else "RGB").resize((w, h), Image.BILINEAR)
+            return np.asarray(im, dtype=np.float64).reshape(-1)
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise DataError(f"cannot read image {path}: {exc}; remove or replace it") from None
+
+
+def _read_image_folder(cfg: DataConfig) -> Raw:
     h, w = cfg.image_size
     xs, ys = [], []
     classes = image_classes(Path(cfg.path))
     for label, (_, files) in enumerate(classes):
         for path in files:
-            try:
-                with Image.open(path) as im:
-                    im = im.convert("L" if cfg.grayscale else "RGB").resize((w, h), Image.BILINEAR)
-                    xs.append(np.asarray(im, dtype=np.float64).reshape(-1))
-            except (UnidentifiedImageError, OSError, ValueError) as exc:
-                raise DataError(f"cannot read image {path}: {exc}; remove or replace it") from None
+            xs.append(read_image(path, (h, w), cfg.grayscale))
             ys.append(label)
     return Raw(np.stack(xs), np.array(ys, dtype=np.int64), tuple(name for name, _ in classes))
 

@@ -42,7 +42,8 @@ class Layout:
         return self.header.index(name)
 
 
-def _text(path: Path, limit: int | None = None) -> str:
+def text(path: Path, limit: int | None = None) -> str:
+    """A file's text (gzipped or not), its first ``limit`` bytes if given."""
     try:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:
@@ -87,7 +88,7 @@ def sniff(path: str | Path, delimiter: str = "") -> Layout:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"CSV file {path} not found; check data.path")
-    sample = _text(path, SAMPLE_BYTES)
+    sample = text(path, SAMPLE_BYTES)
     lines = [line for line in sample.splitlines()[:-1 if len(sample) == SAMPLE_BYTES else None]
              if line.strip()][:20]
     if not lines:
@@ -107,31 +108,41 @@ def sniff(path: str | Path, delimiter: str = "") -> Layout:
 
 def read_table(path: str | Path, layout: Layout, label: int | None
                ) -> tuple[np.ndarray, list[str] | None]:
-    """Every data row: the features (N, D) as float64 and, if ``label`` (a column index, may
-    be negative) is given, that column's text.
+    """Every data row: the features (N, D) as float64 (every column but ``label``) and, if
+    ``label`` (a column index, may be negative) is given, that column's text.
 
     Raises :class:`~dtrain.core.errors.DataError` naming the line and column of
     the first row that has the wrong number of fields or a feature that is not
     a number.
     """
     path = Path(path)
-    rows = _rows(_text(path), layout.delimiter)
+    rows = _rows(text(path), layout.delimiter)
     first = 1 if layout.header is not None else 0
     if len(rows) <= first:
         raise DataError(f"CSV file {path} has no data rows")
     keep = [j for j in range(layout.width) if label is None or j != label % layout.width]
-    x = np.empty((len(rows) - first, len(keep)))                       # (N, D)
-    for n, row in enumerate(rows[first:]):
-        line = n + first + 1
+    return parse(rows[first:], layout, keep, label, first + 1, path)
+
+
+def parse(rows: list[list[str]], layout: Layout, columns: list[int], label: int | None,
+          line: int, path: Path) -> tuple[np.ndarray, list[str] | None]:
+    """Rows already split into fields (the first is line ``line`` of ``path``): the
+    ``columns`` as float64 features (N, D), and the ``label`` column's text."""
+    x = np.empty((len(rows), len(columns)))                            # (N, D)
+    for n, row in enumerate(rows):
         if len(row) != layout.width:
-            raise DataError(f"{path}: line {line} has {len(row)} fields, the first row "
+            raise DataError(f"{path}: line {line + n} has {len(row)} fields, the first row "
                             f"{layout.width} (delimiter {layout.delimiter!r}); fix or drop it")
         try:
-            x[n] = [float(row[j]) for j in keep]
+            x[n] = [float(row[j]) for j in columns]
         except ValueError:
-            j = next(j for j in keep if not _is_number(row[j]))
+            j = next(j for j in columns if not _is_number(row[j]))
             name = layout.header[j] if layout.header else f"{j + 1}"
-            raise DataError(f"{path}: line {line}, column {name}: {row[j]!r} is not a number; "
-                            f"every feature must be numeric") from None
-    labels = None if label is None else [row[label] for row in rows[first:]]
-    return x, labels
+            raise DataError(f"{path}: line {line + n}, column {name}: {row[j]!r} is not a "
+                            f"number; every feature must be numeric") from None
+    return x, None if label is None else [row[label] for row in rows]
+
+
+def split_rows(text: str, delimiter: str) -> list[list[str]]:
+    """Lines of text as lists of fields (blank lines dropped)."""
+    return _rows(text, delimiter)

@@ -57,6 +57,10 @@ class RunDir:
             rows = self.epochs()[:keep_epochs]
             files.atomic_write(self.path / files.METRICS,
                                "".join(json.dumps(r) + "\n" for r in rows).encode())
+            # going on (where it runs may change, or more epochs): the config says what
+            # runs now, and the run is not finished until it ends again
+            files.atomic_write(self.path / files.CONFIG, config.to_toml().encode())
+            (self.path / files.SUMMARY).unlink(missing_ok=True)
 
     def epochs(self) -> list[dict[str, Any]]:
         """The rows of ``metrics.jsonl`` written so far."""

@@ -67,29 +67,68 @@ def load(run_dir: Path) -> tuple[Checkpoint, dict] | None:
     return Checkpoint(meta["step"], meta["epochs_done"], state, best), meta["config"]
 
 
+FREE_SECTIONS = ("cluster",)      # where and how to run: may change on resume
+
+
 def resumable(run_dir: Path, config: Config | None) -> Config:
     """Check that ``run_dir`` can be resumed (with ``config``, if given) and return its config.
 
-    Raises UserError for a missing or finished run, or a config that changes anything but
-    ``[cluster]`` (where and how to run may change; what to compute may not).
+    A run that was stopped goes on from its checkpoint.  A finished run goes on
+    only to more epochs (``train.epochs`` raised), from the checkpoint it kept
+    of its last step, unless early stopping ended it.  Besides ``train.epochs``
+    only ``[cluster]`` keys may change: where to run, not what to compute.
+    Raises UserError otherwise.
     """
+    started(run_dir)
+    saved = from_dict(read_toml(run_dir / files.CONFIG), str(run_dir / files.CONFIG))
+    wanted = config or saved
+    epochs, more = saved.train.epochs, wanted.train.epochs
+    if more < epochs:
+        raise UserError(f"cannot resume {run_dir} with train.epochs = {more}: it was set to "
+                        f"{epochs}, and epochs can only be added")
+    if finished(run_dir):
+        _check_extension(run_dir, epochs, more)
+    changed = [f"{section}.{key}: {old!r} -> {new!r}"
+               for section in SECTIONS if section not in FREE_SECTIONS
+               for key, old in saved.to_dict()[section].items()
+               if (new := wanted.to_dict()[section][key]) != old
+               and (section, key) != ("train", "epochs")]
+    if changed:
+        raise UserError(f"cannot resume {run_dir} with a changed config ({'; '.join(changed)}); "
+                        f"only [cluster] keys and more train.epochs may change on resume")
+    return wanted
+
+
+def started(run_dir: Path) -> None:
+    """Check that ``run_dir`` holds a run dtrain started (its ``config.toml`` is there)."""
     if not (run_dir / files.CONFIG).is_file():
         raise UserError(f"cannot resume {run_dir}: no config.toml there; pass the directory "
                         f"of a run started by dtrain")
-    if (run_dir / files.SUMMARY).exists():
-        raise UserError(f"run {run_dir} already finished (summary.json exists); nothing to "
-                        f"resume")
-    saved = from_dict(read_toml(run_dir / files.CONFIG), str(run_dir / files.CONFIG))
-    if config is None:
-        return saved
-    changed = [f"{section}.{key}: {old!r} -> {new!r}"
-               for section in SECTIONS if section != "cluster"
-               for key, old in saved.to_dict()[section].items()
-               if (new := config.to_dict()[section][key]) != old]
-    if changed:
-        raise UserError(f"cannot resume {run_dir} with a changed config ({'; '.join(changed)}); "
-                        f"only [cluster] keys may change on resume")
-    return config
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` finished (``summary.json``, written last, is there)."""
+    return (run_dir / files.SUMMARY).exists()
+
+
+def _check_extension(run_dir: Path, epochs: int, more: int) -> None:
+    """A finished run may go on to ``more`` epochs than its ``epochs``: from its kept last
+    checkpoint, and not after early stopping ended it."""
+    if more == epochs:
+        raise UserError(f"run {run_dir} already finished its {epochs} epochs; to train it "
+                        f"longer: --resume {run_dir} --set train.epochs=N with N > {epochs}")
+    try:
+        summary = json.loads((run_dir / files.SUMMARY).read_text())
+    except (OSError, ValueError):
+        summary = {}
+    if summary.get("stopped_early"):
+        raise UserError(f"run {run_dir} was stopped early after epoch "
+                        f"{summary['stopped_early']} (train.patience); it cannot go on to "
+                        f"more epochs; start a new run from it with --init-from {run_dir}")
+    if not (run_dir / FILE).exists():
+        raise UserError(f"run {run_dir} finished without keeping its last {FILE} (dtrain 0.1 "
+                        f"dropped it), so it cannot go on; start a new run from its parameters "
+                        f"with --init-from {run_dir}")
 
 
 class Checkpoints:

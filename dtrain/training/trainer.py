@@ -135,8 +135,18 @@ def resume_checked(point: Resumption, *, client: Client | None = None,
     the_plan, ckpt = plan(point.config), point.checkpoint
     start = Start(ckpt.state, ckpt.step, ckpt.epochs_done) if ckpt is not None \
         else Start(the_plan.initial_state())
+    extending = checkpoint.finished(point.run_dir)
     recorder = Recorder(point.config, point.run_dir, echo, resume_epochs=start.epochs_done)
-    if start.step:
+    if extending:
+        recorder.say(f"going on with {point.run_dir}: epochs {start.epochs_done + 1} to "
+                     f"{point.config.train.epochs}, from its last step ({start.step})")
+        if point.config.optim.schedule == "cosine":
+            recorder.say(f"note: optim.schedule = 'cosine' depends on train.epochs: the first "
+                         f"{start.epochs_done} epochs followed the curve for "
+                         f"{start.epochs_done}, the rest follow the one for "
+                         f"{point.config.train.epochs}, so the result differs from a "
+                         f"straight {point.config.train.epochs}-epoch run")
+    elif start.step:
         recorder.say(f"resuming {point.run_dir} at step {start.step} of "
                      f"{len(the_plan.schedule)} (epoch {start.epochs_done + 1})")
     watch = Watch(point.config.train)
