@@ -66,7 +66,8 @@ def resumable(run_dir: Path, config: Config | None) -> Config:
     """Check that ``run_dir`` can be resumed (with ``config``, if given) and return its config.
 
     Raises UserError for a missing or finished run, or a config that changes anything but
-    ``[cluster]`` (where and how to run may change; what to compute may not).
+    ``[cluster]`` and ``[track]`` (where and how to run, and where to log, may change; what
+    to compute may not).
     """
     if not (run_dir / files.CONFIG).is_file():
         raise UserError(f"cannot resume {run_dir}: no config.toml there; pass the directory "
@@ -78,12 +79,12 @@ def resumable(run_dir: Path, config: Config | None) -> Config:
     if config is None:
         return saved
     changed = [f"{section}.{key}: {old!r} -> {new!r}"
-               for section in SECTIONS if section != "cluster"
+               for section in SECTIONS if section not in ("cluster", "track")
                for key, old in saved.to_dict()[section].items()
                if (new := config.to_dict()[section][key]) != old]
     if changed:
         raise UserError(f"cannot resume {run_dir} with a changed config ({'; '.join(changed)}); "
-                        f"only [cluster] keys may change on resume")
+                        f"only [cluster] and [track] keys may change on resume")
     return config
 
 
