@@ -24,6 +24,8 @@ MODEL = "model.json"            # what applying them needs: sizes, normalization
 TIMELINE = "timeline.json"      # a Dask run's task records
 REPORT = "report.html"          # the standalone report
 SUMMARY = "summary.json"        # written last, only on success: the mark of a finished run
+TENSORBOARD = "tensorboard"     # [track] tensorboard: the run's event files (a folder)
+MLFLOW_RUN = "mlflow_run_id"    # [track] mlflow: the MLflow run a resumed run continues
 
 
 def shipped(name: str) -> Path:
