@@ -199,7 +199,7 @@ def test_a_resumed_run_continues_its_mlflow_run_and_tensorboard_files_without_re
 
     stopped = _script(stopping("SIGTERM", 5, f"dtrain.resume({str(out)!r}, echo=echo)"))
     assert stopped.returncode == 5, stopped.stderr
-    assert checkpoint.load(out)[0].epochs_done == 6
+    assert checkpoint.load(out)[0].epochs_done in (5, 6)   # at the next step (or window) edge
     assert ml.get_run(run_id).info.status == "KILLED"
 
     done = run_cli("--resume", str(out))
