@@ -8,6 +8,7 @@ from dtrain.cli.common import Parser, config_options
 from dtrain.core.config import load_config
 from dtrain.core.errors import UserError
 from dtrain.deploy import mpi
+from dtrain.observe import tracking
 from dtrain.taskgraph import strategies
 from dtrain.training import checkpoint
 from dtrain.training.plan import plan
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where the dashboard listens (cluster.dashboard_address)")
     parser.add_argument("--resume", metavar="DIR",
                         help="continue the interrupted run in DIR from its last checkpoint "
-                             "(only [cluster] keys may be changed with --set)")
+                             "(only [cluster] and [track] keys may be changed with --set)")
     parser.add_argument("--cluster", choices=("local", "slurm", "pbs"),
                         help="start workers as a LocalCluster or as SLURM/PBS batch jobs "
                              "(cluster.kind)")
@@ -99,6 +100,7 @@ def prepare(argv: list[str]) -> mpi.Job:
             return train(config, client=client,
                          out=Path(args.out) if args.out else default_out_dir(args.config))
     plan(config)                # the data and the model sizes, before anything starts
+    tracking.check(config.track)        # the trackers' packages, too
     strategy = strategies.get(config.graph.strategy)
     return mpi.Job(config, job, strategy.ranks, strategy.workers_word)
 

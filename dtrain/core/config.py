@@ -1,7 +1,7 @@
 """Typed run configuration: TOML files, ``--set`` overrides, validation.
 
-A config is six sections (``data``, ``model``, ``optim``, ``train``, ``graph``,
-``cluster``), each a frozen dataclass.  Every field declares its check next to
+A config is seven sections (``data``, ``model``, ``optim``, ``train``, ``graph``,
+``cluster``, ``track``), each a frozen dataclass.  Every field declares its check next to
 its default, so the schema, the defaults and the error messages live in one
 place.  Anything wrong is reported as one :class:`~dtrain.core.errors.UserError`
 line that names the key, the bad value and what would be accepted.
@@ -17,6 +17,7 @@ import dataclasses
 import math
 import tomllib
 import typing
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,6 +196,19 @@ class ClusterConfig:
     jobqueue_file: str = free("", "dask-jobqueue YAML ('' = the jobqueue.yaml shipped with dtrain)")
 
 
+@dataclass(frozen=True)
+class TrackConfig:
+    tensorboard: bool = free(False, "write TensorBoard event files to <run dir>/tensorboard/ "
+                             "(pip install 'dtrain[tensorboard]')")
+    mlflow: bool = free(False, "log to MLflow (pip install 'dtrain[mlflow]')")
+    mlflow_uri: str = _opt("mlruns", "a tracking URI (file:, sqlite:, http:, ...) or a "
+                           "directory", lambda v: bool(v.strip()),
+                           "where MLflow logs; a directory or relative file: URI is made an "
+                           "absolute file: URI (a local file store) at load time")
+    experiment: str = _opt("dtrain", "a non-empty name", lambda v: bool(v.strip()),
+                           "the MLflow experiment the run is logged under")
+
+
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "model": ModelConfig,
@@ -202,6 +216,7 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "graph": GraphConfig,
     "cluster": ClusterConfig,
+    "track": TrackConfig,
 }
 
 
@@ -219,6 +234,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     graph: GraphConfig = field(default_factory=GraphConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    track: TrackConfig = field(default_factory=TrackConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (lists, not tuples), as written to ``config.toml``."""
@@ -414,7 +430,8 @@ def load_config(path: str | Path | Mapping[str, Any] | None = None,
     Config
         With relative ``data.path`` and ``cluster.jobqueue_file`` made
         absolute (against the current directory), so workers elsewhere find
-        the same files.
+        the same files, and ``track.mlflow_uri`` a ``file:`` URI of an
+        absolute path when it names a local directory.
     """
     if path is None:
         path = DEFAULT_CONFIG
@@ -434,4 +451,16 @@ def load_config(path: str | Path | Mapping[str, Any] | None = None,
         if value and not Path(value).is_absolute():
             cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(
                 part, **{key: str(Path(value).resolve())})})
+    uri = local_store_uri(cfg.track.mlflow_uri)
+    if uri != cfg.track.mlflow_uri:
+        cfg = dataclasses.replace(cfg, track=dataclasses.replace(cfg.track, mlflow_uri=uri))
     return cfg
+
+
+def local_store_uri(uri: str) -> str:
+    """A directory or a local ``file:`` URI as an absolute ``file:`` URI; any other URI (and
+    MLflow's ``databricks``) as given."""
+    parts = urllib.parse.urlparse(uri)
+    if parts.scheme not in ("", "file") or parts.netloc or uri in ("databricks", "databricks-uc"):
+        return uri
+    return Path(urllib.parse.unquote(parts.path) if parts.scheme else uri).resolve().as_uri()

@@ -25,6 +25,8 @@ TIMELINE = "timeline.json"      # a Dask run's task records
 REPORT = "report.html"          # the standalone report
 SUMMARY = "summary.json"        # written last, only on success: the mark of a finished run
 EVALUATION = "evaluation.json"  # what `python -m dtrain evaluate RUN` found (default place)
+TENSORBOARD = "tensorboard"     # [track] tensorboard: the run's event files (a folder)
+MLFLOW_RUN = "mlflow_run_id"    # [track] mlflow: the MLflow run a resumed run continues
 
 
 def shipped(name: str) -> Path:

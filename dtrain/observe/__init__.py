@@ -2,8 +2,9 @@
 
 Holds the recorder the trainer tells (:mod:`~dtrain.observe.recorder`) and
 its parts: the run directory's files (:mod:`~dtrain.observe.rundir`), the
-console (:mod:`~dtrain.observe.console`) and the driver's side of the live
-events (:mod:`~dtrain.observe.feed`); on the scheduler, the plugin that keeps
+console (:mod:`~dtrain.observe.console`), the driver's side of the live
+events (:mod:`~dtrain.observe.feed`) and the optional TensorBoard and MLflow
+trackers (:mod:`~dtrain.observe.tracking`); on the scheduler, the plugin that keeps
 each run's log (:mod:`~dtrain.observe.live`, :mod:`~dtrain.observe.runlog`),
 the ``/dtrain`` page (:mod:`~dtrain.observe.livepage`) and the task timers
 (:mod:`~dtrain.observe.metrics`); ``report.html``

@@ -22,6 +22,7 @@ from dtrain.observe import console
 from dtrain.observe.console import Console, Echo, summary_lines
 from dtrain.observe.feed import LiveFeed
 from dtrain.observe.rundir import RunDir
+from dtrain.observe.tracking import Tracker
 
 
 class Recorder:
@@ -64,12 +65,14 @@ class Recorder:
         self.feed: LiveFeed | None = None
         self.timeline: dict[str, Any] | None = None
         self.saved: tuple[int, Path] | None = None     # the last checkpoint: step, file
+        self.tracker = Tracker(config, self.path, resume_epochs is not None, self.say)
 
     def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.console.close()
+        self.tracker.close(exc[1])
 
     @property
     def path(self) -> Path | None:
@@ -85,6 +88,7 @@ class Recorder:
                             "strategy": cfg.graph.strategy, "epochs": cfg.train.epochs,
                             "steps_per_epoch": steps_per_epoch, "train_samples": train_samples}
         self.console.start(cfg.train.epochs, steps_per_epoch, train_samples)
+        self.tracker.start(self.metrics)
 
     @contextlib.contextmanager
     def attached(self, client: Any) -> Iterator[None]:
@@ -119,6 +123,7 @@ class Recorder:
     def epoch(self, row: dict[str, Any]) -> None:
         if self.run_dir is not None:
             self.run_dir.add_epoch(row)
+        self.tracker.epoch(row)
         if self.feed is not None:
             self.feed.epoch(row)
         self.console.epoch(row)
@@ -141,5 +146,6 @@ class Recorder:
         self.console.close()
         if self.run_dir is not None:
             self.run_dir.finish(params, summary, self.timeline, model, keep_checkpoint)
+        self.tracker.finish(summary)
         for line in summary_lines(summary):
             self.say(line)

@@ -67,7 +67,7 @@ def load(run_dir: Path) -> tuple[Checkpoint, dict] | None:
     return Checkpoint(meta["step"], meta["epochs_done"], state, best), meta["config"]
 
 
-FREE_SECTIONS = ("cluster",)      # where and how to run: may change on resume
+FREE_SECTIONS = ("cluster", "track")   # where to run and to log: may change on resume
 
 
 def resumable(run_dir: Path, config: Config | None) -> Config:
@@ -76,7 +76,8 @@ def resumable(run_dir: Path, config: Config | None) -> Config:
     A run that was stopped goes on from its checkpoint.  A finished run goes on
     only to more epochs (``train.epochs`` raised), from the checkpoint it kept
     of its last step, unless early stopping ended it.  Besides ``train.epochs``
-    only ``[cluster]`` keys may change: where to run, not what to compute.
+    only ``[cluster]`` and ``[track]`` keys may change: where to run and to log, not what
+    to compute.
     Raises UserError otherwise.
     """
     started(run_dir)
@@ -95,7 +96,8 @@ def resumable(run_dir: Path, config: Config | None) -> Config:
                and (section, key) != ("train", "epochs")]
     if changed:
         raise UserError(f"cannot resume {run_dir} with a changed config ({'; '.join(changed)}); "
-                        f"only [cluster] keys and more train.epochs may change on resume")
+                        f"only [cluster] and [track] keys and more train.epochs may change on "
+                        f"resume")
     return wanted
 
 

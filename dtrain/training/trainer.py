@@ -97,7 +97,8 @@ def resume(run_dir: str | Path, *, config: Config | None = None, client: Client 
         The run directory of the interrupted run.
     config
         Defaults to the run's ``config.toml``; if given, it may differ only in
-        ``[cluster]`` (where to run), not in what to compute.
+        ``[cluster]`` (where to run) and ``[track]`` (where to log), not in what to
+        compute.
     client, echo
         As for :func:`train`.
 
@@ -121,8 +122,8 @@ class Resumption:
 
 def check_resume(run_dir: str | Path, config: Config | None = None) -> Resumption:
     """Everything :func:`resume` checks before it starts a cluster (a run dtrain started and
-    did not finish, the same config but for ``[cluster]``, a readable checkpoint), reading
-    the checkpoint once."""
+    did not finish, the same config but for ``[cluster]`` and ``[track]``, a readable
+    checkpoint), reading the checkpoint once."""
     run_dir = Path(run_dir)
     config = checkpoint.resumable(run_dir, config)
     saved = checkpoint.load(run_dir)
