@@ -126,7 +126,7 @@ TABLE = [
                  "be imported", marks=pytest.mark.skipif(
                      importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")),
     ("resume a finished run, under mpirun", Mpiexec(3, _finished),
-     "already finished (summary.json exists); nothing to resume"),
+     "already finished its 1 epoch; to train it longer: --resume"),
     ("model-parallel, no hidden layer", lambda t: ["--set", "graph.strategy=model-parallel",
                                                    "--set", "model.layers=[4, 3]"],
      "splits hidden layers, but model.layers = [4, 3] has none"),

@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", metavar="DIR",
                         help="continue the interrupted run in DIR from its last checkpoint "
                              "(only [cluster] and [track] keys may be changed with --set)")
+    parser.add_argument("--init-from", metavar="RUN",
+                        help="start from a finished run's parameters and input normalization "
+                             "(model.init_from), with a fresh optimizer, e.g. to fine-tune on "
+                             "new data")
     parser.add_argument("--cluster", choices=("local", "slurm", "pbs"),
                         help="start workers as a LocalCluster or as SLURM/PBS batch jobs "
                              "(cluster.kind)")
@@ -70,6 +74,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         extra.append(f'cluster.dashboard_address="{args.dashboard_address}"')
     if args.cluster is not None:
         extra.append(f'cluster.kind="{args.cluster}"')
+    if args.init_from is not None:
+        extra.append(f"model.init_from={args.init_from!r}".replace("'", '"'))
     return list(args.overrides) + extra
 
 

@@ -115,6 +115,8 @@ class ModelConfig:
     dtype: str = choice("auto", "auto", "float32", "float64",
                         doc="auto: float32 where the run uses GPUs, else float64")
     seed: int = at_least(0, 0)
+    init_from: str = free("", "a finished run directory: start from its parameters and its "
+                          "input normalization, with a fresh optimizer (--init-from)")
 
 
 @dataclass(frozen=True)
@@ -445,7 +447,7 @@ def load_config(path: str | Path | Mapping[str, Any] | None = None,
         source += " (with --set overrides)"
     apply_overrides(data, overrides)
     cfg = from_dict(data, source)
-    for section, key in (("data", "path"), ("cluster", "jobqueue_file")):
+    for section, key in (("data", "path"), ("cluster", "jobqueue_file"), ("model", "init_from")):
         part = getattr(cfg, section)
         value = getattr(part, key)
         if value and not Path(value).is_absolute():

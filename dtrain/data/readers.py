@@ -190,12 +190,21 @@ def _read_csv(cfg: DataConfig) -> Raw:
     layout = tables.sniff(path, cfg.delimiter)
     label = layout.column(cfg.label, path) if cfg.label else layout.width - 1
     x, text = tables.read_table(path, layout, label)
-    names = sorted(set(text), key=lambda s: (len(s), s))
+    names = class_order(set(text))
     index = {name: i for i, name in enumerate(names)}
     features = None if layout.header is None else \
         tuple(h for j, h in enumerate(layout.header) if j != label)
     return Raw(x, np.array([index[t] for t in text], dtype=np.int64), label_values(names),
                names=features)
+
+
+def class_order(names: set[str]) -> list[str]:
+    """Label texts in the order of the network's outputs: by value if every one is an
+    integer, else as text (scikit-learn's ``classes_`` order, ``np.unique``'s)."""
+    try:
+        return sorted(names, key=int)
+    except ValueError:
+        return sorted(names)
 
 
 def label_values(names: list[str]) -> tuple[str | int, ...]:

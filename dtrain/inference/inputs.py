@@ -193,8 +193,6 @@ def _npy(path: Path, spec: ModelSpec, chunk_rows: int) -> Input:
 
 def _image_size(spec: ModelSpec, path: Path) -> tuple[int, ...]:
     size = tuple(spec.training.get("image_size") or ())
-    if not size and spec.training.get("image_shape"):
-        size = tuple(spec.training["image_shape"])
     if not size:
         raise DataError(f"{path} holds images, but the model was not trained on images (it "
                         f"takes rows of {spec.features} features)")

@@ -117,8 +117,9 @@ def _check_extension(run_dir: Path, epochs: int, more: int) -> None:
     """A finished run may go on to ``more`` epochs than its ``epochs``: from its kept last
     checkpoint, and not after early stopping ended it."""
     if more == epochs:
-        raise UserError(f"run {run_dir} already finished its {epochs} epochs; to train it "
-                        f"longer: --resume {run_dir} --set train.epochs=N with N > {epochs}")
+        raise UserError(f"run {run_dir} already finished its {epochs} epoch"
+                        f"{'s' if epochs > 1 else ''}; to train it longer: --resume {run_dir} "
+                        f"--set train.epochs=N with N > {epochs}")
     try:
         summary = json.loads((run_dir / files.SUMMARY).read_text())
     except (OSError, ValueError):

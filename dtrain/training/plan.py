@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from dtrain.core.config import Config, OptimConfig
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
+from dtrain.inference.saved import read_run
 from dtrain.data import prepare
 from dtrain.data.shards import ShardSource, epoch_bounds, shard_ranges, sources
 from dtrain.maths.model import Network
@@ -82,6 +85,7 @@ class Plan:
     opt: Optimizer
     schedule: Schedule
     norm: Normalization | None = None       # a model's own, to start from (model.init_from)
+    init: np.ndarray | None = None          # its parameters (P,)
     strategy: Strategy = field(init=False)
     recipe: Recipe = field(init=False)
     builder: Builder | None = field(init=False)
@@ -109,7 +113,10 @@ class Plan:
         return self.ranges[-1][1]
 
     def initial_state(self) -> TrainState:
-        return self.opt.init_state(self.net.init(self.config.model.seed))
+        """Seeded initial parameters, or ``model.init_from``'s, with a fresh optimizer."""
+        params = self.net.init(self.config.model.seed) if self.init is None \
+            else self.init.astype(self.net.dtype)
+        return self.opt.init_state(params)
 
 
 def plan(config: Config) -> Plan:
@@ -133,4 +140,26 @@ def plan(config: Config) -> Plan:
     opt = Optimizer(config.optim, net, config.model.l2)
     schedule = Schedule([b - a for a, b in ranges], config.train.batch_size, config.optim,
                         config.train.epochs)
-    return Plan(config, info, ranges, net, opt, schedule)
+    norm, init = _start_from(config) if config.model.init_from else (None, None)
+    return Plan(config, info, ranges, net, opt, schedule, norm, init)
+
+
+def _start_from(config: Config) -> tuple[Normalization, np.ndarray]:
+    """``model.init_from``'s normalization and flat parameters, its layers checked against
+    this run's."""
+    source = config.model.init_from
+    spec, params = read_run(source)
+    layers = config.model.layers
+    if tuple(layers) != spec.layers:
+        theirs, ours = list(zip(spec.layers[1:], spec.layers[:-1])), \
+            list(zip(layers[1:], layers[:-1]))
+        n, (a, b) = next(((n, ab) for n, ab in enumerate(zip(theirs, ours), start=1)
+                          if ab[0] != ab[1]), (len(ours), (None, None)))
+        where = f"W{n} is {a} there and {b} here" if a and b else \
+            f"it has {len(theirs)} layers, this run {len(ours)}"
+        raise UserError(f"--init-from {source}: its network is {list(spec.layers)} but "
+                        f"model.layers = {list(layers)} ({where}); use the same layers, or "
+                        f"train from scratch without --init-from")
+    flat = np.concatenate([params[f"{k}{n}"].ravel() for n in range(1, len(layers))
+                           for k in "Wb"])                                     # (P,)
+    return spec.normalization, flat

@@ -21,14 +21,16 @@ from dtrain.maths.optim import TrainState
 
 @dataclass
 class Watch:
-    """The monitored loss so far: its best value and epoch (from 1), the epochs since, and
-    the best epoch's state (with ``keep_best``)."""
+    """The monitored loss so far: its lowest value, that epoch (from 1) and its state (with
+    ``keep_best``); the last loss that improved by more than ``min_delta`` and the epochs
+    since (early stopping's count)."""
 
     cfg: TrainConfig
     best: float = math.inf
     best_epoch: int | None = None
-    wait: int = 0
     best_state: TrainState | None = None
+    mark: float = math.inf              # the last loss that counted as an improvement
+    wait: int = 0
     stopped: int | None = None          # the epoch after which patience ran out
 
     @property
@@ -39,17 +41,20 @@ class Watch:
     def see(self, row: dict[str, Any], state: TrainState | None = None) -> bool:
         """Take epoch ``row`` (and its end ``state``); True when the run should stop after it.
 
-        An epoch improves when its loss is below the best so far by more than
+        The best epoch has the lowest loss.  For patience, an epoch improves
+        when its loss is below the last improvement's by more than
         ``min_delta`` (a NaN never improves); ``patience`` epochs in a row
         without one stop the run.
         """
         if not self.active:
             return False
         loss = row.get(self.cfg.monitor)
-        if loss is not None and loss < self.best - self.cfg.min_delta:
-            self.best, self.best_epoch, self.wait = loss, row["epoch"], 0
+        if loss is not None and loss < self.best:
+            self.best, self.best_epoch = loss, row["epoch"]
             if self.cfg.keep_best:
                 self.best_state = state
+        if loss is not None and loss < self.mark - self.cfg.min_delta:
+            self.mark, self.wait = loss, 0
         else:
             self.wait += 1
         if self.cfg.patience and self.wait >= self.cfg.patience:

@@ -203,10 +203,13 @@ def default_out_dir(config_path: str | Path | None) -> Path:
 
 def model_spec(plan: Plan, outcome: Outcome, watch: Watch) -> ModelSpec:
     """What ``model.json`` says: the network, its input normalization and class labels."""
-    m = plan.config.model
+    m, d = plan.config.model, plan.config.data
+    images = {"image_size": list(d.image_size), "grayscale": d.grayscale} \
+        if d.dataset in ("mnist", "image-folder") else {}
     return ModelSpec(tuple(m.layers), m.activation, m.loss, m.dtype, outcome.normalization,
                      plan.info.labels, plan.info.names,
-                     {"dataset": plan.info.name, "data_path": plan.config.data.path or None,
+                     {"dataset": plan.info.name, "data_path": d.path or None, **images,
+                      "label_column": d.label or None, "init_from": m.init_from or None,
                       "epochs": len(outcome.metrics), "train_samples": plan.train_samples,
                       **watch.summary(), "dtrain": __version__})
 
