@@ -11,7 +11,8 @@ from dtrain.deploy import mpi
 from dtrain.observe import tracking
 from dtrain.taskgraph import strategies
 from dtrain.training import checkpoint
-from dtrain.training.plan import plan
+from dtrain.training import collections
+from dtrain.training.plan import partitioned, plan
 from dtrain.training.trainer import check_resume, default_out_dir, resume_checked, train
 
 
@@ -105,7 +106,10 @@ def prepare(argv: list[str]) -> mpi.Job:
         def job(client):
             return train(config, client=client,
                          out=Path(args.out) if args.out else default_out_dir(args.config))
-    plan(config)                # the data and the model sizes, before anything starts
+    if partitioned(config.data):   # read by the workers: what its metadata says, for now
+        collections.check_files(config.data, config.model.layers)
+    else:
+        plan(config)            # the data and the model sizes, before anything starts
     tracking.check(config.track)        # the trackers' packages, too
     strategy = strategies.get(config.graph.strategy)
     return mpi.Job(config, job, strategy.ranks, strategy.workers_word)

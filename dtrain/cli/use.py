@@ -16,8 +16,9 @@ import numpy as np
 
 from dtrain.cli.common import Parser
 from dtrain.core import files
-from dtrain.core.config import ClusterConfig, from_dict, read_toml
+from dtrain.core.config import ClusterConfig, Config, from_dict, read_toml
 from dtrain.core.errors import UserError
+from dtrain.data import partitions
 from dtrain.data.prepare import prepared
 from dtrain.deploy.connect import connect
 from dtrain.deploy.logs import QuietUserErrors
@@ -26,6 +27,8 @@ from dtrain.inference.inputs import CHUNK_ROWS, open_input
 from dtrain.inference.metrics import report
 from dtrain.inference.model import Model
 from dtrain.inference.saved import read_run
+from dtrain.training import collections
+from dtrain.training.plan import part_spec, partitioned
 
 
 def _parser(name: str, description: str) -> argparse.ArgumentParser:
@@ -149,11 +152,35 @@ def _own_test_split(run: Path, model: Model):
     """The report on the run's test split, read and normalized as training did, so that it
     equals summary.json's test figures to the last bit."""
     cfg = from_dict(read_toml(run / files.CONFIG), str(run / files.CONFIG))
+    if partitioned(cfg.data):
+        return _partitioned_test_split(cfg, model)
     x, y = prepared(cfg.data, model.spec.normalization)[0]["test"]
     if not len(y):
         raise UserError(f"{run} has no test split (data.split = {list(cfg.data.split)}); pass "
                         f"--data with labelled data to evaluate on")
     return report(model, np.ascontiguousarray(x, dtype=model.spec.dtype), y)
+
+
+def _partitioned_test_split(cfg: Config, model: Model):
+    """The test rows of data the workers read in partitions: each partition's, tallied on
+    its worker, added in partition order as training added them."""
+    cluster = dataclasses.replace(cfg.cluster, dashboard_address="")
+    with connect(cluster) as client:
+        coll = collections.from_files(client, cfg.data)
+        spec = dataclasses.replace(part_spec(cfg, coll), classes=tuple(model.classes_.tolist()),
+                                   norm=model.spec.normalization)
+        parts = [client.submit(_tally_test, model, spec, i, f)
+                 for i, f in enumerate(coll.futures)]
+        total = functools.reduce(lambda a, b: a + b, (f.result() for f in parts))
+    if not total.rows:
+        raise UserError(f"the run has no test split (data.split = {list(cfg.data.split)}); "
+                        f"pass --data with labelled data to evaluate on")
+    return apply.report_of(model, total)
+
+
+def _tally_test(model: Model, spec: Any, index: int, part: Any) -> apply.Tally:
+    shard = partitions.held_out(spec, "test", index, part)
+    return apply.tally(model, shard.x, shard.y)
 
 
 def export_model(argv: list[str]) -> int:

@@ -8,7 +8,7 @@ several runs share a cluster::
     update-<step>-<run>  (root)                update-<step>-<first shard>-<run>  (replicated)
     state-<step>-<run>   evaluate-<epoch>-<run>  evaluate-test-<run>
     load-shard-<i>-<gen>-<run>   load-val-<run>   load-test-<run>   local-sgd-<step>-<shard>-<run>
-    fit-normalization-<run>
+    fit-normalization-<run>   partition-stats-<partition>-<run>   merge-stats-<level>-<i>-<run>
     model-parallel: forward-<step>-<block>-<slice>-<run>, backward-..., input-grad-...,
     combine-<step>-<block>-<run>, back-combine-..., loss-<step>-<run>,
     reduce-<step>f<block>-... / reduce-<step>b<block>-... (forward / backward trees),
@@ -35,6 +35,7 @@ EVALUATE = "evaluate"
 EVALUATE_TEST = "evaluate-test"
 LOAD_SHARD, LOAD_VAL, LOAD_TEST, LOAD_TRAIN = "load-shard", "load-val", "load-test", "load-train"
 NORMALIZATION = "fit-normalization"     # the training split's statistics, for model.json
+PART_STATS, MERGE_STATS = "partition-stats", "merge-stats"    # a Dask collection's, once
 FORWARD, BACKWARD, INPUT_GRAD = "forward", "backward", "input-grad"
 COMBINE, BACK_COMBINE, LOSS = "combine", "back-combine", "loss"
 
@@ -58,6 +59,8 @@ COLORS: dict[str, str] = {
     LOAD_TEST: "#CC79A7",
     LOAD_TRAIN: "#CC79A7",
     NORMALIZATION: "#CC79A7",
+    PART_STATS: "#CC79A7",
+    MERGE_STATS: "#CC79A7",
     STATE: "#999999",               # grey: the literal state that starts a window
 }
 KINDS: tuple[str, ...] = tuple(COLORS)

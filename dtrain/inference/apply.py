@@ -45,10 +45,13 @@ class Tally:
 def tally_part(model: Model, part: Part) -> Tally:
     """A labelled part's :class:`Tally` (labels the model never saw: a UserError)."""
     x, text = read_part(part)
-    y = model.encode(text)
-    xn = model.inputs(x)
-    loss, correct, n = model.loss(xn, y)
-    return Tally(loss, correct, n, confusion(y, model.logits(xn).argmax(axis=1),
+    return tally(model, model.inputs(x), model.encode(text))
+
+
+def tally(model: Model, x: np.ndarray, y: np.ndarray) -> Tally:
+    """The :class:`Tally` of normalized rows ``x`` with label indices ``y``."""
+    loss, correct, n = model.loss(x, y)
+    return Tally(loss, correct, n, confusion(y, model.logits(x).argmax(axis=1),
                                              len(model.classes_)))
 
 

@@ -37,15 +37,18 @@ from dask.task_spec import DataNode, Task, TaskRef
 from dtrain.core import keys
 from dtrain.data.shards import ShardSource, load_shard
 from dtrain.maths.optim import Step, TrainState
-from dtrain.taskgraph.placement import Placement, Worker, place
+from dtrain.data import partitions
+from dtrain.data.partitions import PartSource
+from dtrain.taskgraph.placement import Placement, Worker, place, place_partitions
 from dtrain.taskgraph.recipe import Recipe
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
                                       Update, Updates)
 from dtrain.taskgraph.reduction import Leaf, Spec, flat, tree
-from dtrain.taskgraph.tasks import average_states, evaluate, forward_backward, local_steps, \
-    update_state
+from dtrain.taskgraph.tasks import (average_states, evaluate, evaluate_part, evaluate_parts,
+                                   forward_backward, local_steps, update_state)
 from dtrain.taskgraph.window import DataItem, Window
 
+HeldOut = TaskRef | tuple[tuple[TaskRef, str], ...] | None   # one shard, or parts where they are
 TINY_FLOPS = 2e6    # a shard's forward-backward this small (~1 ms of NumPy) is not worth a thread
 
 
@@ -227,7 +230,7 @@ def units(steps: Sequence[Step], recipe: Recipe) -> list[tuple[Step, ...]]:
 
 
 def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[TaskRef],
-                 val: TaskRef | None, placement: Placement, recipe: Recipe, run: str,
+                 val: HeldOut, placement: Placement, recipe: Recipe, run: str,
                  unit: Unit = add_step) -> Window:
     """Chain ``steps`` into one graph that starts from the literal state ``start``, a
     ``unit`` (:func:`add_step` or :func:`add_round`) at a time.
@@ -251,16 +254,29 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
     return win
 
 
-def _evaluate(win: Window, epoch: int, state: str, val: TaskRef | None, placement: Placement,
+def _evaluate(win: Window, epoch: int, state: str, val: HeldOut, placement: Placement,
               recipe: Recipe, run: str) -> None:
-    win.evals[epoch] = win.add(Task(keys.make(keys.EVALUATE, epoch + 1, run=run), evaluate,
-                                    Evaluate(recipe.net, epoch, recipe.keep_states),
-                                    TaskRef(state), val),
-                               placement.root)
+    win.evals[epoch] = add_evaluation(win, Evaluate(recipe.net, epoch, recipe.keep_states),
+                                      state, val, placement.root, run)
+
+
+def add_evaluation(win: Window, task: Evaluate, state: str, held: HeldOut, root: str,
+                   run: str) -> str:
+    """``evaluate-<epoch>`` (``evaluate-test``) on the held-out shard, or, held-out data in
+    parts on their workers, ``evaluate-<epoch>-<part>`` beside each part and their sum on
+    ``root``; returns the key of the result."""
+    kind, tag = (keys.EVALUATE_TEST, ()) if task.epoch < 0 else (keys.EVALUATE, (task.epoch + 1,))
+    if not isinstance(held, tuple):
+        return win.add(Task(keys.make(kind, *tag, run=run), evaluate, task, TaskRef(state),
+                            held), root)
+    sums = [win.add(Task(keys.make(kind, *tag, i, run=run), evaluate_part, task, TaskRef(state),
+                         ref), worker) for i, (ref, worker) in enumerate(held)]
+    return win.add(Task(keys.make(kind, *tag, run=run), evaluate_parts, task, TaskRef(state),
+                        *map(TaskRef, sums)), root)
 
 
 def _replicated_window(win: Window, steps: Sequence[Step], state: str,
-                       shards: Sequence[TaskRef], val: TaskRef | None, placement: Placement,
+                       shards: Sequence[TaskRef], val: HeldOut, placement: Placement,
                        recipe: Recipe, run: str) -> Window:
     """:func:`window_graph` with replicated updates: a step's state exists on the root once the
     next step's updates are added (or the window's final update)."""
@@ -302,14 +318,25 @@ class DataParallel:
     def min_workers(self) -> int:
         return 2 if self.server else 1
 
-    def place(self, workers: Sequence[Worker | str]) -> Placement:
+    def place(self, workers: Sequence[Worker | str],
+              holders: Sequence[str] | None = None, rows: Sequence[int] = ()) -> Placement:
+        """Shards in contiguous blocks over ``workers``; partitions already on the cluster
+        (``holders``, with their training ``rows``) where they are, but for balancing."""
+        if holders is not None:
+            return place_partitions(workers, holders, rows, self.server)
         return place(workers, len(self.sources), self.server)
 
     def data(self, placement: Placement) -> list[DataItem]:
-        return [DataItem((keys.LOAD_SHARD, i), load_shard,
-                         dataclasses.replace(src, gpu=placement.leaves[i] in placement.gpus),
-                         placement.leaves[i]) for i, src in enumerate(self.sources)]
+        def item(i: int, src: ShardSource | PartSource) -> DataItem:
+            gpu = placement.leaves[i] in placement.gpus
+            if isinstance(src, PartSource):
+                return DataItem((keys.LOAD_SHARD, i), partitions.shard,
+                                (dataclasses.replace(src.spec, gpu=gpu), i),
+                                placement.leaves[i], (src.key,))
+            return DataItem((keys.LOAD_SHARD, i), load_shard,
+                            (dataclasses.replace(src, gpu=gpu),), placement.leaves[i])
+        return [item(i, src) for i, src in enumerate(self.sources)]
 
     def window(self, steps: Sequence[Step], start: TrainState, refs: Sequence[TaskRef],
-               val: TaskRef | None, placement: Placement, run: str) -> Window:
+               val: HeldOut, placement: Placement, run: str) -> Window:
         return window_graph(steps, start, refs, val, placement, self.recipe, run, self.unit)

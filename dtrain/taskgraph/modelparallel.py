@@ -221,7 +221,7 @@ class ModelParallel:
         return list(dict.fromkeys(placement.leaves))
 
     def data(self, placement: Placement) -> list[DataItem]:
-        return [DataItem((keys.LOAD_TRAIN, j), load_shards, self.sources, w)
+        return [DataItem((keys.LOAD_TRAIN, j), load_shards, (self.sources,), w)
                 for j, w in enumerate(self.hosts(placement))]
 
     def window(self, steps: Sequence[Step], start: TrainState, refs: Sequence[TaskRef],

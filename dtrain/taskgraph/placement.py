@@ -86,3 +86,43 @@ def blocks(weights: Sequence[float], shards: int) -> list[int]:
     best = fill(times[lo])
     return best if best is not None and slowest(best) < slowest(counts) * (1 - 1e-9) \
         else counts
+
+
+BALANCE_SLACK = 0.25    # a worker may hold this much more than its fair share before it gives
+
+
+def balance(holders: Sequence[str], rows: Sequence[int], workers: Sequence[str]
+            ) -> tuple[str, ...]:
+    """Where each partition's shard lives: on the worker that already holds the partition,
+    unless that worker holds more than its fair share of rows by over
+    ``BALANCE_SLACK``; then its last partitions go, one by one, to the worker holding the
+    fewest rows, while that evens the load (a partition too big to even anything stays).
+    Partitions on a worker that is gone go where they even the load best.  Deterministic:
+    the same holders, rows and workers give the same answer."""
+    fair = sum(rows) / max(len(workers), 1)
+    owner = [h if h in workers else None for h in holders]
+    load = {w: sum(r for o, r in zip(owner, rows) if o == w) for w in workers}
+    for i in sorted((i for i, o in enumerate(owner) if o is None), key=lambda i: -rows[i]):
+        owner[i] = min(workers, key=lambda w: (load[w], w))
+        load[owner[i]] += rows[i]
+    for w in sorted(workers, key=lambda w: -load[w]):
+        for i in reversed([i for i, o in enumerate(owner) if o == w]):
+            if load[w] <= fair * (1 + BALANCE_SLACK):
+                break
+            to = min(workers, key=lambda v: (load[v], v))
+            if load[to] + rows[i] >= load[w]:       # moving it would not even the load
+                continue
+            owner[i], load[w], load[to] = to, load[w] - rows[i], load[to] + rows[i]
+    return tuple(owner)
+
+
+def place_partitions(workers: Sequence[Worker | str], holders: Sequence[str],
+                     rows: Sequence[int], server: bool = False) -> Placement:
+    """:func:`place` for shards that are partitions already on workers (``holders``):
+    each stays where it is, unless :func:`balance` moves it.  With a ``server`` the first
+    worker only reduces and updates, so its partitions go to the others."""
+    workers = [w if isinstance(w, Worker) else Worker(w) for w in workers]
+    head, trainers = (workers[0], workers[1:]) if server else (None, workers)
+    leaves = balance(holders, rows, [w.address for w in trainers])
+    return Placement(leaves, head.address if head else leaves[0],
+                     frozenset(w.address for w in workers if w.gpu))

@@ -187,10 +187,30 @@ def evaluate(task: Evaluate, state: TrainState, part: Shard | None) -> dict[str,
     """Loss and accuracy of the state's parameters on a held-out shard (None: there is no
     held-out data), plus the epoch's running train loss and accuracy (over its minibatches,
     each predicted before its update)."""
+    return _evaluation(task, state, evaluate_part(task, state, part) if part is not None
+                       else None)
+
+
+def evaluate_part(task: Evaluate, state: TrainState, part: Shard) -> tuple[float, int, int]:
+    """``(summed loss, correct, rows)`` of one held-out part, where it lives."""
     net = task.net
+    return net.evaluate(like(state.vector[: net.size], part.x), part.x, part.y)
+
+
+def evaluate_parts(task: Evaluate, state: TrainState, *sums: tuple[float, int, int]
+                   ) -> dict[str, float]:
+    """:func:`evaluate` over held-out data in parts: their sums added in part order."""
+    loss, correct, n = 0.0, 0, 0
+    for part_loss, part_correct, part_n in sums:
+        loss, correct, n = loss + part_loss, correct + part_correct, n + part_n
+    return _evaluation(task, state, (loss, correct, n))
+
+
+def _evaluation(task: Evaluate, state: TrainState, sums: tuple[float, int, int] | None
+                ) -> dict[str, float]:
     out = {"epoch": task.epoch + 1}
-    if part is not None:
-        loss, correct, n = net.evaluate(like(state.vector[: net.size], part.x), part.x, part.y)
+    if sums is not None:
+        loss, correct, n = sums
         out.update(loss=loss / max(n, 1), accuracy=correct / max(n, 1))
     if state.epoch_samples:
         out["train_loss"] = state.epoch_loss / state.epoch_samples

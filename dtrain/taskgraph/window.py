@@ -21,13 +21,16 @@ from dtrain.maths.optim import TrainState
 
 @dataclass(frozen=True)
 class DataItem:
-    """A loading task: ``fn(record)`` pinned (loosely) to ``worker``; its key starts with
-    ``name``.  Where the worker changes, the driver submits a fresh one there."""
+    """A loading task: ``fn(*args, *inputs)`` pinned (loosely) to ``worker``; its key starts
+    with ``name``.  ``inputs`` are the keys of data already on the cluster (a Dask
+    collection's partitions, whose futures the engine holds).  Where the worker changes,
+    the driver submits a fresh one there."""
 
     name: tuple[str | int, ...]
-    fn: Callable[[Any], Any]
-    record: Any
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
     worker: str
+    inputs: tuple[Any, ...] = ()
 
 
 class TaskGraph(dict):

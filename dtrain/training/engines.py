@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dask
-from dask.task_spec import TaskRef
+from dask.task_spec import DataNode, TaskRef
 from distributed import Client, Future, wait
 
 from dtrain.core import keys
@@ -39,7 +39,8 @@ from dtrain.core.arrays import gpu_problem
 from dtrain.maths.optim import TrainState, update
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
-from dtrain.taskgraph.dataparallel import TINY_FLOPS
+from dtrain.data import partitions
+from dtrain.taskgraph.dataparallel import TINY_FLOPS, HeldOut, add_evaluation
 from dtrain.taskgraph.placement import Placement, Worker
 from dtrain.taskgraph.records import Evaluate
 from dtrain.taskgraph.tasks import calibrate, evaluate
@@ -100,6 +101,7 @@ class Outcome:
     worker_rss: dict[str, float] = field(default_factory=dict)
     comm: dict[str, int] = field(default_factory=dict)         # bytes between workers
     split: dict[str, dict[str, Any]] = field(default_factory=dict)   # work per worker
+    moved: dict[str, Any] = field(default_factory=dict)        # partitions moved, and why
 
 
 def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float, first: int) -> dict[str, Any]:
@@ -251,6 +253,9 @@ class DaskEngine:
         self.live: list[Future] = []                # the windows in flight
         self.parts: list[Future] = []               # validation and test shards
         self.normalization = Normalization()        # the training split's, once loaded
+        coll = plan.collection                      # partitions already on the cluster
+        self.held: dict[Any, Future] = {f.key: f for f in coll.futures} if coll else {}
+        self.moved: list[tuple[int, str, str, int]] = []   # balancing: (shard, from, to, bytes)
 
     def _key(self, name: str, *parts: int | str) -> str:
         return keys.make(name, *parts, run=self.run_id)
@@ -289,18 +294,36 @@ class DaskEngine:
         wait_for_workers(c, builder.min_workers, cfg.cluster.timeout)
         self.inline = self.low_latency and tuning.inline_executor(c)
         present = self._workers()
-        placement = self.placement = builder.place(present)
+        if self.held:
+            placement = self._place_partitions(present)
+        else:
+            placement = builder.place(present)
+        self.placement = placement
         self.inline_kinds = inline_kinds(self.plan, placement,
                                          max((w.threads for w in present), default=1))
         wanted = builder.data(placement)
         for j, item in enumerate(wanted):
             if j < len(self.items) and self.items[j][0] == item.worker:
                 continue
-            future = c.submit(item.fn, item.record, key=self._key(*item.name, self.loads),
+            held = [self.held[k] for k in item.inputs]      # partitions on the cluster
+            future = c.submit(item.fn, *item.args, *held, key=self._key(*item.name, self.loads),
                               workers=[item.worker], allow_other_workers=True)
             self.items[j:j + 1] = [(item.worker, future)]
         del self.items[len(wanted):]
         self.loads += 1
+        return placement
+
+    def _place_partitions(self, present: list[Worker]) -> Placement:
+        """Partitions stay on the workers holding them, but for balancing; what moves (first
+        placement: to balance; later: off workers that are gone) is logged in ``moved``."""
+        coll = self.plan.collection
+        holders = coll.holders(self.client)
+        placement = self.plan.builder.place(present, holders, list(coll.stats.sizes))
+        nbytes = coll.nbytes(self.client) if any(
+            h != w for h, w in zip(holders, placement.leaves)) else []
+        self.moved += [(i, h, w, nbytes[i]) for i, (h, w) in
+                       enumerate(zip(holders, placement.leaves)) if h != w and h is not None
+                       and not (i < len(self.items) and self.items[i][0] == w)]
         return placement
 
     @property
@@ -314,8 +337,11 @@ class DaskEngine:
         objects) for a while, and an embedded future would keep its data alive with them."""
         return [TaskRef(f.key) for f in self.data]
 
-    def load_held_out(self, placement: Placement) -> tuple[Future | None, Future | None]:
-        """Validation and test shards, loaded where the updates run; surface data errors now."""
+    def load_held_out(self, placement: Placement) -> tuple[Any, Any]:
+        """Validation and test shards, loaded where the updates run (partitioned data: in
+        parts beside their partitions); surface data errors now."""
+        if self.held:
+            return self._held_out_parts(placement)
         p, cfg, c, root = self.plan, self.plan.config, self.client, placement.root
         parts = [c.submit(load_part, cfg.data, part, cfg.model.dtype, root in placement.gpus,
                           p.norm, key=self._key(f"load-{part}"), workers=[root],
@@ -332,6 +358,45 @@ class DaskEngine:
         self.normalization = norm.result()
         c.run(clear_cache)  # the data is built; drop the workers' copies of the files
         return parts[0], parts[1]
+
+    def _test(self, state: TrainState, test: Any, placement: Placement) -> dict[str, float]:
+        """The test split's evaluation of ``state`` (in parts where they are, if split)."""
+        win = Window()
+        start = win.add(DataNode(self._key(keys.STATE, len(self.plan.schedule)), state),
+                        placement.root)
+        key = add_evaluation(win, Evaluate(self.plan.net, -1), start, self.held_refs(test),
+                             placement.root, self.run_id)
+        with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True):
+            return self.client.get(win.dsk, key)
+
+    def _held_out_parts(self, placement: Placement) -> tuple[Any, Any]:
+        """Each partition's validation and test rows, loaded on its worker: ``[(future,
+        worker), ...]`` per split (None: the split is empty)."""
+        coll, c = self.plan.collection, self.client
+        spec = self.plan.part_sources[0].spec
+        out = []
+        for which in ("val", "test"):
+            loads = [(c.submit(partitions.held_out, spec, which, i, f,
+                               key=self._key(f"load-{which}", i), workers=[w],
+                               allow_other_workers=True), w)
+                     for i, (f, w, part) in enumerate(zip(coll.futures, placement.leaves,
+                                                          coll.parts))
+                     if getattr(part, which)]
+            out.append(loads or None)
+        self.parts = [f for loads in out if loads for f, _ in loads]
+        wait(self.data + self.parts)
+        for f in self.data + self.parts:
+            if f.status == "error":
+                f.result()
+        self.normalization = self.plan.fitted
+        return out[0], out[1]
+
+    @staticmethod
+    def held_refs(parts: Any) -> HeldOut:
+        """Held-out data as the graphs name it: a key, or ``(key, worker)`` per part."""
+        if isinstance(parts, list):
+            return tuple((TaskRef(f.key), w) for f, w in parts)
+        return TaskRef(parts.key) if parts is not None else None
 
     def _submit(self, win: Window) -> list[Future]:
         gpus = self.placement.gpus if self.placement else frozenset()
@@ -382,6 +447,8 @@ class DaskEngine:
         p = self.plan
         t0 = time.perf_counter()
         placement = self.place()
+        if self.moved:
+            recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
         val, test = self.load_held_out(placement)
         book = _Book(self.plan, recorder, watch, start.step, list(recorder.metrics))
         state, done = start.state, None
@@ -394,8 +461,8 @@ class DaskEngine:
             if window.start != start.step:
                 placement = self.place()
             win = p.builder.window([p.schedule[t] for t in window], state, self.refs,
-                                   TaskRef(val.key) if val else None, placement, self.run_id)
-            located = {f.key: w for w, f in self.items} | ({val.key: placement.root} if val else {})
+                                   self.held_refs(val), placement, self.run_id)
+            located = {f.key: w for w, f in self.items} | _located(val, placement.root)
             self.predicted_bytes += win.transfer_bytes(located)
             futures = self._submit(win)
             ends, evals = futures[:len(win.ends)], futures[len(win.ends):]
@@ -425,10 +492,7 @@ class DaskEngine:
         final = _chosen(watch, last)
         result = None
         if test is not None:
-            result = self.client.submit(evaluate, Evaluate(p.net, -1), final, test,
-                                        key=self._key(keys.EVALUATE_TEST),
-                                        workers=[placement.root],
-                                        allow_other_workers=True).result()
+            result = self._test(final, test, placement)
         moved = metrics.transfers(self.client, self.run_id)
         trained = book.steps_done(done)
         return Outcome(book.rows, final, last, self.normalization, result,
@@ -437,7 +501,32 @@ class DaskEngine:
                        metrics.task_times(self.client, self.run_id) or {},
                        metrics.worker_peak_rss_mb(self.client),
                        {"predicted": self.predicted_bytes, "measured": moved["bytes"],
-                        "transfers": moved["transfers"]}, self.split())
+                        "transfers": moved["transfers"]}, self.split(), moved_summary(self.moved))
+
+
+def moved_summary(moved: list[tuple[int, str, str, int]]) -> dict[str, Any]:
+    """``summary.json``'s account of the partitions that moved between workers."""
+    if not moved:
+        return {}
+    return {"partitions": len(moved), "bytes": sum(b for *_, b in moved),
+            "why": "balance: a worker held more than its share of the rows (or left)",
+            "moves": [{"partition": i, "from": a, "to": b, "bytes": n} for i, a, b, n in moved]}
+
+
+def moved_line(moved: list[tuple[int, str, str, int]], sizes: tuple[int, ...]) -> str:
+    """The console line saying what moved, how much, and why."""
+    froms = {a for _, a, _, _ in moved}
+    return (f"moved {len(moved)} partition{'s' if len(moved) > 1 else ''} "
+            f"({sum(b for *_, b in moved) / 1e6:,.1f} MB) off "
+            f"{', '.join(sorted(froms))} to balance the workers: "
+            f"{sum(sizes[i] for i, *_ in moved):,} of {sum(sizes):,} training rows")
+
+
+def _located(held: Any, root: str) -> dict[Any, str]:
+    """Where held-out data sits: on the root, or each part beside its partition."""
+    if isinstance(held, list):
+        return {f.key: w for f, w in held}
+    return {held.key: root} if held is not None else {}
 
 
 @dataclass

@@ -9,22 +9,27 @@ what learning rate.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import uuid
+from pathlib import Path
 
 import numpy as np
 from dataclasses import dataclass, field
 
-from dtrain.core.config import Config, OptimConfig
+from dtrain.core.config import Config, DataConfig, OptimConfig
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
 from dtrain.inference.saved import read_run
-from dtrain.data import prepare
+from dtrain.data import partitions, prepare
+from dtrain.data.partitions import PartSource, PartSpec
 from dtrain.data.shards import ShardSource, epoch_bounds, shard_ranges, sources
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, Step, TrainState, learning_rate
 from dtrain.taskgraph import strategies
 from dtrain.taskgraph.recipe import Recipe
 from dtrain.taskgraph.strategies import Builder, Strategy
+from dtrain.training import collections
+from dtrain.training.collections import Collection
 
 CHAIN_BYTES = 64 << 20   # states a worker may hold between kept ones (graph.state_every)
 
@@ -86,6 +91,9 @@ class Plan:
     schedule: Schedule
     norm: Normalization | None = None       # a model's own, to start from (model.init_from)
     init: np.ndarray | None = None          # its parameters (P,)
+    collection: Collection | None = None    # partitioned data on the workers (plan_on)
+    fitted: Normalization | None = None     # its normalization, from its statistics
+    part_sources: list[PartSource] | None = None
     strategy: Strategy = field(init=False)
     recipe: Recipe = field(init=False)
     builder: Builder | None = field(init=False)
@@ -103,8 +111,10 @@ class Plan:
         self.builder = runs_as.builder(self.recipe, cfg, self.sources)
 
     @property
-    def sources(self) -> list[ShardSource]:
+    def sources(self) -> list[ShardSource] | list[PartSource]:
         """Every shard's loading record."""
+        if self.part_sources is not None:
+            return self.part_sources
         return sources(self.config.data, self.ranges, self.info.train, self.config.model.dtype,
                        self.norm)
 
@@ -121,7 +131,55 @@ class Plan:
 
 def plan(config: Config) -> Plan:
     """Check the config against the data and build the schedule; no cluster needed."""
+    if partitioned(config.data):
+        raise UserError(f"data.dataset = '{config.data.dataset}' with data.path = "
+                        f"{config.data.path!r} is read by the workers: plan it on a cluster "
+                        f"(training.collections, plan_on)")
     info = prepare.describe(config.data)
+    ranges = shard_ranges(info.train, config.data.replicate, config.data.shards)
+    return _plan(config, info, ranges)
+
+
+def partitioned(cfg: DataConfig) -> bool:
+    """Whether the dataset is read partition by partition by the workers (Parquet, or CSV
+    files named by a glob) rather than whole by each worker that needs it."""
+    return cfg.dataset == "parquet" or (cfg.dataset == "csv" and glob.has_magic(cfg.path))
+
+
+def plan_on(config: Config, coll: Collection) -> Plan:
+    """The plan of a run on a described :class:`~dtrain.training.collections.Collection`:
+    each partition a shard, sizes and labels from its statistics."""
+    strategy = strategies.get(config.graph.strategy)
+    if strategy.in_process or strategy.leaf != "shard":
+        raise UserError(f"graph.strategy = '{strategy.name}' does not train on data that "
+                        f"stays partitioned on the workers (it needs the whole training set in "
+                        f"{'the driver' if strategy.in_process else 'every worker'}); use "
+                        f"allreduce, parameter-server or local-sgd")
+    stats = coll.stats
+    partitions.check(stats, len(coll.futures))
+    info = prepare.DatasetInfo("collection" if not config.data.path else
+                               Path(config.data.path).name, coll.features, len(stats.labels),
+                               stats.train, stats.val, stats.test, stats.labels, coll.names)
+    bounds = np.concatenate([[0], np.cumsum(stats.sizes)])
+    ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    the_plan = _plan(config, info, ranges)
+    spec = collections.with_stats(part_spec(config, coll), stats, config.data.normalize)
+    if the_plan.norm is not None:
+        spec = dataclasses.replace(spec, norm=the_plan.norm)
+    the_plan.collection, the_plan.fitted = coll, spec.norm
+    the_plan.part_sources = [PartSource(spec, i, key) for i, key in enumerate(coll.keys)]
+    the_plan.builder = the_plan.strategy.runs_as(config).builder(
+        the_plan.recipe, config, the_plan.part_sources)
+    return the_plan
+
+
+def part_spec(config: Config, coll: Collection) -> PartSpec:
+    """What every partition's tasks share, before the statistics are known."""
+    d = config.data
+    return PartSpec(coll.columns, tuple(d.split), d.seed, dtype=config.model.dtype)
+
+
+def _plan(config: Config, info: prepare.DatasetInfo, ranges: list[tuple[int, int]]) -> Plan:
     layers = config.model.layers
     if layers[0] != info.features:
         raise UserError(f"model.layers[0] = {layers[0]} but {info.name} has {info.features} input "
@@ -135,7 +193,6 @@ def plan(config: Config) -> Plan:
                         f"{str(train.keep_best).lower()} watch the validation loss, but "
                         f"data.split = {list(config.data.split)} leaves no validation samples; "
                         f"give the split a validation share or set train.monitor = 'train_loss'")
-    ranges = shard_ranges(info.train, config.data.replicate, config.data.shards)
     net = Network.from_config(config.model)
     opt = Optimizer(config.optim, net, config.model.l2)
     schedule = Schedule([b - a for a, b in ranges], config.train.batch_size, config.optim,

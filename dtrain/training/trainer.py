@@ -9,7 +9,7 @@ as Dask task graphs for every other strategy) and write the run directory.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,10 @@ from dtrain.observe.rundir import new_run_dir
 from dtrain.training import checkpoint
 from dtrain.training.checkpoint import Checkpoints
 from dtrain.training.engines import DaskEngine, Outcome, SerialEngine, Start
-from dtrain.training.plan import Plan, plan
+from dtrain.taskgraph import strategies
+from dtrain.training import collections
+from dtrain.training.collections import Collection
+from dtrain.training.plan import Plan, part_spec, partitioned, plan, plan_on
 from dtrain.training.stopping import Watch
 
 
@@ -82,10 +85,43 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
     Diverged
         When the training loss becomes NaN or infinite.
     """
+    if partitioned(config.data):
+        return train_on(config, lambda c: collections.from_files(c, config.data), client=client,
+                        out=out, echo=echo)
     the_plan = plan(config)
     return _run(the_plan, Recorder(config, out, echo), Start(the_plan.initial_state()), client,
                 Watch(config.train))
 
+
+def train_on(config: Config, data: Callable[[Client], Collection], *,
+             client: Client | None = None, out: str | Path | None = None,
+             echo: Echo | None = print) -> RunResult:
+    """Train on data that stays where it is on the cluster: ``data(client)`` makes it a
+    :class:`~dtrain.training.collections.Collection` (a Dask collection's partitions, or
+    files the workers read); each partition becomes a shard on the worker holding it.
+
+    Parameters are as for :func:`train`; the config's ``[data]`` says how to split and
+    normalize.  Nothing is gathered to the driver.
+    """
+    with _planned(config, client, data) as (the_plan, c):
+        return _run(the_plan, Recorder(config, out, echo), Start(the_plan.initial_state()), c,
+                    Watch(config.train))
+
+
+@contextlib.contextmanager
+def _planned(config: Config, client: Client | None,
+             data: Callable[[Client], Collection] | None = None
+             ) -> Iterator[tuple[Plan, Client | None]]:
+    """The plan of a run, and the client it runs on: data read on the workers needs the
+    cluster before it can be planned (its sizes and statistics come from there)."""
+    if data is None and not partitioned(config.data):
+        yield plan(config), client
+        return
+    data = data or (lambda c: collections.from_files(c, config.data))
+    with _cluster(config, client) as c:
+        coll = data(c)
+        collections.describe(c, coll, part_spec(config, coll), config.graph.fan_in)
+        yield plan_on(config, coll), c
 
 def resume(run_dir: str | Path, *, config: Config | None = None, client: Client | None = None,
            echo: Echo | None = print) -> RunResult:
@@ -133,7 +169,13 @@ def check_resume(run_dir: str | Path, config: Config | None = None) -> Resumptio
 def resume_checked(point: Resumption, *, client: Client | None = None,
                    echo: Echo | None = print) -> RunResult:
     """:func:`resume` from a :func:`check_resume` result."""
-    the_plan, ckpt = plan(point.config), point.checkpoint
+    with _planned(point.config, client) as (the_plan, c):
+        return _resume(point, the_plan, c, echo)
+
+
+def _resume(point: Resumption, the_plan: Plan, client: Client | None,
+            echo: Echo | None) -> RunResult:
+    ckpt = point.checkpoint
     start = Start(ckpt.state, ckpt.step, ckpt.epochs_done) if ckpt is not None \
         else Start(the_plan.initial_state())
     extending = checkpoint.finished(point.run_dir)
@@ -187,13 +229,25 @@ def _engine(plan: Plan, client: Client | None,
         with recorder.attached(client):
             yield DaskEngine(plan, client)
     else:
-        needed = strategy.min_workers
-        if not cfg.cluster.scheduler_address and cfg.cluster.workers < needed:
-            raise UserError(f"graph.strategy = '{strategy.name}' needs {needed} workers "
-                            f"({strategy.workers_word.removeprefix('the head + ')}), found "
-                            f"{cfg.cluster.workers}; use --workers {needed}")
-        with connect(cfg.cluster) as own, recorder.attached(own):
+        with _cluster(cfg, None) as own, recorder.attached(own):
             yield DaskEngine(plan, own)
+
+
+@contextlib.contextmanager
+def _cluster(cfg: Config, client: Client | None) -> Iterator[Client]:
+    """``client``, or a cluster of our own (closed after) with the workers the strategy
+    needs."""
+    if client is not None:
+        yield client
+        return
+    strategy = strategies.get(cfg.graph.strategy)
+    needed = strategy.min_workers
+    if not cfg.cluster.scheduler_address and cfg.cluster.workers < needed:
+        raise UserError(f"graph.strategy = '{strategy.name}' needs {needed} workers "
+                        f"({strategy.workers_word.removeprefix('the head + ')}), found "
+                        f"{cfg.cluster.workers}; use --workers {needed}")
+    with connect(cfg.cluster) as own:
+        yield own
 
 
 def default_out_dir(config_path: str | Path | None) -> Path:
@@ -245,6 +299,7 @@ def _summary(plan: Plan, outcome: Outcome, watch: Watch) -> dict[str, Any]:
         **_timing(outcome),
         **_comm(outcome),
         "work_split": outcome.split,
+        **({"data_moved": outcome.moved} if outcome.moved else {}),
         "driver_peak_rss_mb": round(peak_rss_mb(), 1),
         "worker_peak_rss_mb": outcome.worker_rss,
     }

@@ -1,0 +1,209 @@
+"""Training data that is a Dask collection: its partitions stay where they are.
+
+:func:`from_arrays`, :func:`from_frame` and :func:`from_files` make a
+:class:`Collection`: every partition computed (or already held) on the
+cluster, one future each, in partition order, where the scheduler put it (for
+files: each worker reads its own).  Nothing is gathered to the driver or
+concatenated anywhere; unknown chunk sizes are learnt once, by
+:func:`describe`, which runs :func:`dtrain.data.partitions.part_stats` on each
+partition's worker and merges the results in a tree of fixed fan-in and order.
+"""
+from __future__ import annotations
+
+import glob
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import dask
+from dask.task_spec import Task, TaskRef
+from distributed import Client, Future, wait
+
+from dtrain.core import keys
+from dtrain.core.config import DataConfig
+from dtrain.core.errors import DataError
+from dtrain.data import partitions, tables
+from dtrain.data.partitions import Columns, PartSpec, PartStats
+
+
+@dataclass
+class Collection:
+    """A collection's partitions on the cluster: ``futures[i]`` holds partition ``i`` (a
+    pandas DataFrame, or an ``(x, y)`` pair of array blocks), read as ``columns`` says."""
+
+    futures: list[Future]
+    columns: Columns
+    features: int
+    names: tuple[str, ...] | None = None
+    stats: PartStats | None = None                # once described
+    parts: list[PartStats] = field(default_factory=list)   # each partition's, in order
+
+    @property
+    def keys(self) -> list[Any]:
+        return [f.key for f in self.futures]
+
+    def holders(self, client: Client) -> list[str | None]:
+        """The worker holding each partition now (the first, by address, if several)."""
+        where = client.who_has(self.futures)
+        return [min(where.get(k) or [None], key=str) for k in self.keys]
+
+    def nbytes(self, client: Client) -> list[int]:
+        sizes = client.nbytes(keys=self.keys, summary=False)
+        return [int(sizes.get(k, 0)) for k in self.keys]
+
+
+# --- making one -------------------------------------------------------------------------------
+
+def _numeric_columns(dtypes: dict[str, Any], features: list[str], where: str) -> None:
+    import pandas as pd
+
+    bad = [c for c in features if not (pd.api.types.is_numeric_dtype(dtypes[c])
+                                       or pd.api.types.is_bool_dtype(dtypes[c]))]
+    if bad:
+        raise DataError(f"feature column{'s' if len(bad) > 1 else ''} "
+                        f"{', '.join(map(repr, bad))} of {where} {'are' if len(bad) > 1 else 'is'} "
+                        f"not numeric ({', '.join(str(dtypes[c]) for c in bad)}); encode or drop "
+                        f"{'them' if len(bad) > 1 else 'it'} before training")
+
+
+def from_frame(client: Client, frame: Any, label: str | Any, where: str = "the dataframe"
+               ) -> Collection:
+    """A dask.dataframe (features and, by name, the label column; or ``label`` a Series of
+    the same partitions) as a :class:`Collection`."""
+    if not isinstance(label, str):
+        name = label.name if label.name is not None and label.name not in frame.columns \
+            else "__label__"
+        frame = frame.assign(**{name: label})
+        label = name
+    if label not in frame.columns:
+        raise DataError(f"the label column {label!r} is not a column of {where}; its columns "
+                        f"are {', '.join(map(str, frame.columns))}")
+    features = [str(c) for c in frame.columns if c != label]
+    _numeric_columns(frame.dtypes.to_dict(), features, where)
+    futures = client.compute(frame.to_delayed())
+    return Collection(futures, Columns(tuple(features), label), len(features), tuple(features))
+
+
+def from_arrays(client: Client, x: Any, y: Any) -> Collection:
+    """Dask arrays ``x`` (rows, features) and ``y`` (rows,) as a :class:`Collection`: one
+    partition per block of rows of ``x`` (``y`` is cut the same way)."""
+    if x.ndim != 2:
+        raise DataError(f"X must be 2-d (rows, features), got {x.ndim}-d")
+    x = x.rechunk({1: -1})
+    unknown = any(c != c for c in (*x.chunks[0], *y.chunks[0]))     # NaN: not known yet
+    if not (unknown and len(x.chunks[0]) == len(y.chunks[0])):     # else: blocks pair up
+        if unknown:                                # learnt once, from the data in memory
+            x, y = client.persist([x, y])
+            x, y = x.compute_chunk_sizes(), y.compute_chunk_sizes()
+        if x.shape[0] != y.shape[0]:
+            raise DataError(f"X has {x.shape[0]} rows but y has {y.shape[0]}; pass one label "
+                            f"per row")
+        y = y.rechunk({0: x.chunks[0]})
+    pairs = [dask.delayed(_pair, pure=True)(xb, yb)
+             for xb, yb in zip(x.to_delayed().ravel(), y.to_delayed().ravel())]
+    return Collection(client.compute(pairs), Columns(), int(x.shape[1]))
+
+
+def _pair(x: Any, y: Any) -> tuple[Any, Any]:
+    return x, y
+
+
+def from_files(client: Client, cfg: DataConfig) -> Collection:
+    """``data.path``'s files (a glob) read by the workers through dask.dataframe: Parquet
+    with pyarrow, or CSV with the separator and header found in the first file."""
+    import dask.dataframe as dd
+
+    paths = sorted(glob.glob(cfg.path))
+    if not paths:
+        raise DataError(f"data.path = {cfg.path!r} matches no file; give a file or a glob such "
+                        f"as /data/part-*.{'parquet' if cfg.dataset == 'parquet' else 'csv'}")
+    if cfg.dataset == "parquet":
+        frame = dd.read_parquet(paths, engine="pyarrow")
+    else:
+        layout = tables.sniff(Path(paths[0]), cfg.delimiter)
+        frame = dd.read_csv(paths, sep=layout.delimiter, header=0 if layout.header else None,
+                            **({} if layout.header else {"names": [
+                                str(i) for i in range(layout.width)]}), blocksize=None)
+    label = cfg.label or str(frame.columns[-1])
+    return from_frame(client, frame, label, where=cfg.path)
+
+
+# --- describing it ----------------------------------------------------------------------------
+
+def describe(client: Client, coll: Collection, spec: PartSpec, fan_in: int) -> PartStats:
+    """Every partition's :class:`PartStats` on its worker, merged in a tree of ``fan_in``
+    in partition order; the merged total is also kept in ``coll.stats``."""
+    run = uuid.uuid4().hex[:8]
+    wait(coll.futures)                     # every partition read or computed, on its worker
+    for future in coll.futures:
+        if future.status == "error":
+            future.result()                # the reading error, here
+    holders = coll.holders(client)
+    dsk, where, level = {}, {}, []
+    for i, future in enumerate(coll.futures):
+        key = keys.make(keys.PART_STATS, i, run=run)
+        dsk[key] = Task(key, partitions.part_stats, spec, i, TaskRef(future.key))
+        where[key] = holders[i]
+        level.append(key)
+    each = list(level)
+    depth = 0
+    while len(level) > 1:
+        nxt = []
+        for j in range(0, len(level), fan_in):
+            group = level[j:j + fan_in]
+            key = keys.make(keys.MERGE_STATS, depth, j // fan_in, run=run)
+            dsk[key] = Task(key, partitions.merge, *(TaskRef(k) for k in group))
+            where[key] = where[group[0]]
+            nxt.append(key)
+        level, depth = nxt, depth + 1
+    with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=True):
+        futures = client.get(dsk, [level[0], *each], sync=False)
+    total, *parts = client.gather(futures)
+    coll.stats, coll.parts = total, parts
+    return total
+
+
+def with_stats(spec: PartSpec, stats: PartStats, norm_kind: str) -> PartSpec:
+    """The spec every shard-building task gets once the statistics are known."""
+    return replace(spec, classes=stats.labels, norm=partitions.normalization(stats, norm_kind))
+
+
+def check_files(cfg: DataConfig, layers: tuple[int, ...]) -> None:
+    """What can be known of ``data.path``'s files before any worker reads them: that the
+    glob matches, that the label column is there, that the features are numeric and as many
+    as ``model.layers[0]`` (Parquet: from the first file's schema; CSV: its first lines)."""
+    paths = sorted(glob.glob(cfg.path))
+    if not paths:
+        raise DataError(f"data.path = {cfg.path!r} matches no file; give a file or a glob such "
+                        f"as /data/part-*.{'parquet' if cfg.dataset == 'parquet' else 'csv'}")
+    if cfg.dataset == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            schema = pq.read_schema(paths[0])
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"cannot read {paths[0]} as Parquet: {exc}") from None
+        names = [n for n in schema.names if not n.startswith("__index_level_")]
+        numeric = {n: pa.types.is_integer(schema.field(n).type) or pa.types.is_floating(
+            schema.field(n).type) or pa.types.is_boolean(schema.field(n).type) for n in names}
+    else:
+        layout = tables.sniff(Path(paths[0]), cfg.delimiter)
+        names = list(layout.header or map(str, range(layout.width)))
+        numeric = {n: True for n in names}         # the sample's types are found by dask
+    label = cfg.label or names[-1]
+    if label not in names:
+        raise DataError(f"data.label = {label!r} is not a column of {paths[0]}; its columns "
+                        f"are {', '.join(names)}")
+    features = [n for n in names if n != label]
+    bad = [n for n in features if not numeric[n]]
+    if bad:
+        raise DataError(f"feature column{'s' if len(bad) > 1 else ''} {', '.join(map(repr, bad))} "
+                        f"of {paths[0]} {'are' if len(bad) > 1 else 'is'} not numeric; encode or "
+                        f"drop {'them' if len(bad) > 1 else 'it'}, or name the label with "
+                        f"data.label")
+    if layers[0] != len(features):
+        raise DataError(f"model.layers[0] = {layers[0]} but {paths[0]} has {len(features)} "
+                        f"feature columns ({label!r} is the label); set model.layers = "
+                        f"[{len(features)}, ...]")
