@@ -10,8 +10,7 @@ from dtrain.core.errors import UserError
 from dtrain.deploy import mpi
 from dtrain.observe import tracking
 from dtrain.taskgraph import strategies
-from dtrain.training import checkpoint
-from dtrain.training import collections
+from dtrain.training import checkpoint, collections
 from dtrain.training.plan import partitioned, plan
 from dtrain.training.trainer import check_resume, default_out_dir, resume_checked, train
 

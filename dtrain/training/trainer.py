@@ -23,16 +23,16 @@ from dtrain.core.modelfile import ModelSpec
 from dtrain.core.version import __version__
 from dtrain.deploy.connect import connect
 from dtrain.deploy.signals import StopSignals
+from dtrain.maths.optim import TrainState
 from dtrain.observe.console import Echo
 from dtrain.observe.metrics import peak_rss_mb
 from dtrain.observe.recorder import Recorder
 from dtrain.observe.rundir import new_run_dir
-from dtrain.training import checkpoint
-from dtrain.training.checkpoint import Checkpoints
-from dtrain.training.engines import DaskEngine, Outcome, SerialEngine, Start
 from dtrain.taskgraph import strategies
-from dtrain.training import collections
+from dtrain.training import checkpoint, collections
+from dtrain.training.checkpoint import Checkpoints
 from dtrain.training.collections import Collection
+from dtrain.training.engines import DaskEngine, Outcome, SerialEngine, Start
 from dtrain.training.plan import Plan, part_spec, partitioned, plan, plan_on
 from dtrain.training.stopping import Watch
 
@@ -51,12 +51,21 @@ class RunResult:
         ``{"W1": ..., "b1": ..., ...}``, as saved in ``params.npz``.
     out
         The run directory, or None if the run wrote no files.
+    model
+        What ``model.json`` says (layers, normalization, class labels): with
+        ``params``, a :class:`dtrain.Model` (``dtrain.Model(result.model,
+        result.params)``).
+    state
+        The last step's training state (parameters and optimizer slots), to go
+        on from.
     """
 
     metrics: list[dict[str, Any]]
     summary: dict[str, Any]
     params: dict[str, np.ndarray]
     out: Path | None = None
+    model: ModelSpec | None = None
+    state: TrainState | None = None
 
 
 def train(config: Config, *, client: Client | None = None, out: str | Path | None = None,
@@ -95,17 +104,19 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
 
 def train_on(config: Config, data: Callable[[Client], Collection], *,
              client: Client | None = None, out: str | Path | None = None,
-             echo: Echo | None = print) -> RunResult:
+             echo: Echo | None = print, initial: TrainState | None = None) -> RunResult:
     """Train on data that stays where it is on the cluster: ``data(client)`` makes it a
     :class:`~dtrain.training.collections.Collection` (a Dask collection's partitions, or
     files the workers read); each partition becomes a shard on the worker holding it.
 
     Parameters are as for :func:`train`; the config's ``[data]`` says how to split and
-    normalize.  Nothing is gathered to the driver.
+    normalize.  Nothing is gathered to the driver.  ``initial``: start from this state
+    (parameters and optimizer slots, as :attr:`RunResult.state` gives) instead of the
+    seeded initialization.
     """
     with _planned(config, client, data) as (the_plan, c):
-        return _run(the_plan, Recorder(config, out, echo), Start(the_plan.initial_state()), c,
-                    Watch(config.train))
+        start = Start(initial if initial is not None else the_plan.initial_state())
+        return _run(the_plan, Recorder(config, out, echo), start, c, Watch(config.train))
 
 
 @contextlib.contextmanager
@@ -214,9 +225,9 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
                 from None
         params = the_plan.net.named(the_plan.opt.params(outcome.state))
         summary = _summary(the_plan, outcome, watch)
-        recorder.finish(params, summary, model_spec(the_plan, outcome, watch),
-                        keep_checkpoint=watch.stopped is None)
-    return RunResult(outcome.metrics, summary, params, recorder.path)
+        spec = model_spec(the_plan, outcome, watch)
+        recorder.finish(params, summary, spec, keep_checkpoint=watch.stopped is None)
+    return RunResult(outcome.metrics, summary, params, recorder.path, spec, outcome.last)
 
 
 @contextlib.contextmanager
