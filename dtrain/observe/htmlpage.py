@@ -4,10 +4,10 @@ BokehJS is most of such a page (``bokeh.min.js`` alone is 1.3 MB), so it goes
 in LZMA-compressed (280 kB; deflate, which browsers could inflate themselves,
 leaves 350 kB) and written with :data:`ALPHABET` (13 bits in two printable
 characters, 23 % over the bytes where base64 adds 33 %); the page's own small
-decoder (:data:`UNPACK_JS`) unpacks it, runs it, then draws the figures.  The figures' document (the
-models and their data) stays plain JSON in the page.  Everything else on the
-page is plain HTML: the figures' places are ``<!--root:NAME-->`` comments in
-the body.
+decoder (:data:`UNPACK_JS`) unpacks it, runs it, then draws the figures.  The
+figures' document (the models and their data) stays plain JSON in the page.
+Everything else on the page is plain HTML: the figures' places are
+``<!--root:NAME-->`` comments in the body.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ h1 { margin: 4px 0; font-size: 24px; } h2 { margin: 24px 0 4px; font-size: 19px;
 h3 { margin: 14px 0 6px; font-size: 15px; }
 .grid { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 12px 20px;
         align-items: start; }
+@media (max-width: 900px) { .grid { grid-template-columns: minmax(0, 1fr); } }
 .wide { margin: 8px 0; }
 .note { color: #555; font-size: 13px; margin: 2px 0 8px; }
 table.kv { border-collapse: collapse; font-size: 13px; }
@@ -46,9 +47,9 @@ table.kv th { background: #f3f3f3; }
 """
 
 # Unpack BokehJS (:data:`ALPHABET` text -> LZMA bytes -> JavaScript), run it, then the
-# figures' script (the body of dtrainEmbed).  The LZMA decoder follows Igor Pavlov's public
-# domain reference decoder (LzmaSpec.cpp), for an ".lzma" stream of a known unpacked size; the
-# whole output is its dictionary.
+# figures' script (the body of dtrainEmbed).  The LZMA decoder follows the structure of Igor
+# Pavlov's public-domain reference decoder (LzmaSpec.cpp), for an ".lzma" stream of a known
+# unpacked size; the whole output is its dictionary.
 UNPACK_JS = r"""
 function dtrainText(el) {
   const text = el.textContent.trim(), size = Number(el.dataset.bytes);
@@ -139,7 +140,11 @@ function dtrainLzma(src, size) {
       } else {
         let dist;
         if (!bit(isRepG1, state)) dist = rep1;
-        else { if (!bit(isRepG2, state)) dist = rep2; else { dist = rep3; rep3 = rep2; } rep2 = rep1; }
+        else {
+          if (!bit(isRepG2, state)) dist = rep2;
+          else { dist = rep3; rep3 = rep2; }
+          rep2 = rep1;
+        }
         rep1 = rep0;
         rep0 = dist;
       }

@@ -25,7 +25,7 @@ from bokeh.models import ColumnDataSource
 from dtrain.core import files
 from dtrain.core.errors import UserError
 from dtrain.observe import figures, htmlpage
-from dtrain.observe.taskcharts import step_figure, step_times, timeline_figure
+from dtrain.observe.taskcharts import ordinal, step_figure, step_times, timeline_figure
 
 __all__ = ["RunData", "build", "step_times", "write"]
 
@@ -143,8 +143,8 @@ def build(runs: list[RunData]) -> tuple[str, dict[str, Model]]:
             len(runs) > 1 else ""
         source, every = _epochs_source(run)
         if every > 1:
-            notes.append(f"{html.escape(run.name)}: every {every}th epoch of "
-                         f"{len(run.metrics):,} shown")
+            notes.append(f"{html.escape(run.name)}: every {ordinal(every)} epoch of "
+                         f"{len(run.metrics):,} shown (and the last)")
         figures.add_loss(loss, source, c, label)
         figures.add_accuracy(acc, source, c, label)
         figures.add_rate(rate, source, "samples_per_second", c, label)

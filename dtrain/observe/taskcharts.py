@@ -119,7 +119,7 @@ def step_figure(times: dict[str, list[float]], name: str = "report-step-time") -
         marks = fig.scatter("step", "y", source=source, marker="inverted_triangle", size=10,
                             color="#D55E00", legend_label="above the axis (hover: its time)")
         fig.add_tools(HoverTool(renderers=[marks], tooltips=tips))
-        notes.append(f"y axis cut at {top:,.1f} ms ({TOP_HEADROOM:g} x the "
+        notes.append(f"y axis cut at {top:,.1f} ms ({TOP_HEADROOM:g} × the "
                      f"{TOP_QUANTILE * 100:g}th percentile step); {len(over):,} slower step"
                      f"{'s' if len(over) > 1 else ''} marked at the top, up to "
                      f"{max(total):,.1f} ms")
@@ -150,8 +150,8 @@ def timeline_data(timeline: dict[str, Any] | None) -> tuple[list[str], dict[str,
 
     t0 = records[0]["start"] if records else 0.0
     kept = records[-MAX_INTERVALS:]
-    lanes = sorted({lane(r) for r in kept},
-                   key=lambda s: [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in s.split()])
+    lanes = sorted({lane(r) for r in kept}, key=lambda s: [
+        (0, int(p), "") if p.isdigit() else (1, 0, p) for p in s.split()])
     bars: dict[str, dict[str, list]] = {}
     for r in kept:
         kind = keys.family(keys.kind_of(r["key"])) if r["action"] == "compute" else "transfer"
