@@ -7,7 +7,8 @@ several runs.  It shows the training and validation loss and accuracy per
 epoch, throughput, each run's summary, step-time split and per-worker
 timeline (:mod:`~dtrain.observe.taskcharts`), how its work was split over
 the workers, and its config.  The page (:mod:`~dtrain.observe.htmlpage`)
-stays small: long series are thinned and say so, BokehJS goes in packed.
+stays small: long series are thinned and say so, BokehJS and the figures
+go in deflated.
 """
 from __future__ import annotations
 
