@@ -3,6 +3,7 @@ one size, a step-time axis that a slow step does not flatten, the work split wit
 values, long series thinned (and saying so) and the default iris run's page under 500 kB."""
 from __future__ import annotations
 
+import base64
 import json
 import random
 import re
@@ -16,7 +17,7 @@ from bokeh.models import ColumnDataSource, Legend
 import dtrain
 from browser import ARTIFACTS, bokeh_figures, errors, open_browser
 from conftest import run_cli
-from dtrain.observe import figures
+from dtrain.observe import figures, htmlpage
 
 # Every Bokeh figure on the page, as its model says: where its legends are, its y range,
 # the texts above it (title and notes) and the rows of data per renderer.
@@ -167,12 +168,13 @@ def test_default_iris_report_is_under_500_kb(iris_run):
     size = (iris_run / "report.html").stat().st_size
     assert size < 500_000, f"report.html is {size:,} bytes"
     rows = len(json.loads((iris_run / "timeline.json").read_text())["rows"])
-    page = (iris_run / "report.html").read_text()
-    assert (f"the last 1,000 of {rows:,} task intervals shown" in page) == (rows > 1000)
+    shown = htmlpage.unpack((iris_run / "report.html").read_text(), "dtrain-figures")
+    assert (f"the last 1,000 of {rows:,} task intervals shown" in shown) == (rows > 1000)
 
 
 def test_a_short_run_keeps_every_point(short_run):
     page = (short_run / "report.html").read_text()
+    page += htmlpage.unpack(page, "dtrain-figures")
     assert "shown" not in page                          # no "every k-th", no "the last N"
     models = _by_name(_look(short_run / "report.html")["models"])
     summary = json.loads((short_run / "summary.json").read_text())
@@ -248,31 +250,69 @@ def test_long_series_are_thinned_and_say_so(long_run):
     assert (run / "report.html").stat().st_size < 500_000
 
 
-@pytest.mark.parametrize("size", [0, 1, 12, 13, 14, 1000])
-def test_packing_alphabet_round_trips(size):
-    from dtrain.observe import htmlpage
-    data = random.Random(size).randbytes(size)
+# Bytes whose base85 is "<!--0<script>00": unbroken in a script element, "<!--" then
+# "<script>" would make the HTML parser read on past its "</script>".
+ESCAPING = base64.b85decode("<!--0<script>00")
+
+
+@pytest.mark.parametrize("data", [b"", b"a", b"abcd", b"abcde", bytes(range(256)) * 3,
+                                  ESCAPING, b"x" + ESCAPING])
+def test_packing_round_trips_in_python(data):
     text = htmlpage.encode(data)
-    assert set(text) <= set(htmlpage.ALPHABET) and not set(text) & set("<>&")
-    assert len(text) == 2 * -(-8 * size // 13)
-    assert htmlpage.decode(text, size) == data
+    assert "<!--" not in text and "/" not in text               # nothing that ends the script
+    assert base64.b85decode(text.replace("\n", "")) == data
+    words = data.decode("latin-1") + "é中😀"
+    page = htmlpage.packed_script(words, "p")
+    assert htmlpage.unpack(page, "p") == words
+
+
+def _in_chromium(tmp_path, body: str, script: str):
+    """Run async ``script`` (its last argument is the callback) on a page of ``body`` and
+    :data:`~dtrain.observe.htmlpage.UNPACK_JS`; what it gives back and the page's errors."""
+    page = tmp_path / "packed.html"
+    page.write_text(f'<!DOCTYPE html><meta charset="utf-8"><body>{body}'
+                    f"<script>{htmlpage.UNPACK_JS}</script></body>")
+    with open_browser() as browser:
+        browser.get(page.as_uri())
+        back = browser.execute_async_script(script)
+        return back, errors(browser)
+
+
+def test_base85_decodes_in_chromium(tmp_path):
+    """The page's base85 decoder gives back every tail length and all 85 characters, and
+    the text that would fool the HTML parser, broken by :func:`htmlpage.encode`, leaves
+    the script after it running."""
+    cases = [bytes(range(n)) for n in range(10)] + [ESCAPING, random.Random(3).randbytes(5000)]
+    body = "".join(f'<script type="text/plain" id="b{i}">{htmlpage.encode(c)}</script>'
+                   for i, c in enumerate(cases))
+    back, errs = _in_chromium(tmp_path, body, f"""
+        const done = arguments[arguments.length - 1], out = [];
+        for (let i = 0; i < {len(cases)}; i++)
+          out.push(Array.from(dtrainBytes(document.getElementById("b" + i).textContent)));
+        done(out);""")
+    assert errs == []
+    assert [bytes(b) for b in back] == cases
 
 
 def test_packed_text_unpacks_in_chromium(tmp_path):
-    """The page's own decoder (alphabet, then LZMA) gives back what was packed: random
-    words at random distances (matches and repeats), non-ASCII text, random letters."""
-    from dtrain.observe import htmlpage
+    """The browser inflates what was packed: long repetitive text and non-ASCII text; a
+    payload with one character changed is refused (the zlib stream's check), not run."""
     rng = random.Random(7)
     words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 12)))
              for _ in range(400)]
     text = "".join(rng.choice(words) + rng.choice(" \n") for _ in range(40_000))
-    text += "é中😀<\\'\"" * 500 + "".join(chr(rng.randint(32, 0x2FF)) for _ in range(20_000))
-    page = tmp_path / "packed.html"
-    page.write_text(f'<!DOCTYPE html><meta charset="utf-8"><body>'
-                    f'{htmlpage.packed_script(text, "packed")}'
-                    f"<script>{htmlpage.UNPACK_JS}</script></body>")
-    with open_browser() as browser:
-        browser.get(page.as_uri())
-        back = browser.execute_script("return dtrainText(document.getElementById('packed'))")
-        assert errors(browser) == []
-    assert back == text
+    text += "é中😀<\\'\"</script>" * 500 + "".join(chr(rng.randint(32, 0x2FF))
+                                                   for _ in range(20_000))
+    good = htmlpage.packed_script(text, "good")
+    data = re.search(r'id="good">([^/]*)</script>', good).group(1)
+    i = len(data) // 2
+    changed = data[:i] + ("0" if data[i] != "0" else "1") + data[i + 1:]
+    bad = f'<script type="text/plain" id="bad">{changed}</script>'
+    back, errs = _in_chromium(tmp_path, good + bad, """
+        const done = arguments[arguments.length - 1], el = (id) => document.getElementById(id);
+        dtrainText(el("good")).then(good => dtrainText(el("bad"))
+          .then(bad => done([good, "inflated: " + bad.length]), err => done([good, String(err)])));
+        """)
+    assert errs == []
+    assert back[0] == text
+    assert back[1].startswith("TypeError"), back[1][:200]
