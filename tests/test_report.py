@@ -18,7 +18,7 @@ import dtrain
 from browser import bokeh_figures, errors, open_browser, screenshot
 from conftest import REPO, run_cli
 from dtrain.core.keys import kind_of
-from dtrain.observe import htmlreport
+from dtrain.observe import htmlpage, htmlreport
 
 QUICK = ["train.epochs=3", "data.shards=4"]
 
@@ -37,6 +37,7 @@ def test_report_is_standalone_with_the_run_in_it(run_dir):
     page = (run_dir / "report.html").read_text()
     assert not re.search(r"<script[^>]+src=", page), "report.html must not load scripts"
     assert "cdn.bokeh.org" not in page
+    page += htmlpage.unpack(page, "dtrain-figures")     # the figures' document, packed
     for name in ("report-loss", "report-accuracy", "report-step-time", "report-timeline"):
         assert name in page, name
     assert "train accuracy" in page and "validation accuracy" in page      # legend labels
@@ -73,6 +74,7 @@ def test_report_command_rebuilds_and_overlays(run_dir, tmp_path):
     proc = run_cli("report", str(run_dir), str(serial), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
+    page += htmlpage.unpack(page, "dtrain-figures")
     assert f"{run_dir.name}: train loss" in page and "serial: train loss" in page
     assert "keys that differ" in page and "graph.strategy" in page
 

@@ -8,7 +8,9 @@ trackers (:mod:`~dtrain.observe.tracking`); on the scheduler, the plugin that ke
 each run's log (:mod:`~dtrain.observe.live`, :mod:`~dtrain.observe.runlog`),
 the ``/dtrain`` page (:mod:`~dtrain.observe.livepage`) and the task timers
 (:mod:`~dtrain.observe.metrics`); ``report.html``
-(:mod:`~dtrain.observe.htmlreport`, :mod:`~dtrain.observe.figures`) and
+(:mod:`~dtrain.observe.htmlreport`, its task charts
+:mod:`~dtrain.observe.taskcharts`, the page :mod:`~dtrain.observe.htmlpage`
+and the figures shared with the live page, :mod:`~dtrain.observe.figures`) and
 task-graph pictures (:mod:`~dtrain.observe.drawing`).  It reads records and
 is told what happened; it never drives a run.
 

@@ -6,13 +6,15 @@ hold the columns of ``metrics.jsonl`` (``epoch``, ``train_loss``,
 ``train_accuracy``, ``val_loss``, ``val_accuracy``, ``samples_per_second``)
 and, for steps, ``epoch`` (fractional), ``loss`` and ``rate``.  In both the
 loss and the accuracy figure a run's training curve is solid and its
-validation curve dashed, in the same colour.
+validation curve dashed, in the same colour.  Legends sit below the plot
+frame (:func:`legend_outside`), never on the data.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.models import ColumnDataSource, HoverTool, Legend, NumeralTickFormatter
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
@@ -27,12 +29,33 @@ BUSY_COLORS = {**COLORS, "load": COLORS["load-shard"], "transfer": "#F0E442",
 
 def new_figure(title: str, y_label: str, *, x_label: str = "epoch", name: str | None = None,
                **kwargs: Any) -> figure:
-    """A figure in dtrain's style: stretches to the page width, pan/zoom tools."""
+    """A figure in dtrain's style: stretches to the page width, pan/zoom tools above it."""
     fig = figure(title=title, x_axis_label=x_label, y_axis_label=y_label, tools=TOOLS,
                  height=kwargs.pop("height", 280), sizing_mode="stretch_width", name=name,
-                 **kwargs)
+                 toolbar_location="above", **kwargs)
     fig.toolbar.logo = None
     return fig
+
+
+def legend_outside(fig: figure, where: str = "below", ncols: int = 3) -> None:
+    """Move ``fig``'s legend out of the plot frame (``where``: ``"below"`` or ``"right"``);
+    below, its items run in rows of at most ``ncols``.  Idempotent: call it again after
+    adding items."""
+    for legend in [m for m in fig.center if isinstance(m, Legend)]:
+        fig.center.remove(legend)
+        fig.add_layout(legend, where)
+    for legend in fig.below:
+        if isinstance(legend, Legend):
+            legend.orientation = "horizontal"
+            legend.ncols = max(1, min(ncols, len(legend.items)))
+            legend.padding, legend.margin, legend.spacing = 4, 4, 12
+            legend.border_line_alpha = 0
+
+
+def legend_rows(fig: figure) -> int:
+    """How many rows of items the legends below ``fig`` take."""
+    return sum(math.ceil(len(m.items) / (m.ncols if isinstance(m.ncols, int) else len(m.items)))
+               for m in fig.below if isinstance(m, Legend) and m.items)
 
 
 def _hover(fig: figure, renderers: list, y: str, fmt: str = "{0.0000}") -> None:
@@ -53,8 +76,8 @@ def add_loss(fig: figure, epochs: ColumnDataSource, color: str, label: str = "",
                    line_dash="dashed", legend_label=f"{prefix}validation loss")
     _hover(fig, [train], "train_loss")
     _hover(fig, [val], "val_loss")
-    fig.legend.location = "top_right"
     fig.legend.click_policy = "hide"
+    legend_outside(fig)
 
 
 def add_accuracy(fig: figure, epochs: ColumnDataSource, color: str, label: str = "") -> None:
@@ -68,14 +91,16 @@ def add_accuracy(fig: figure, epochs: ColumnDataSource, color: str, label: str =
     fig.scatter("epoch", "val_accuracy", source=epochs, color=color, size=4)
     _hover(fig, [train], "train_accuracy")
     _hover(fig, [val], "val_accuracy")
-    fig.legend.location = "bottom_right"
     fig.legend.click_policy = "hide"
+    legend_outside(fig)
 
 
 def add_rate(fig: figure, source: ColumnDataSource, y: str, color: str,
              label: str = "") -> None:
-    """Training samples per second (``y`` names the column)."""
+    """Training samples per second (``y`` names the column); a legend only for a labelled
+    run (the axis says what a lone curve is)."""
     line = fig.line("epoch", y, source=source, color=color, line_width=2,
-                    legend_label=label or "samples/s")
+                    **({"legend_label": label} if label else {}))
     _hover(fig, [line], y, "{0,0}")
-    fig.legend.location = "bottom_right"
+    fig.yaxis.formatter = NumeralTickFormatter(format="0,0")
+    legend_outside(fig)

@@ -1,39 +1,43 @@
-"""``report.html``: a standalone Bokeh page (scripts inline, opens offline) about runs.
+"""``report.html``: a standalone page (scripts inline, opens offline) about runs.
 
 Built from the run directory's files alone (``config.toml``,
 ``metrics.jsonl``, ``summary.json``, ``timeline.json``), so
 ``python -m dtrain report DIR [DIR...]`` rebuilds it any time and overlays
 several runs.  It shows the training and validation loss and accuracy per
-epoch, throughput, each step's time split into compute (the critical path
-through the step's tasks) and overhead (the rest: messages, scheduling,
-transfers, the driver), a per-worker timeline of the tasks, and each run's
-config and summary.
+epoch, throughput, each run's summary, step-time split and per-worker
+timeline (:mod:`~dtrain.observe.taskcharts`), how its work was split over
+the workers, and its config.  The page (:mod:`~dtrain.observe.htmlpage`)
+stays small: long series are thinned and say so, BokehJS and the figures
+go in deflated.
 """
 from __future__ import annotations
 
 import html
 import json
+import math
 import tomllib
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bokeh.embed import file_html
-from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, Div, FactorRange, HoverTool, TabPanel, Tabs
-from bokeh.resources import INLINE
+from bokeh.model import Model
+from bokeh.models import ColumnDataSource
 
-from dtrain.core import files, keys
+from dtrain.core import files
 from dtrain.core.errors import UserError
-from dtrain.observe import figures
-from dtrain.observe.console import split_lines
+from dtrain.observe import figures, htmlpage
+from dtrain.observe.taskcharts import ordinal, step_figure, step_times, timeline_figure
 
-STEP_TYPES = (keys.FORWARD_BACKWARD, keys.REDUCE, keys.UPDATE)
+__all__ = ["RunData", "build", "step_times", "write"]
+
 SUMMARY_KEYS = ("dataset", "strategy", "workers", "shards", "fan_in", "epochs", "steps",
                 "batch_size", "train_samples", "seconds", "samples_per_second",
                 "final_train_loss", "final_train_accuracy", "final_val_accuracy", "test_loss",
-                "test_accuracy", "work_split")
+                "test_accuracy")
+EPOCH_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
+                 "samples_per_second")
+FIGURE_HEIGHT, LEGEND_ROW = 300, 22     # px: the epoch figures, and each further legend row
+MAX_EPOCH_POINTS = 500      # more epochs than this: every k-th epoch's point (and the last)
 
 
 @dataclass
@@ -70,136 +74,32 @@ class RunData:
         return cls(path.resolve().name, config, metrics, summary, timeline)
 
 
-# --- numbers from the task records --------------------------------------------------------------
-
-def _records(timeline: dict[str, Any] | None) -> list[dict[str, Any]]:
-    if not timeline:
-        return []
-    cols = timeline["columns"]
-    return [dict(zip(cols, r)) for r in timeline["rows"]]
-
-
-def step_times(timeline: dict[str, Any] | None) -> dict[str, list[float]]:
-    """Per recorded step: wall time (from the previous step's end to this one's), compute on
-    its critical path (slowest ``forward-backward`` + slowest ``reduce`` of each level +
-    ``update``), and overhead (wall - compute), in milliseconds.  A step ends with its update,
-    or, where every worker updates (``update-<step>-<shard>``, off the critical path), with
-    its last gradient task."""
-    fb: dict[int, float] = defaultdict(float)
-    levels: dict[int, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
-    upd: dict[int, float] = defaultdict(float)
-    end: dict[int, float] = {}
-    begin: dict[int, float] = {}
-    for r in _records(timeline):
-        k = keys.parse(r["key"])
-        if r["action"] != "compute" or k is None or k.kind not in STEP_TYPES or k.replicated:
-            continue                                # (replicated updates: off the critical path)
-        step, took = k.step, r["stop"] - r["start"]
-        begin[step] = min(begin.get(step, r["start"]), r["start"])
-        end[step] = max(end.get(step, r["stop"]), r["stop"])
-        if k.kind == keys.FORWARD_BACKWARD:
-            fb[step] = max(fb[step], took)
-        elif k.kind == keys.REDUCE:
-            levels[step][k.tree] = max(levels[step][k.tree], took)
-        else:
-            upd[step] = took
-    out: dict[str, list[float]] = {"step": [], "wall": [], "compute": [], "overhead": []}
-    for step in sorted(end):
-        start = end[step - 1] if step - 1 in end else begin[step]
-        compute = fb[step] + sum(levels[step].values()) + upd[step]
-        wall = end[step] - start
-        for name, value in (("step", step), ("wall", wall * 1e3), ("compute", compute * 1e3),
-                            ("overhead", max(wall - compute, 0.0) * 1e3)):
-            out[name].append(value)
-    return out
-
-
-def timeline_rows(timeline: dict[str, Any] | None) -> dict[str, list[Any]]:
-    """Columns for the per-worker timeline: one bar per compute or transfer interval."""
-    records = _records(timeline)
-    names = (timeline or {}).get("workers", {})
-    threads: dict[str, set] = defaultdict(set)
-    for r in records:
-        threads[r["worker"]].add(r["thread"])
-    t0 = min((r["start"] for r in records), default=0.0)
-    cols: dict[str, list[Any]] = defaultdict(list)
-    for r in records:
-        kind = keys.family(keys.kind_of(r["key"])) if r["action"] == "compute" else "transfer"
-        lane = f"worker {names.get(r['worker'], r['worker'])}"
-        if len(threads[r["worker"]]) > 1:
-            lane += f" thread {sorted(threads[r['worker']]).index(r['thread'])}"
-        cols["lane"].append(lane)
-        cols["left"].append(r["start"] - t0)
-        cols["right"].append(r["stop"] - t0)
-        cols["ms"].append((r["stop"] - r["start"]) * 1e3)
-        cols["key"].append(r["key"])
-        cols["type"].append(kind or "other")
-        cols["color"].append(figures.BUSY_COLORS.get(kind or "", keys.color(kind)))
-        cols["height"].append(0.35 if kind == "transfer" else 0.8)
-    return dict(cols)
-
-
 # --- figures ------------------------------------------------------------------------------
 
-def _epochs_source(run: RunData) -> ColumnDataSource:
-    keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
-            "samples_per_second")
-    return ColumnDataSource({k: [m.get(k) if m.get(k) is not None else float("nan")
-                                 for m in run.metrics] for k in keys})
+def _num(value: Any) -> float:
+    return float("nan") if value is None else float(f"{value:.6g}")
 
 
-def _step_figure(run: RunData) -> Any:
-    times = step_times(run.timeline)
-    if not times["step"]:
-        return Div(text="<p><i>No task records for this run (serial runs have none): no "
-                        "step-time split.</i></p>")
-    fig = figures.new_figure("Step time: compute on the critical path vs overhead", "ms",
-                             x_label="step", name="report-step-time")
-    fig.vbar_stack(["compute", "overhead"], x="step", width=0.9, source=ColumnDataSource(times),
-                   color=[keys.color(keys.FORWARD_BACKWARD), "#BBBBBB"],
-                   legend_label=["compute", "overhead"])
-    fig.add_tools(HoverTool(tooltips=[("step", "@step"), ("wall", "@wall{0.00} ms"),
-                                      ("compute", "@compute{0.00} ms"),
-                                      ("overhead", "@overhead{0.00} ms")]))
-    fig.add_layout(fig.legend[0], "right")
-    return fig
+def _epochs_source(run: RunData) -> tuple[ColumnDataSource, int]:
+    """The epoch rows (every k-th and the last where there are many) and k."""
+    every = math.ceil(len(run.metrics) / MAX_EPOCH_POINTS) or 1
+    rows = run.metrics[::every]
+    if every > 1 and rows[-1] is not run.metrics[-1]:
+        rows.append(run.metrics[-1])
+    return ColumnDataSource({k: [_num(m.get(k)) for m in rows] for k in EPOCH_COLUMNS}), every
 
 
-def _timeline_figure(run: RunData) -> Any:
-    rows = timeline_rows(run.timeline)
-    if not rows:
-        return Div(text="<p><i>No task records: no timeline.</i></p>")
-    lanes = sorted(set(rows["lane"]), key=lambda s: [(0, int(p), "") if p.isdigit() else
-                                                     (1, 0, p) for p in s.split()])
-    kept, seen = len(run.timeline["rows"]), run.timeline.get("tasks_seen")
-    note = f" (the last {kept} intervals of {seen} tasks)" if seen and kept >= \
-        run.timeline.get("limit", kept + 1) else ""
-    fig = figures.new_figure(f"Tasks per worker{note}", "", x_label="seconds",
-                             y_range=FactorRange(*reversed(lanes)), name="report-timeline",
-                             height=max(200, 60 * len(lanes) + 80))
-    bars = fig.hbar(y="lane", left="left", right="right", height="height", color="color",
-                    legend_field="type", source=ColumnDataSource(rows))
-    fig.add_tools(HoverTool(renderers=[bars], tooltips=[("task", "@key"),
-                                                        ("took", "@ms{0.000} ms")]))
-    fig.add_layout(fig.legend[0], "right")
-    return fig
-
-
-def _summary_value(summary: dict[str, Any], key: str) -> Any:
-    if key == "work_split":         # only worth a row where CPU and GPU workers mixed
-        return "; ".join(line.removeprefix("work split: ")
-                         for line in split_lines(summary)) or None
-    return summary.get(key)
+def _cell(v: Any) -> str:
+    if isinstance(v, bool) or v is None or not isinstance(v, int | float):
+        return f"<td>{html.escape('-' if v is None else str(v))}</td>"
+    text = f"{v:,}" if isinstance(v, int) else f"{v:.6g}"
+    return f'<td class="num">{text}</td>'
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
-    def cell(v: Any) -> str:
-        text = f"{v:.6g}" if isinstance(v, float) else ("-" if v is None else str(v))
-        return f"<td>{html.escape(text)}</td>"
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(cell(v) for v in r) + "</tr>" for r in rows)
-    return f'<table style="border-collapse:collapse" border="1" cellpadding="4">' \
-           f"<tr>{head}</tr>{body}</table>"
+    body = "".join("<tr>" + "".join(_cell(v) for v in r) + "</tr>" for r in rows)
+    return f'<table class="kv"><tr>{head}</tr>{body}</table>'
 
 
 def _config_rows(runs: list[RunData]) -> list[list[Any]]:
@@ -209,18 +109,43 @@ def _config_rows(runs: list[RunData]) -> list[list[Any]]:
     keys = list(dict.fromkeys(k for f in flat for k in f))
     if len(runs) > 1:
         keys = [k for k in keys if len({json.dumps(f.get(k)) for f in flat}) > 1]
-    return [[k, *(f.get(k) for f in flat)] for k in keys]
+    return [[k, *(json.dumps(f.get(k)) if isinstance(f.get(k), list) else f.get(k)
+                  for f in flat)] for k in keys]
 
 
-def build(runs: list[RunData]) -> Any:
-    """The report's Bokeh layout for one run or an overlay of several."""
-    loss = figures.new_figure("Loss", "loss", name="report-loss")
-    acc = figures.new_figure("Accuracy", "accuracy", name="report-accuracy")
-    rate = figures.new_figure("Throughput", "samples/s", name="report-rate")
+def work_split_table(summary: dict[str, Any] | None) -> str:
+    """Per worker: its device, the shards it computed, their samples, the samples/s measured
+    (runs that mixed CPU and GPU workers) and its peak memory; a note where there were no
+    workers."""
+    split = (summary or {}).get("work_split") or {}
+    if not split:
+        return '<p class="note">No work split: the run had no Dask workers.</p>'
+    rss = summary.get("worker_peak_rss_mb") or {}
+    names = sorted(split, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))
+    shards = "shards" if any(split[n].get("samples") is not None for n in names) else "leaves"
+    cols = [("device", "device"), ("leaves", shards), ("samples", "samples"),
+            ("samples_per_second", "samples/s measured")]
+    cols = [(k, t) for k, t in cols if any(split[n].get(k) is not None for n in names)]
+    header = ["worker", *(t for _, t in cols)] + (["peak memory (MB)"] if rss else [])
+    rows = [[n, *(split[n].get(k) for k, _ in cols)] + ([rss.get(n)] if rss else [])
+            for n in names]
+    return _table(header, rows)
+
+
+def build(runs: list[RunData]) -> tuple[str, dict[str, Model]]:
+    """The report's body (HTML, with ``<!--root:NAME-->`` where a figure goes) and its
+    figures by name, for one run or an overlay of several."""
+    loss = figures.new_figure("Loss", "loss", name="report-loss", height=FIGURE_HEIGHT)
+    acc = figures.new_figure("Accuracy", "accuracy", name="report-accuracy", height=FIGURE_HEIGHT)
+    rate = figures.new_figure("Throughput", "samples/s", name="report-rate", height=FIGURE_HEIGHT)
+    notes = []
     for i, run in enumerate(runs):
         c, label = figures.RUN_COLORS[i % len(figures.RUN_COLORS)], run.name if \
             len(runs) > 1 else ""
-        source = _epochs_source(run)
+        source, every = _epochs_source(run)
+        if every > 1:
+            notes.append(f"{html.escape(run.name)}: every {ordinal(every)} epoch of "
+                         f"{len(run.metrics):,} shown (and the last)")
         figures.add_loss(loss, source, c, label)
         figures.add_accuracy(acc, source, c, label)
         figures.add_rate(rate, source, "samples_per_second", c, label)
@@ -228,29 +153,44 @@ def build(runs: list[RunData]) -> Any:
         if test is not None and run.metrics:
             acc.scatter([run.metrics[-1]["epoch"]], [test], marker="star", size=14, color=c,
                         legend_label=f"{label + ': ' if label else ''}test accuracy")
-    names = ", ".join(html.escape(r.name) for r in runs)
+            figures.legend_outside(acc)
+    rows = max(figures.legend_rows(f) for f in (loss, acc, rate))
+    for fig in (loss, acc, rate):             # the same size, whatever their legends hold
+        fig.height = FIGURE_HEIGHT + LEGEND_ROW * max(rows - 1, 0)
+    roots: dict[str, Model] = {"loss": loss, "accuracy": acc, "rate": rate}
     summary = _table(["", *(r.name for r in runs)],
-                     [[k, *(_summary_value(r.summary or {}, k) for r in runs)]
-                      for k in SUMMARY_KEYS])
-    config = _table(["config key", *(r.name for r in runs)], _config_rows(runs))
+                     [[k, *((r.summary or {}).get(k) for r in runs)] for k in SUMMARY_KEYS])
+    parts = ["<h1>dtrain report</h1>",
+             f'<p class="note">{", ".join(html.escape(r.name) for r in runs)}</p>',
+             *(f'<p class="note">{n}</p>' for n in notes),
+             '<div class="grid"><div><!--root:loss--></div><div><!--root:accuracy--></div>',
+             f'<div><!--root:rate--></div><div><h3>summary</h3>{summary}</div></div>']
+    for i, run in enumerate(runs):
+        if len(runs) > 1:
+            parts.append(f"<h2>{html.escape(run.name)}</h2>")
+        times = step_times(run.timeline)
+        if times["step"]:
+            roots[f"step-{i}"] = step_figure(times)
+            parts.append(f'<div class="wide"><!--root:step-{i}--></div>')
+        else:
+            parts.append('<p class="note"><i>No task records for this run (serial runs have '
+                         'none): no step-time split and no timeline.</i></p>')
+        timeline = timeline_figure(run.timeline)
+        if timeline is not None:
+            roots[f"timeline-{i}"] = timeline
+            parts.append(f'<div class="wide"><!--root:timeline-{i}--></div>')
+        parts.append(f"<h3>work split</h3>{work_split_table(run.summary)}")
     title = "config (keys that differ)" if len(runs) > 1 else "config"
-    per_run = [column(_step_figure(r), _timeline_figure(r), sizing_mode="stretch_width")
-               for r in runs]
-    detail = per_run[0] if len(runs) == 1 else Tabs(
-        tabs=[TabPanel(child=p, title=r.name) for p, r in zip(per_run, runs)],
-        sizing_mode="stretch_width")
-    return column(Div(text=f"<h1>dtrain report</h1><p>{names}</p>"),
-                  row(loss, acc, sizing_mode="stretch_width"),
-                  row(rate, Div(text=f"<h3>summary</h3>{summary}"),
-                      sizing_mode="stretch_width"),
-                  detail, Div(text=f"<h3>{title}</h3>{config}"), sizing_mode="stretch_width")
+    config = _table(["config key", *(r.name for r in runs)], _config_rows(runs))
+    parts.append(f"<h3>{title}</h3>{config}")
+    return "\n".join(parts), roots
 
 
 def write(runs: list[RunData], out: str | Path) -> Path:
     """Write the report of ``runs`` to ``out`` (standalone HTML) and return its path."""
     out = Path(out)
-    page = file_html(build(runs), resources=INLINE,
-                     title=f"dtrain report: {', '.join(r.name for r in runs)}")
+    body, roots = build(runs)
+    page = htmlpage.page(f"dtrain report: {', '.join(r.name for r in runs)}", body, roots)
     try:
         files.atomic_write(out, page.encode())
     except OSError as exc:
