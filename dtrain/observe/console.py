@@ -52,7 +52,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The final console summary."""
     return [
         f"done: {summary['strategy']} on {summary['workers']} worker(s), "
-        f"{summary['shards']} shards, {summary['epochs']} epochs, {summary['steps']} steps "
+        f"{summary['shards']} shards, {_epochs(summary)}, "
+        f"{summary.get('steps_run', summary['steps'])} steps "
         f"in {summary['seconds']:.2f} s ({_fmt(summary['samples_per_second'], ',.0f')} samples/s)",
         f"test_accuracy {_fmt(summary['test_accuracy'], '.4f')}  "
         f"test_loss {_fmt(summary['test_loss'], '.4f')}  "
@@ -63,6 +64,17 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     ] + ([f"bytes between workers per step {summary['comm_bytes_per_step']:,.0f} (from the "
           f"graph), {_fmt(summary.get('comm_bytes_measured_per_step'), ',.0f')} (measured)"]
          if summary.get("comm_bytes_per_step") is not None else []) + split_lines(summary)
+
+
+def _epochs(summary: dict[str, Any]) -> str:
+    """``40 epochs``, or ``79 of 200 epochs (stopped early; best val_loss at epoch 74,
+    kept)``."""
+    stopped = summary.get("stopped_early")
+    if not stopped:
+        return f"{summary['epochs']} epochs"
+    kept = ", its parameters kept" if summary.get("params_from_epoch") else ""
+    return (f"{stopped} of {summary['epochs']} epochs (stopped early; best "
+            f"{summary['monitor']} at epoch {summary['best_epoch']}{kept})")
 
 
 def split_lines(summary: dict[str, Any]) -> list[str]:

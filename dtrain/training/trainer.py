@@ -293,6 +293,8 @@ def _summary(plan: Plan, outcome: Outcome, watch: Watch) -> dict[str, Any]:
         "epochs_run": len(outcome.metrics),
         **watch.summary(),
         "steps": len(plan.schedule),
+        "steps_run": (watch.stopped * plan.schedule.steps_per_epoch if watch.stopped
+                      else len(plan.schedule)),
         "batch_size": min(cfg.train.batch_size, plan.train_samples),
         "parameters": net.size,
         "train_samples": plan.train_samples,
