@@ -61,9 +61,7 @@ class TargetSums:
 
     def r2(self) -> np.ndarray:
         """``1 - sse / m2`` per target (T,)."""
-        exact = np.where(self.sse == 0, 1.0, 0.0)                      # constant targets
-        ratio = np.divide(self.sse, self.m2, out=np.zeros_like(self.sse), where=self.m2 > 0)
-        return np.where(self.m2 > 0, 1.0 - ratio, exact)
+        return r2(self.sse, self.m2)
 
     def overall(self) -> dict[str, float]:
         """``mse``, ``rmse``, ``mae`` and ``r2``: each the mean of the per-target figures."""
@@ -75,3 +73,13 @@ class TargetSums:
         figures = {k: getattr(self, k)() for k in ("mse", "rmse", "mae", "r2")}
         return {str(name): {k: float(v[j]) for k, v in figures.items()}
                 for j, name in enumerate(names)}
+
+
+def r2(sse: np.ndarray, m2: np.ndarray) -> np.ndarray:
+    """R^2 per target (T,) from the summed squared errors and the targets' centred sums of
+    squares: ``1 - sse / m2``; a constant target (``m2`` 0) scores 1 if predicted exactly,
+    else 0."""
+    sse, m2 = np.asarray(sse, dtype=np.float64), np.asarray(m2, dtype=np.float64)
+    exact = np.where(sse == 0, 1.0, 0.0)
+    ratio = np.divide(sse, m2, out=np.zeros_like(sse), where=m2 > 0)
+    return np.where(m2 > 0, 1.0 - ratio, exact)

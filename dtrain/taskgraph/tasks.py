@@ -21,6 +21,7 @@ from dtrain.core.arrays import like, on_device, sum_in_order, to_host
 from dtrain.data.shards import Shard
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, Step, TrainState, average, local_sgd, update
+from dtrain.maths.scores import TargetSums
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, LocalSteps, Reduce,
                                       Update, Updates)
 
@@ -186,15 +187,22 @@ def average_states(task: Average, state: TrainState, *buffers) -> TrainState:
 def evaluate(task: Evaluate, state: TrainState, part: Shard | None) -> dict[str, float]:
     """Loss and accuracy of the state's parameters on a held-out shard (None: there is no
     held-out data), plus the epoch's running train loss and accuracy (over its minibatches,
-    each predicted before its update)."""
+    each predicted before its update).  A regression has no accuracy (None); on the test
+    split (``epoch`` -1) it gets ``r2``, ``rmse`` and ``mae`` (each the mean over targets,
+    see :mod:`dtrain.maths.scores`)."""
     net = task.net
     out = {"epoch": task.epoch + 1}
     if part is not None:
-        loss, correct, n = net.evaluate(like(state.vector[: net.size], part.x), part.x, part.y)
-        out.update(loss=loss / max(n, 1), accuracy=correct / max(n, 1))
+        params = like(state.vector[: net.size], part.x)
+        loss, correct, n = net.evaluate(params, part.x, part.y)
+        out.update(loss=loss / max(n, 1), accuracy=None if net.regression else correct / max(n, 1))
+        if net.regression and task.epoch < 0:
+            sums = TargetSums.of(to_host(net.outputs(params, part.x)), to_host(part.y))
+            out.update({k: v for k, v in sums.overall().items() if k != "mse"})
     if state.epoch_samples:
         out["train_loss"] = state.epoch_loss / state.epoch_samples
-        out["train_accuracy"] = state.epoch_correct / state.epoch_samples
+        out["train_accuracy"] = None if net.regression \
+            else state.epoch_correct / state.epoch_samples
     if task.keep:
         out["state"] = state.with_vector(to_host(state.vector))
     return out
@@ -206,7 +214,8 @@ def calibrate(net: Network, rows: int, gpu: bool, repeats: int = 3) -> float:
     against each other."""
     rng = np.random.default_rng(0)
     x = on_device(rng.standard_normal((rows, net.layers[0])).astype(net.dtype), gpu)
-    y = on_device(rng.integers(0, net.layers[-1], rows), gpu)
+    y = on_device(rng.standard_normal((rows, net.layers[-1])).astype(net.dtype) if net.regression
+                  else rng.integers(0, net.layers[-1], rows), gpu)
     params = on_device(net.init(0), gpu)
     net.loss_and_grad(params, x, y)                    # warm up (kernels, BLAS threads)
     best = float("inf")

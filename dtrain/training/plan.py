@@ -127,8 +127,9 @@ def plan(config: Config) -> Plan:
         raise UserError(f"model.layers[0] = {layers[0]} but {info.name} has {info.features} input "
                         f"features; set model.layers = [{info.features}, ..., {info.classes}]")
     if layers[-1] != info.classes:
+        what = "targets" if config.data.target == "value" else "classes"
         raise UserError(f"model.layers[-1] = {layers[-1]} but {info.name} has {info.classes} "
-                        f"classes; set model.layers = [{info.features}, ..., {info.classes}]")
+                        f"{what}; set model.layers = [{info.features}, ..., {info.classes}]")
     train = config.train
     if (train.patience or train.keep_best) and train.monitor == "val_loss" and not info.val:
         raise UserError(f"train.patience = {train.patience}, train.keep_best = "
