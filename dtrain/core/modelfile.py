@@ -157,14 +157,14 @@ class ModelSpec:
                                  f"dtrain reads version {VERSION}: use the dtrain that wrote it")
         try:
             net, feats = d["network"], d["features"]
-            values = "targets" in d
+            values = OUTPUTS.get(net["loss"]) == "identity"    # a regression needs targets
             spec = cls(tuple(int(n) for n in net["layers"]), str(net["activation"]),
                        str(net["loss"]), str(net["dtype"]),
                        Normalization.from_dict(d["normalization"]),
-                       () if values else tuple(d["classes"]),
+                       tuple(d["classes"]) if "classes" in d or not values else (),
                        None if feats.get("names") is None else tuple(map(str, feats["names"])),
                        dict(d.get("training") or {}),
-                       tuple(map(str, d["targets"])) if values else ())
+                       tuple(map(str, d["targets"])) if "targets" in d or values else ())
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelFileError(f"{where} is incomplete or malformed ({type(exc).__name__}: "
                                  f"{exc}); it was not written by dtrain, or was edited") from None

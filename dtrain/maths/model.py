@@ -146,9 +146,10 @@ class Network:
         """Whether the targets are real values (B, T) rather than class indices (B,)."""
         return self.loss in VALUE_LOSSES
 
-    def correct(self, z, y) -> int:
-        """Rows whose largest output is their class (0 for a regression: nothing to count)."""
-        return 0 if self.regression else int((z.argmax(axis=1) == y).sum())
+    def correct(self, z, y):
+        """Rows whose largest output is their class, as an array scalar where ``z`` lives
+        (no wait for a GPU); 0 for a regression: nothing to count."""
+        return 0 if self.regression else (z.argmax(axis=1) == y).sum()
 
     @cached_property
     def shapes(self) -> list[tuple[int, int]]:
@@ -266,7 +267,7 @@ class Network:
             xs, ys = x[start:start + chunk], y[start:start + chunk]
             z = self.forward(params, xs)[-1]                 # (B, C)
             loss += float(LOSSES[self.loss](xp, z, ys)[0])
-            correct += self.correct(z, ys)
+            correct += int(self.correct(z, ys))
         return loss, correct, int(x.shape[0])
 
     def outputs(self, params, x, chunk: int = 8192):
