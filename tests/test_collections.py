@@ -169,3 +169,18 @@ def test_files_are_checked_before_anything_starts(tmp_path, capfd):
         err = capfd.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and message in err[0], err
         assert not (tmp_path / "x").exists()
+
+
+def test_a_regression_trains_on_dask_arrays_where_they_sit(client, tmp_path):
+    """Real-valued targets through the same pipeline: y float (rows,) blocks beside X."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 3))
+    y = x @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=400)
+    X, Y = da.from_array(x, chunks=(100, 3)), da.from_array(y, chunks=100)
+    run = train_on(dtrain.load_config(None, [
+        "data.dataset=synthetic", "model.loss=squared-error", "model.layers=[3, 8, 1]",
+        "train.epochs=30", "optim.name=adam", "optim.lr=0.01", "cluster.dashboard_address="]),
+        lambda c: collections.from_arrays(c, X, Y), client=client, out=tmp_path / "r",
+        echo=None)
+    assert run.summary["test_r2"] > 0.95 and run.summary["test_accuracy"] is None
+    assert json.loads((tmp_path / "r" / "model.json").read_text())["targets"] == ["y"]

@@ -204,3 +204,43 @@ def test_without_the_onnx_package_it_says_how_to_install_it():
     assert done.stderr == ""
     assert done.stdout.count("\n") == 1
     assert "pip install 'dtrain[onnx]'" in done.stdout
+
+
+# --- regression: identity outputs --------------------------------------------------------------
+
+def _regressor(activation: str, dtype: str, norm: str, targets: int,
+               seed: int = 0) -> tuple[ModelSpec, Network, np.ndarray]:
+    """A squared-error network with ``targets`` outputs, biases drawn at random."""
+    layers = (*LAYERS[:-1], targets)
+    net = Network(layers, activation, "squared-error", dtype)
+    spec = ModelSpec(layers, activation, "squared-error", dtype, _normalization(norm), (),
+                     tuple(f"feature {i}" for i in range(LAYERS[0])),
+                     targets=tuple(f"target {j}" for j in range(targets)))
+    flat, rng = net.init(seed), np.random.default_rng(seed)
+    for _, b in net.slices:
+        flat[b] = rng.normal(size=b.stop - b.start)
+    return spec, net, flat
+
+
+@pytest.mark.parametrize("targets", [1, 3])
+@pytest.mark.parametrize("norm", ["standardize", "none"])
+@pytest.mark.parametrize("activation", ["sigmoid", "tanh", "relu"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_regressor_exports_its_values_as_variable(dtype, activation, norm, targets):
+    """One output, ``variable`` (N, T) as skl2onnx names a regressor's: the last Gemm's
+    result, equal to what dtrain.Model.predict computes; no label, no probabilities."""
+    spec, net, flat = _regressor(activation, dtype, norm, targets)
+    model = to_onnx(spec, net.named(flat), dtype=dtype)
+    session = _session(model)
+    assert {o.name: o.shape for o in session.get_outputs()} == {"variable": ["N", targets]}
+    assert [n.op_type for n in model.graph.node][-1] == "Gemm"
+    x = _raw(np.random.default_rng(4), 64, norm).astype(dtype)              # (64, D)
+    (values,) = session.run(None, {"input": x})
+    predicted = dtrain.Model(spec, net.named(flat)).predict(x)              # (64,) or (64, T)
+    assert values.dtype == np.dtype(dtype) and values.shape == (64, targets)
+    assert predicted.shape == ((64,) if targets == 1 else (64, targets))
+    scale = max(1.0, float(np.abs(predicted).max()))
+    assert np.abs(values.reshape(predicted.shape) - predicted).max() <= TOLERANCE[dtype] * scale
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert json.loads(meta["targets"]) == [f"target {j}" for j in range(targets)]
+    assert "classes" not in meta and meta["output"] == "identity"

@@ -25,14 +25,15 @@ def _analytic(net: Network, l2: float, params, x, y):
 
 
 @pytest.mark.parametrize("activation", ["sigmoid", "tanh", "relu"])
-@pytest.mark.parametrize("loss", ["cross-entropy", "mse"])
+@pytest.mark.parametrize("loss", ["cross-entropy", "mse", "squared-error"])
 @pytest.mark.parametrize("layers", [(5, 4), (5, 7, 4), (5, 6, 6, 4)], ids=["0h", "1h", "2h"])
 def test_gradient_matches_central_differences(activation, loss, layers):
     net = Network(layers, activation, loss, "float64")
     rng = np.random.default_rng(3)
     params = net.init(1) + 0.1 * rng.standard_normal(net.size)   # nonzero biases too
     x = rng.standard_normal((9, layers[0]))
-    y = rng.integers(0, layers[-1], 9)
+    y = 2 * rng.standard_normal((9, layers[-1])) if net.regression \
+        else rng.integers(0, layers[-1], 9)                      # real targets (B, T) or classes
     l2 = 0.03
     grad = _analytic(net, l2, params, x, y)
     eps = 1e-6

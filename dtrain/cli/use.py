@@ -96,7 +96,8 @@ def _output(path: str | None) -> Iterator[TextIO]:
 def predict(argv: list[str]) -> int:
     """``python -m dtrain predict RUN --data PATH [--out FILE]``."""
     parser = _parser("predict", "Predict the class of every row of raw data with a trained run: "
-                                "a CSV of the predicted label and one probability per class.")
+                                "a CSV of the predicted label and one probability per class "
+                                "(a regression: one column per target, its predicted value).")
     parser.add_argument("--data", required=True, metavar="PATH",
                         help="a CSV (header and label column optional), a .npy array, IDX "
                              "files or an image folder")
@@ -107,8 +108,12 @@ def predict(argv: list[str]) -> int:
     model = Model.read(args.run)
     inp = _open(args, model)
     with _cluster(args, len(inp.parts)) as client, _output(args.out) as out:
-        rows = apply.write_predictions(out, model.classes_,
-                                       apply.each_part(apply.predict_part, model, inp, client))
+        if model.regression:
+            rows = apply.write_values(out, model.spec.targets,
+                                      apply.each_part(apply.values_part, model, inp, client))
+        else:
+            rows = apply.write_predictions(out, model.classes_, apply.each_part(
+                apply.predict_part, model, inp, client))
     if args.out:
         where = f"{len(inp.parts)} tasks on the cluster" if client else "in this process"
         print(f"predict: {rows} rows of {inp.path} ({where}) -> {args.out}")
@@ -118,7 +123,9 @@ def predict(argv: list[str]) -> int:
 def evaluate(argv: list[str]) -> int:
     """``python -m dtrain evaluate RUN [--data PATH] [--out FILE]``."""
     parser = _parser("evaluate", "Accuracy, loss, per-class precision/recall/F1 and the "
-                                 "confusion matrix of a trained run, printed and written as JSON.")
+                                 "confusion matrix of a trained run (a regression: loss, MSE, "
+                                 "RMSE, MAE and R^2 per target and overall), printed and written "
+                                 "as JSON.")
     parser.add_argument("--data", metavar="PATH", help="labelled data (CSV with a label column, "
                         "IDX with a labels file, image folder of class folders); default: the "
                         "run's own test split")
@@ -132,6 +139,10 @@ def evaluate(argv: list[str]) -> int:
         result, source = _own_test_split(Path(args.run), model), "the run's test split"
     else:
         inp = _open(args, model)
+        if not inp.labelled and model.regression:
+            raise UserError(f"{inp.path} has no targets to evaluate against; give a CSV with "
+                            f"the target column(s) ({', '.join(model.spec.targets)}), or name "
+                            f"them with --label")
         if not inp.labelled:
             raise UserError(f"{inp.path} has no labels to evaluate against; give a CSV with a "
                             f"label column, IDX images with their labels file, or an image "
@@ -158,6 +169,8 @@ def _own_test_split(run: Path, model: Model):
     if not len(y):
         raise UserError(f"{run} has no test split (data.split = {list(cfg.data.split)}); pass "
                         f"--data with labelled data to evaluate on")
+    if model.regression:                # the targets in the model's dtype, as training has them
+        y = model.values(y, len(y))
     return report(model, np.ascontiguousarray(x, dtype=model.spec.dtype), y)
 
 
@@ -195,6 +208,7 @@ def export_model(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     spec, params = read_run(args.run)
     path = export.write_onnx(spec, params, args.out, dtype=args.dtype)
-    print(f"export: {args.run} -> {path} (ONNX opset {export.OPSET}, {args.dtype}, "
-          f"{len(spec.classes)} classes)")
+    n = len(spec.targets)
+    outputs = f"{n} target{'s' * (n > 1)}" if spec.regression else f"{len(spec.classes)} classes"
+    print(f"export: {args.run} -> {path} (ONNX opset {export.OPSET}, {args.dtype}, {outputs})")
     return 0

@@ -77,6 +77,8 @@ def free(default: Any, doc: str = "") -> Any:
 # --- the schema ---------------------------------------------------------------------
 
 DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "parquet", "synthetic")
+VALUE_LOSSES = ("squared-error",)    # losses whose targets are real numbers (regression)
+VALUE_DATASETS = ("csv", "parquet", "synthetic")    # datasets that can hold such targets
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,11 @@ class DataConfig:
     dataset: str = choice("iris", *DATASETS)
     path: str = free("", "directory (mnist, image-folder), or a file or glob of files (csv, "
                      "parquet: e.g. /data/part-*.parquet)")
-    label: str = free("", "csv, parquet: the label column's name ('': the last column)")
+    label: str = free("", "csv, parquet: the label column's name ('': the last column); "
+                      "csv regression: several target columns' names separated by commas")
+    target: str = choice("auto", "auto", "class", "value",
+                         doc="what a row's label is: a class, or real values (regression); "
+                         "auto: value for model.loss = 'squared-error', else class")
     delimiter: str = _opt("", "'' (detect) or one character, e.g. ';'",
                           lambda v: len(v) <= 1, "csv: the field separator")
     split: tuple[float, ...] = _opt(
@@ -98,6 +104,7 @@ class DataConfig:
     samples: int = at_least(1000, 3, "synthetic: number of samples")
     features: int = at_least(20, 1, "synthetic: input dimension")
     classes: int = at_least(3, 2, "synthetic: number of classes")
+    targets: int = at_least(1, 1, "synthetic regression: number of targets")
     image_size: tuple[int, ...] = _opt(
         (), "[] (native size) or [height, width] of positive integers",
         lambda v: len(v) == 0 or (len(v) == 2 and min(v) >= 1))
@@ -110,7 +117,10 @@ class ModelConfig:
         (4, 16, 3), "a list of at least two positive sizes, input first",
         lambda v: len(v) >= 2 and min(v) >= 1)
     activation: str = choice("tanh", "sigmoid", "tanh", "relu")
-    loss: str = choice("cross-entropy", "cross-entropy", "mse")
+    loss: str = choice("cross-entropy", "cross-entropy", "mse", "squared-error",
+                       doc="cross-entropy: softmax outputs; mse: sigmoid outputs against "
+                       "one-hot classes; squared-error: identity outputs against real targets "
+                       "(regression)")
     l2: float = at_least(0.0, 0.0, "L2 weight penalty (weights, not biases)")
     dtype: str = choice("auto", "auto", "float32", "float64",
                         doc="auto: float32 where the run uses GPUs, else float64")
@@ -253,6 +263,8 @@ class Config:
         merged = self.to_dict()
         for name, values in sections.items():
             merged.setdefault(name, {}).update(values)
+        if "loss" in sections.get("model", {}) and "target" not in sections.get("data", {}):
+            merged["data"]["target"] = "auto"       # derived from the loss: derive it again
         return from_dict(merged, source="replace()")
 
 
@@ -336,9 +348,16 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
             raise ConfigError(f"'{name}' in {source} must be a table ([{name}])")
     cfg = Config(**{name: _section(name, data.get(name, {}), source) for name in SECTIONS})
     _check_consistency(cfg, source)
+    if cfg.data.target == "auto":
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, target=_auto_target(cfg)))
     if cfg.model.dtype == "auto":
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=_auto_dtype(cfg)))
     return cfg
+
+
+def _auto_target(cfg: Config) -> str:
+    """Real-valued targets for a regression loss, classes for the others."""
+    return "value" if cfg.model.loss in VALUE_LOSSES else "class"
 
 
 def _auto_dtype(cfg: Config) -> str:
@@ -359,6 +378,15 @@ def _check_consistency(cfg: Config, source: str) -> None:
                           f"needs {needs_path[cfg.data.dataset]} "
                           f"(e.g. --set data.path=/data/{cfg.data.dataset})")
     STRATEGIES[cfg.graph.strategy].check(cfg, source)
+    if cfg.data.target != "auto" and cfg.data.target != _auto_target(cfg):
+        raise ConfigError(f"data.target = '{cfg.data.target}' in {source} but model.loss = "
+                          f"'{cfg.model.loss}' learns {_auto_target(cfg)} targets; set "
+                          f"data.target = 'auto' (or '{_auto_target(cfg)}'), or a loss for "
+                          f"{cfg.data.target} targets")
+    if _auto_target(cfg) == "value" and cfg.data.dataset not in VALUE_DATASETS:
+        raise ConfigError(f"model.loss = '{cfg.model.loss}' in {source} learns real-valued "
+                          f"targets, but dataset '{cfg.data.dataset}' has classes; use one of "
+                          f"{', '.join(map(repr, VALUE_DATASETS))}, or a classification loss")
     c = cfg.cluster
     if c.scheduler_address and c.kind != "local":
         raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own scheduler; "

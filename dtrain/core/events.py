@@ -10,7 +10,8 @@ driver.  Every event of a run is a dict on the topic :func:`topic` with a
   ``train_samples``, ``workers``;
 * ``step``: ``step`` (steps done), ``epoch`` (from 1), ``loss`` (the
   minibatch's mean loss), ``epoch_loss`` and ``epoch_accuracy`` (running means
-  over the epoch so far), ``seen`` (samples so far this epoch), ``t`` (time);
+  over the epoch so far; the accuracy None for a regression), ``seen`` (samples
+  so far this epoch), ``t`` (time);
 * ``epoch``: a ``metrics.jsonl`` row;
 * ``end``.
 
@@ -48,6 +49,7 @@ class StepEvents:
 
     run: str
     gap: float = 0.0
+    accuracy: bool = True       # False: a regression; its events carry no accuracy (None)
 
 
 class _LastSent:
@@ -86,5 +88,6 @@ def step_event(events: StepEvents, step: Any, before: Any, after: Any) -> None:
     worker.log_event(topic(events.run), {
         "kind": "step", "step": step.index + 1, "epoch": step.epoch + 1,
         "loss": step_loss / step.count, "epoch_loss": after.epoch_loss / after.epoch_samples,
-        "epoch_accuracy": after.epoch_correct / after.epoch_samples,
+        "epoch_accuracy": after.epoch_correct / after.epoch_samples if events.accuracy
+        else None,
         "seen": after.epoch_samples, "t": time.time()})

@@ -22,6 +22,13 @@ them (strings or integers), in the order of the network's outputs.  The
 parameters stay in ``params.npz`` (``W1``, ``b1``, ... with ``W`` as
 ``(outputs, inputs)``).  This module owns the format; the recorder writes it,
 :mod:`dtrain.inference` reads it.
+
+A regression (``loss`` "squared-error", ``output`` "identity": the outputs
+are the predictions, targets as given in training, not normalized) has
+``"targets": ["price", ...]``, the names of its outputs in order, in place of
+``classes``.  That is an optional field added to version 1, not a change of
+meaning: a classifier's file is as before, and a dtrain that predates
+regression refuses a regressor's file by its unknown loss.
 """
 from __future__ import annotations
 
@@ -38,7 +45,8 @@ from dtrain.core.errors import UserError
 
 FORMAT = "dtrain-model"
 VERSION = 1
-OUTPUTS = {"cross-entropy": "softmax", "mse": "sigmoid"}   # the loss decides the output layer
+OUTPUTS = {"cross-entropy": "softmax", "mse": "sigmoid",   # the loss decides the output layer
+           "squared-error": "identity"}
 Label = str | int
 
 
@@ -87,7 +95,11 @@ class Normalization:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What ``model.json`` holds: the network's shape, its input pipeline and its labels."""
+    """What ``model.json`` holds: the network's shape, its input pipeline and its labels.
+
+    A classifier has ``classes`` (one per output); a regression (loss
+    ``squared-error``) has none and names its outputs in ``targets``.
+    """
 
     layers: tuple[int, ...]
     activation: str
@@ -97,17 +109,26 @@ class ModelSpec:
     classes: tuple[Label, ...]
     feature_names: tuple[str, ...] | None = None
     training: dict[str, Any] = field(default_factory=dict, compare=False)
+    targets: tuple[str, ...] = ()
 
     @property
     def features(self) -> int:
         return self.layers[0]
 
     @property
+    def regression(self) -> bool:
+        """Whether the outputs are real-valued predictions (loss squared-error)."""
+        return self.output == "identity"
+
+    @property
     def output(self) -> str:
-        """``"softmax"`` (cross-entropy) or ``"sigmoid"`` (mse): what the outputs pass through."""
+        """``"softmax"`` (cross-entropy), ``"sigmoid"`` (mse) or ``"identity"``
+        (squared-error): what the outputs pass through."""
         return OUTPUTS[self.loss]
 
     def to_dict(self) -> dict[str, Any]:
+        names = {"targets": list(self.targets)} if self.regression \
+            else {"classes": [_plain(c) for c in self.classes]}
         return {"format": FORMAT, "version": VERSION,
                 "network": {"layers": list(self.layers), "activation": self.activation,
                             "loss": self.loss, "output": self.output, "dtype": self.dtype},
@@ -115,7 +136,7 @@ class ModelSpec:
                              "names": None if self.feature_names is None
                              else list(self.feature_names)},
                 "normalization": self.normalization.to_dict(),
-                "classes": [_plain(c) for c in self.classes],
+                **names,
                 "training": self.training}
 
     def to_json(self) -> str:
@@ -136,12 +157,14 @@ class ModelSpec:
                                  f"dtrain reads version {VERSION}: use the dtrain that wrote it")
         try:
             net, feats = d["network"], d["features"]
+            values = OUTPUTS.get(net["loss"]) == "identity"    # a regression needs targets
             spec = cls(tuple(int(n) for n in net["layers"]), str(net["activation"]),
                        str(net["loss"]), str(net["dtype"]),
                        Normalization.from_dict(d["normalization"]),
-                       tuple(d["classes"]),
+                       tuple(d["classes"]) if "classes" in d or not values else (),
                        None if feats.get("names") is None else tuple(map(str, feats["names"])),
-                       dict(d.get("training") or {}))
+                       dict(d.get("training") or {}),
+                       tuple(map(str, d["targets"])) if "targets" in d or values else ())
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelFileError(f"{where} is incomplete or malformed ({type(exc).__name__}: "
                                  f"{exc}); it was not written by dtrain, or was edited") from None
@@ -177,9 +200,12 @@ def _check(spec: ModelSpec, where: str) -> None:
         raise ModelFileError(f"{where}: network.layers = {list(spec.layers)} is not a network")
     if spec.loss not in OUTPUTS or spec.dtype not in ("float32", "float64"):
         raise ModelFileError(f"{where}: unknown loss {spec.loss!r} or dtype {spec.dtype!r}")
-    if len(spec.classes) != spec.layers[-1]:
-        raise ModelFileError(f"{where}: {len(spec.classes)} classes for "
-                             f"{spec.layers[-1]} outputs")
+    names, what = (spec.targets, "targets") if spec.regression else (spec.classes, "classes")
+    if len(names) != spec.layers[-1]:
+        raise ModelFileError(f"{where}: {len(names)} {what} for {spec.layers[-1]} outputs")
+    if spec.regression and spec.classes or not spec.regression and spec.targets:
+        right, wrong = ("targets", "classes") if spec.regression else ("classes", "targets")
+        raise ModelFileError(f"{where}: loss {spec.loss!r} has {right}, not {wrong}")
     norm = spec.normalization
     if norm.shift is not None and (norm.shift.shape != (spec.features,)
                                    or norm.scale is None or norm.scale.shape != (spec.features,)):

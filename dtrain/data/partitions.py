@@ -50,6 +50,7 @@ class PartSpec:
     norm: Normalization = field(default_factory=Normalization)
     dtype: str = "float64"
     gpu: bool = False
+    regression: bool = False        # the label is one or more real-valued targets
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,14 @@ def part_stats(spec: PartSpec, index: int, part: Any) -> PartStats:
     m2 = ((xt - mean) ** 2).sum(axis=0) if len(xt) else np.zeros(d)
     low = xt.min(axis=0) if len(xt) else np.full(d, np.inf)
     high = xt.max(axis=0) if len(xt) else np.full(d, -np.inf)
-    labels = tuple(np.unique(y[~_missing(y)]).tolist())
-    if _missing(y).any():
-        bad = bad or (spec.columns.label or "y", index)
+    if spec.regression:
+        labels = ()
+        if y.dtype.kind not in "fiub" or not np.isfinite(y.astype(np.float64)).all():
+            bad = bad or (spec.columns.label or "y", index)
+    else:
+        labels = tuple(np.unique(y[~_missing(y)]).tolist())
+        if _missing(y).any():
+            bad = bad or (spec.columns.label or "y", index)
     return PartStats(len(y), len(train), len(val), len(test), labels, mean, m2, low, high, bad,
                      (len(train),))
 
@@ -185,8 +191,9 @@ def _rows(spec: PartSpec, index: int, part: Any, which: int) -> Shard:
     x, y = rows_of(part, spec.columns)
     rows = split(len(y), spec, index)[which]
     xs = spec.norm.apply(x[rows], spec.dtype)                            # (n, D)
-    return Shard(index if which == 0 else -1, on_device(xs, spec.gpu),
-                 on_device(_encode(y[rows], spec.classes), spec.gpu))
+    ys = np.asarray(y[rows], dtype=spec.dtype).reshape(len(rows), -1) if spec.regression \
+        else _encode(y[rows], spec.classes)                              # (n, T) or (n,)
+    return Shard(index if which == 0 else -1, on_device(xs, spec.gpu), on_device(ys, spec.gpu))
 
 
 def shard(spec: PartSpec, index: int, part: Any) -> Shard:
@@ -199,16 +206,17 @@ def held_out(spec: PartSpec, which: str, index: int, part: Any) -> Shard:
     return _rows(replace(spec, gpu=False), index, part, {"val": 1, "test": 2}[which])
 
 
-def check(stats: PartStats, shards_needed: int = 1) -> None:
-    """Raise :class:`DataError` for what training cannot use: non-finite features, fewer
-    training rows than shards, a single class."""
+def check(stats: PartStats, shards_needed: int = 1, regression: bool = False) -> None:
+    """Raise :class:`DataError` for what training cannot use: non-finite features (or
+    targets), fewer training rows than shards, a single class."""
     if stats.bad is not None:
         column, index = stats.bad
-        raise DataError(f"column {column!r} of partition {index} holds NaN or infinite values; "
-                        f"fill or drop them before training")
+        what = "NaN or infinite values" if not regression else "values that are not finite numbers"
+        raise DataError(f"column {column!r} of partition {index} holds {what}; fill or drop "
+                        f"them before training")
     if stats.train < shards_needed:
         raise DataError(f"{stats.train} training samples for {shards_needed} partitions; each "
                         f"partition needs at least one (repartition to fewer)")
-    if len(stats.labels) < 2:
+    if not regression and len(stats.labels) < 2:
         raise DataError(f"the labels hold {len(stats.labels)} class "
                         f"({', '.join(map(str, stats.labels))}); a classifier needs at least 2")

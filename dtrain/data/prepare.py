@@ -16,13 +16,14 @@ import numpy as np
 from dtrain.core.config import DataConfig
 from dtrain.core.modelfile import Normalization
 from dtrain.data.readers import (DIGITS, DIGITS_NAMES, IRIS_LABELS, IRIS_NAMES, idx_count,
-                                 idx_files, image_classes, read_raw)
+                                 idx_files, image_classes, read_raw, synthetic_names)
 
 
 @dataclass(frozen=True)
 class DatasetInfo:
     """Sizes of a dataset after the split, before replication; its class ``labels`` as the
-    data names them and its features' ``names`` where it has them."""
+    data names them and its features' ``names`` where it has them.  For a regression
+    (``data.target = "value"``) ``classes`` counts the targets and ``labels`` names them."""
 
     name: str
     features: int
@@ -57,9 +58,9 @@ def describe(cfg: DataConfig) -> DatasetInfo:
         return DatasetInfo("mnist", h * w, 10, train, val,
                            counts["t10k"][0] if has_test else test, DIGITS)
     if cfg.dataset == "synthetic":
-        return DatasetInfo("synthetic", cfg.features, cfg.classes,
-                           *split_sizes(cfg.samples, cfg.split, False),
-                           tuple(range(cfg.classes)))
+        names = synthetic_names(cfg)
+        return DatasetInfo("synthetic", cfg.features, len(names),
+                           *split_sizes(cfg.samples, cfg.split, False), names)
     if cfg.dataset == "image-folder":
         classes = image_classes(Path(cfg.path))
         n = sum(len(files) for _, files in classes)

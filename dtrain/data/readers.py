@@ -1,7 +1,9 @@
 """Datasets as read from disk: MNIST's IDX files, an image folder, a CSV file, the bundled sets.
 
 Each reader returns a :class:`Raw` (all samples, float64 features, int64
-labels); :func:`read_raw` picks one by ``data.dataset``.  Workers call them
+labels, or float64 targets where ``data.target`` is ``"value"``: a
+regression); :func:`read_raw` picks one by ``data.dataset``.  Targets are
+used as given: nothing normalizes them.  Workers call them
 inside loading tasks (:mod:`dtrain.data.shards`); the driver reads headers
 only (:func:`dtrain.data.prepare.describe`).
 """
@@ -26,7 +28,8 @@ SYNTHETIC_BLOCK = 4096
 @dataclass(frozen=True)
 class Raw:
     """Samples as read: ``x`` (N, D) float64, ``y`` (N,) int64 indices into ``labels`` (the
-    classes as the data names them: strings or ints); ``names`` the features' names where
+    classes as the data names them: strings or ints), or for a regression ``y`` (N, T)
+    float64 targets and ``labels`` the targets' names; ``names`` the features' names where
     the data has them; ``test`` if the source ships one."""
 
     x: np.ndarray
@@ -185,9 +188,13 @@ def _read_image_folder(cfg: DataConfig) -> Raw:
 
 def _read_csv(cfg: DataConfig) -> Raw:
     """A CSV file: one sample per row, the label in ``data.label``'s column (the last if
-    empty), the separator and a header row found by :func:`dtrain.data.tables.sniff`."""
+    empty), the separator and a header row found by :func:`dtrain.data.tables.sniff`.  A
+    regression's targets are real numbers, in one or more columns (``data.label``: their
+    names separated by commas)."""
     path = Path(cfg.path)
     layout = tables.sniff(path, cfg.delimiter)
+    if cfg.target == "value":
+        return _read_csv_values(cfg, path, layout)
     label = layout.column(cfg.label, path) if cfg.label else layout.width - 1
     x, text = tables.read_table(path, layout, label)
     names = class_order(set(text))
@@ -196,6 +203,21 @@ def _read_csv(cfg: DataConfig) -> Raw:
         tuple(h for j, h in enumerate(layout.header) if j != label)
     return Raw(x, np.array([index[t] for t in text], dtype=np.int64), label_values(names),
                names=features)
+
+
+def _read_csv_values(cfg: DataConfig, path: Path, layout: tables.Layout) -> Raw:
+    """A regression's CSV: the targets' columns (``data.label``, the last if empty) as
+    float64 (N, T), named by the header (``"y"`` for a last column without one)."""
+    targets = layout.columns(cfg.label, path) if cfg.label else [layout.width - 1]
+    if len(targets) >= layout.width:
+        raise DataError(f"data.label = {cfg.label!r} names every column of {path} as a "
+                        f"target; leave some features")
+    x, t = tables.read_values(path, layout, targets)
+    header = layout.header
+    names = ("y",) if header is None else tuple(header[j] for j in targets)
+    features = None if header is None else \
+        tuple(h for j, h in enumerate(header) if j not in targets)
+    return Raw(x, t, names, names=features)
 
 
 def class_order(names: set[str]) -> list[str]:
@@ -237,19 +259,57 @@ def _read_bundled(cfg: DataConfig) -> Raw:
     return Raw(table[:, :-1], table[:, -1].astype(np.int64), DIGITS, names=DIGITS_NAMES)
 
 
-def synthetic_rows(cfg: DataConfig, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of the synthetic set, generated block by block so any subset is cheap."""
-    teacher = np.random.default_rng([cfg.seed, 0xDA7A]).standard_normal((cfg.features, cfg.classes))
-    x = np.empty((rows.size, cfg.features))
+def _synthetic_block_rows(cfg: DataConfig, rows: np.ndarray, width: int) -> np.ndarray:
+    """Rows (N, width) of seeded standard normals, drawn block by block so any subset is
+    cheap: the features first, then per-row extras."""
+    out = np.empty((rows.size, width))
     blocks = rows // SYNTHETIC_BLOCK
     for block in np.unique(blocks):
         rng = np.random.default_rng([cfg.seed, int(block)])
-        data = rng.standard_normal((SYNTHETIC_BLOCK, cfg.features + cfg.classes))
+        data = rng.standard_normal((SYNTHETIC_BLOCK, width))
         pick = blocks == block
-        x[pick] = data[rows[pick] % SYNTHETIC_BLOCK, : cfg.features]
+        out[pick] = data[rows[pick] % SYNTHETIC_BLOCK]
+    return out
+
+
+def synthetic_rows(cfg: DataConfig, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of the synthetic set, generated block by block so any subset is cheap: classes
+    (N,) int64 from a seeded linear teacher, or, with ``data.target = "value"``, real
+    targets (N, T) float64 from a seeded one-hidden-layer teacher plus a little noise."""
+    if cfg.target == "value":
+        return _synthetic_values(cfg, rows)
+    teacher = np.random.default_rng([cfg.seed, 0xDA7A]).standard_normal((cfg.features, cfg.classes))
+    x = np.ascontiguousarray(_synthetic_block_rows(cfg, rows, cfg.features + cfg.classes)
+                             [:, : cfg.features])                      # (N, D)
     noise = 0.5 * np.random.default_rng([cfg.seed, 0x5EED]).standard_normal(cfg.classes)
     y = (x @ teacher + noise).argmax(axis=1)
     return x, y.astype(np.int64)
+
+
+SYNTHETIC_HIDDEN = 16     # units of the regression teacher's hidden layer
+SYNTHETIC_NOISE = 0.1     # standard deviation of the regression targets' noise
+
+
+def _synthetic_values(cfg: DataConfig, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``t = x c + tanh(x A) B + noise``: a linear part, a smooth nonlinear part, and noise
+    of :data:`SYNTHETIC_NOISE` drawn with the row (the best R^2 is about 0.99)."""
+    f, k, h = cfg.features, cfg.targets, SYNTHETIC_HIDDEN
+    rng = np.random.default_rng([cfg.seed, 0xDA7A, 1])
+    c = rng.standard_normal((f, k)) / np.sqrt(f)                      # (D, T)
+    a = rng.standard_normal((f, h)) / np.sqrt(f)                      # (D, H)
+    b = rng.standard_normal((h, k)) / np.sqrt(h)                      # (H, T)
+    data = _synthetic_block_rows(cfg, rows, f + k)
+    x = data[:, :f]                                                   # (N, D)
+    t = x @ c + np.tanh(x @ a) @ b + SYNTHETIC_NOISE * data[:, f:]    # (N, T)
+    return np.ascontiguousarray(x), t
+
+
+def synthetic_names(cfg: DataConfig) -> tuple[str | int, ...]:
+    """The synthetic set's class labels (0, 1, ...) or target names (``y``, or ``y0``,
+    ``y1``, ...)."""
+    if cfg.target != "value":
+        return tuple(range(cfg.classes))
+    return ("y",) if cfg.targets == 1 else tuple(f"y{j}" for j in range(cfg.targets))
 
 
 @functools.lru_cache(maxsize=2)
@@ -264,7 +324,7 @@ def read_raw(cfg: DataConfig) -> Raw:
     if cfg.dataset == "csv":
         return _read_csv(cfg)
     x, y = synthetic_rows(cfg, np.arange(cfg.samples))
-    return Raw(x, y, tuple(range(cfg.classes)))
+    return Raw(x, y, synthetic_names(cfg))
 
 
 # --- split, describe, normalize ---------------------------------------------------------

@@ -32,7 +32,7 @@ class Shard:
 
     index: int
     x: Any            # (n, D)
-    y: Any            # (n,)
+    y: Any            # (n,) class indices, or (n, T) a regression's targets in x's dtype
     _arrays = ("x", "y")
 
     def __len__(self) -> int:
@@ -99,11 +99,17 @@ def sources(cfg: DataConfig, ranges: Sequence[tuple[int, int]], n_train: int, dt
             for i, (a, b) in enumerate(ranges)]
 
 
+def _targets(y: np.ndarray, dtype: str) -> np.ndarray:
+    """Class indices as they are; a regression's real targets (N, T) in the model's dtype,
+    as the loss compares them (not normalized)."""
+    return np.ascontiguousarray(y, dtype=dtype) if y.dtype.kind == "f" else y
+
+
 def load_shard(src: ShardSource) -> Shard:
     """Loading task: build one shard on this worker."""
     x, y = _training_rows(src.data, src.start, src.stop, src.n_train, src.norm)
     return Shard(src.index, on_device(np.ascontiguousarray(x, dtype=src.dtype), src.gpu),
-                 on_device(y, src.gpu))
+                 on_device(_targets(y, src.dtype), src.gpu))
 
 
 def load_shards(srcs: tuple[ShardSource, ...]) -> list[Shard]:
@@ -115,7 +121,8 @@ def load_part(cfg: DataConfig, part: str, dtype: str, gpu: bool = False,
               norm: Normalization | None = None) -> Shard:
     """Loading task: the ``"val"`` or ``"test"`` split as one shard."""
     x, y = prepared(cfg, norm)[0][part]
-    return Shard(-1, on_device(np.ascontiguousarray(x, dtype=dtype), gpu), on_device(y, gpu))
+    return Shard(-1, on_device(np.ascontiguousarray(x, dtype=dtype), gpu),
+                 on_device(_targets(y, dtype), gpu))
 
 
 def minibatch(shards: Sequence[Shard], epoch: int, bounds: Sequence[tuple[int, int]],

@@ -41,6 +41,16 @@ class Layout:
                             f"{', '.join(self.header)}")
         return self.header.index(name)
 
+    def columns(self, names: str, path: Path, what: str = "data.label") -> list[int]:
+        """The indices of the columns named in ``names``, separated by commas (a name that
+        is itself a column, commas and all, names that one column)."""
+        if self.header is not None and names in self.header:
+            return [self.header.index(names)]
+        found = [self.column(name.strip(), path, what) for name in names.split(",")]
+        if len(set(found)) != len(found):
+            raise DataError(f"{what} = {names!r} names a column of {path} twice")
+        return found
+
 
 def text(path: Path, limit: int | None = None) -> str:
     """A file's text (gzipped or not), its first ``limit`` bytes if given."""
@@ -116,12 +126,32 @@ def read_table(path: str | Path, layout: Layout, label: int | None
     a number.
     """
     path = Path(path)
+    rows, line = _data_rows(path, layout)
+    keep = [j for j in range(layout.width) if label is None or j != label % layout.width]
+    return parse(rows, layout, keep, label, line, path)
+
+
+def read_values(path: str | Path, layout: Layout, targets: list[int]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Every data row of a regression's table: the features (N, D) (every column but the
+    ``targets``) and the targets (N, T), both float64.
+
+    Raises :class:`~dtrain.core.errors.DataError` as :func:`read_table` does, and
+    for a target that is not a finite number.
+    """
+    path = Path(path)
+    rows, line = _data_rows(path, layout)
+    keep = [j for j in range(layout.width) if j not in targets]
+    return parse_values(rows, layout, keep, targets, line, path)
+
+
+def _data_rows(path: Path, layout: Layout) -> tuple[list[list[str]], int]:
+    """The rows after the header, and the line number of the first."""
     rows = _rows(text(path), layout.delimiter)
     first = 1 if layout.header is not None else 0
     if len(rows) <= first:
         raise DataError(f"CSV file {path} has no data rows")
-    keep = [j for j in range(layout.width) if label is None or j != label % layout.width]
-    return parse(rows[first:], layout, keep, label, first + 1, path)
+    return rows[first:], first + 1
 
 
 def parse(rows: list[list[str]], layout: Layout, columns: list[int], label: int | None,
@@ -137,10 +167,37 @@ def parse(rows: list[list[str]], layout: Layout, columns: list[int], label: int 
             x[n] = [float(row[j]) for j in columns]
         except ValueError:
             j = next(j for j in columns if not _is_number(row[j]))
-            name = layout.header[j] if layout.header else f"{j + 1}"
-            raise DataError(f"{path}: line {line + n}, column {name}: {row[j]!r} is not a "
-                            f"number; every feature must be numeric") from None
+            raise DataError(f"{path}: line {line + n}, column {_name(layout, j)}: {row[j]!r} is "
+                            f"not a number; every feature must be numeric") from None
     return x, None if label is None else [row[label] for row in rows]
+
+
+def parse_values(rows: list[list[str]], layout: Layout, columns: list[int],
+                 targets: list[int], line: int, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Rows already split into fields (the first is line ``line`` of ``path``): the
+    ``columns`` as float64 features (N, D) and the ``targets`` columns as float64 real
+    values (N, T), a regression's targets."""
+    x, _ = parse(rows, layout, columns, None, line, path)              # (N, D)
+    t = np.empty((len(rows), len(targets)))                            # (N, T)
+    for n, row in enumerate(rows):
+        try:
+            t[n] = [float(row[j]) for j in targets]
+        except ValueError:
+            j = next(j for j in targets if not _is_number(row[j]))
+            raise DataError(f"{path}: line {line + n}, target column {_name(layout, j)}: "
+                            f"{row[j]!r} is not a number; a regression (loss squared-error) "
+                            f"needs numeric targets (classes: use loss cross-entropy)") from None
+    bad = ~np.isfinite(t)
+    if bad.any():
+        n, k = (int(v[0]) for v in np.nonzero(bad))
+        raise DataError(f"{path}: line {line + n}, target column {_name(layout, targets[k])}: "
+                        f"{rows[n][targets[k]]!r} is not a finite number; drop or fix the row")
+    return x, t
+
+
+def _name(layout: Layout, j: int) -> str:
+    """Column ``j`` as the error messages name it: its header, else its 1-based number."""
+    return layout.header[j] if layout.header else f"{j + 1}"
 
 
 def split_rows(text: str, delimiter: str) -> list[list[str]]:

@@ -17,8 +17,9 @@ from typing import Any, TextIO
 import numpy as np
 
 from dtrain.inference.inputs import Input, Part, read_part
-from dtrain.inference.metrics import Report, confusion, per_class
+from dtrain.inference.metrics import Report, ValueReport, confusion, per_class, value_report
 from dtrain.inference.model import Model
+from dtrain.maths.scores import TargetSums
 
 
 def predict_part(model: Model, part: Part) -> tuple[np.ndarray, np.ndarray]:
@@ -26,6 +27,12 @@ def predict_part(model: Model, part: Part) -> tuple[np.ndarray, np.ndarray]:
     x, _ = read_part(part)
     z = model.logits(model.inputs(x))                                  # (B, C)
     return model.classes_[z.argmax(axis=1)], model._probabilities(z)
+
+
+def values_part(model: Model, part: Part) -> np.ndarray:
+    """A part's predicted values (B, T): a regression's."""
+    x, _ = read_part(part)
+    return model.logits(model.inputs(x))                               # (B, T)
 
 
 @dataclass(frozen=True)
@@ -42,20 +49,41 @@ class Tally:
                      self.rows + other.rows, self.confusion + other.confusion)
 
 
-def tally_part(model: Model, part: Part) -> Tally:
-    """A labelled part's :class:`Tally` (labels the model never saw: a UserError)."""
-    x, text = read_part(part)
-    return tally(model, model.inputs(x), model.encode(text))
+@dataclass(frozen=True)
+class ValueTally:
+    """What a part with targets adds to a regression's evaluation: summed loss, rows, and
+    the per-target sums (merged exactly enough for R^2, see :mod:`dtrain.maths.scores`)."""
+
+    loss: float
+    rows: int
+    sums: TargetSums
+
+    def __add__(self, other: ValueTally) -> ValueTally:
+        return ValueTally(self.loss + other.loss, self.rows + other.rows, self.sums + other.sums)
 
 
-def tally(model: Model, x: np.ndarray, y: np.ndarray) -> Tally:
-    """The :class:`Tally` of normalized rows ``x`` with label indices ``y``."""
+def tally_part(model: Model, part: Part) -> Tally | ValueTally:
+    """A labelled part's :class:`Tally` (labels the model never saw: a UserError); a
+    regression's :class:`ValueTally` (targets that are not numbers: a UserError)."""
+    x, labels = read_part(part)
+    xn = model.inputs(x)
+    if model.regression:
+        return tally(model, xn, model.values(labels, xn.shape[0]))
+    return tally(model, xn, model.encode(labels))
+
+
+def tally(model: Model, x: np.ndarray, y: np.ndarray) -> Tally | ValueTally:
+    """The tally of normalized rows ``x`` with label indices (a regression: targets) ``y``."""
     loss, correct, n = model.loss(x, y)
+    if model.regression:
+        return ValueTally(loss, n, TargetSums.of(model.logits(x), y))
     return Tally(loss, correct, n, confusion(y, model.logits(x).argmax(axis=1),
                                              len(model.classes_)))
 
 
-def report_of(model: Model, total: Tally) -> Report:
+def report_of(model: Model, total: Tally | ValueTally) -> Report | ValueReport:
+    if isinstance(total, ValueTally):
+        return value_report(total.rows, total.loss, model.spec.targets, total.sums)
     labels = tuple(model.classes_)
     return Report(total.rows, total.correct / max(total.rows, 1),
                   total.loss / max(total.rows, 1), labels, total.confusion,
@@ -85,6 +113,18 @@ def each_part(fn: Callable[[Model, Part], Any], model: Model, inp: Input,
 
 def _same(model: Model) -> Model:
     return model
+
+
+def write_values(out: TextIO, targets: tuple[str, ...], parts: Iterator[np.ndarray]) -> int:
+    """CSV rows of a regression's predictions: one column per target, named after it
+    (shortest exact text); returns the rows written."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(list(targets))
+    rows = 0
+    for values in parts:
+        writer.writerows([*map(str, v)] for v in values)
+        rows += len(values)
+    return rows
 
 
 def write_predictions(out: TextIO, classes: np.ndarray,

@@ -1,4 +1,5 @@
-"""Export a trained network to ONNX: one graph from raw features to probabilities and labels.
+"""Export a trained network to ONNX: one graph from raw features to probabilities and labels
+(a regression: to its predicted values).
 
 The graph is built with the ``onnx`` package (``pip install 'dtrain[onnx]'``),
 imported only when an export is asked for.  It uses the default ONNX domain at
@@ -23,11 +24,18 @@ dimension, named ``"N"``), and ``T`` the export's float type (``float32`` or
                                    else string; ties go to the first class, as in NumPy
 
 The outputs are named as skl2onnx names a classifier's (``label``,
-``probabilities``).  The input must be fed as ``T``.  Apart from the
-normalization, all arithmetic is in ``T``, with the parameters rounded to
-``T``.  The model's ``metadata_props`` hold ``producer`` ("dtrain"),
-``dtrain_version``, ``classes`` and ``feature_names`` (JSON; names may be
-null), ``normalization`` (the kind), ``activation``, ``loss``, ``output`` and
+``probabilities``).  A regression (loss squared-error, output identity) has
+one output instead, named as skl2onnx names a regressor's::
+
+    variable        (N, T) T       z itself: the predicted values, one column per target
+                                   (N, 1 for one target), as ``predict`` computes them
+
+and no ``label`` or ``probabilities``.  The input must be fed as ``T``.
+Apart from the normalization, all arithmetic is in ``T``, with the parameters
+rounded to ``T``.  The model's ``metadata_props`` hold ``producer``
+("dtrain"), ``dtrain_version``, ``classes`` (a regression: ``targets``, the
+targets' names) and ``feature_names`` (JSON; names may be null),
+``normalization`` (the kind), ``activation``, ``loss``, ``output`` and
 ``dtype`` (the export's ``T``).
 """
 from __future__ import annotations
@@ -53,6 +61,7 @@ IR_VERSION = 8      # the ONNX IR version that goes with opset 17 (ONNX 1.12)
 DTYPES = ("float32", "float64")
 _ACTIVATION_OPS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
 _OUTPUT_OPS = {"softmax": "Softmax", "sigmoid": "Sigmoid"}
+REGRESSION_OUTPUT = "variable"   # a regressor's output, as skl2onnx names it
 
 
 def to_onnx(spec: ModelSpec, params: dict[str, np.ndarray], *,
@@ -75,7 +84,8 @@ def to_onnx(spec: ModelSpec, params: dict[str, np.ndarray], *,
     -------
     onnx.ModelProto
         Input ``input`` (N, D); outputs ``probabilities`` (N, C) and
-        ``label`` (N,), as the module docstring describes.
+        ``label`` (N,), as the module docstring describes; a regression's
+        one output ``variable`` (N, T).
 
     Raises
     ------
@@ -154,11 +164,12 @@ def _model(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarray], dtype: np.
     """The ModelProto: graph, opset, IR version and metadata."""
     h = onnx.helper
     nodes, constants = _nodes_and_constants(onnx, spec, params, dtype)
+    outputs = [_value(onnx, REGRESSION_OUTPUT, dtype, ["N", spec.layers[-1]])] \
+        if spec.regression else [_value(onnx, "probabilities", dtype, ["N", spec.layers[-1]]),
+                                 _label_value(onnx, spec)]
     graph = h.make_graph(nodes, "dtrain",
                          inputs=[_value(onnx, "input", dtype, ["N", spec.features])],
-                         outputs=[_value(onnx, "probabilities", dtype, ["N", spec.layers[-1]]),
-                                  _label_value(onnx, spec)],
-                         initializer=constants)
+                         outputs=outputs, initializer=constants)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)],
                          producer_name="dtrain", producer_version=__version__)
     model.ir_version = IR_VERSION
@@ -170,7 +181,8 @@ def _model(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarray], dtype: np.
 
 def _nodes_and_constants(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarray],
                          dtype: np.dtype) -> tuple[list[Any], list[Any]]:
-    """Nodes from ``input`` to ``probabilities`` and ``label``, and their initializers."""
+    """Nodes from ``input`` to ``probabilities`` and ``label`` (a regression: to
+    ``variable``), and their initializers."""
     h, const = onnx.helper, onnx.numpy_helper.from_array
     nodes, inits, x = [], [], "input"
     norm = spec.normalization
@@ -180,7 +192,7 @@ def _nodes_and_constants(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarra
     for n in range(1, layers + 1):
         inits += [const(np.asarray(params[f"W{n}"], dtype=dtype), f"W{n}"),   # (O, I)
                   const(np.asarray(params[f"b{n}"], dtype=dtype), f"b{n}")]   # (O,)
-        z = "logits" if n == layers else f"z{n}"
+        z = (REGRESSION_OUTPUT if spec.regression else "logits") if n == layers else f"z{n}"
         nodes.append(h.make_node("Gemm", [x, f"W{n}", f"b{n}"], [z], name=f"layer{n}",
                                  transB=1))                                  # (N, O)
         x = z
@@ -188,6 +200,8 @@ def _nodes_and_constants(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarra
             x = f"a{n}"
             nodes.append(h.make_node(_ACTIVATION_OPS[spec.activation], [z], [x],
                                      name=f"{spec.activation}{n}"))
+    if spec.regression:                          # identity outputs: the last Gemm's result
+        return nodes, inits
     out = _OUTPUT_OPS[spec.output]
     nodes.append(h.make_node(out, ["logits"], ["probabilities"], name=spec.output,
                              **({"axis": 1} if out == "Softmax" else {})))   # (N, C)
@@ -248,8 +262,9 @@ def _value(onnx: Any, name: str, dtype: np.dtype, shape: list[Any]) -> Any:
 def _metadata(spec: ModelSpec, dtype: np.dtype) -> dict[str, str]:
     """The ``metadata_props``: strings, lists as JSON."""
     labels = [int(c) if _int_labels(spec.classes) else str(c) for c in spec.classes]
-    return {"producer": "dtrain", "dtrain_version": __version__,
-            "classes": json.dumps(labels),
+    names = {"targets": json.dumps(list(spec.targets))} if spec.regression \
+        else {"classes": json.dumps(labels)}
+    return {"producer": "dtrain", "dtrain_version": __version__, **names,
             "feature_names": json.dumps(None if spec.feature_names is None
                                         else list(spec.feature_names)),
             "normalization": spec.normalization.kind,

@@ -10,7 +10,10 @@ their labels' text where the input has labels:
 * CSV: with or without a header, with or without a label column.  With a
   header and a model that knows its features' names, columns are picked by
   name; otherwise a row has the model's features, plus one label column
-  (``label``, or the last).
+  (``label``, or the last).  A regression model's rows may instead carry its
+  targets: the columns named as the model names its targets (or ``label``:
+  names separated by commas), or the last ``T`` columns; they come out as
+  numbers (N, T), not text.
 * IDX (MNIST's format, ``.gz`` or raw): an images file, or a folder holding
   one; a labels file beside it gives labels.  Images are resized as in training.
 * An image folder: one subfolder per class (labels: the folder names), or
@@ -42,6 +45,7 @@ class Reading:
     layout: tables.Layout | None = None         # csv
     columns: tuple[int, ...] = ()               # csv: the feature columns, in model order
     label: int | None = None                    # csv: the label column
+    targets: tuple[int, ...] = ()               # csv: a regression's target columns
     labels_path: str | None = None              # idx: the labels file
     size: tuple[int, ...] = ()                  # idx, images: resize to (h, w)
     grayscale: bool = True                      # images
@@ -93,8 +97,9 @@ def open_input(path: str | Path, spec: ModelSpec, *, delimiter: str = "",
     return _csv(path, spec, delimiter, label, chunk_rows)
 
 
-def read_part(part: Part) -> tuple[np.ndarray, list[str] | None]:
-    """The raw rows of a part (B, D) float64, and their labels' text (None: unlabelled)."""
+def read_part(part: Part) -> tuple[np.ndarray, list[str] | np.ndarray | None]:
+    """The raw rows of a part (B, D) float64, and their labels' text (None: unlabelled),
+    or a regression's targets (B, T) float64."""
     r = part.reading
     if r.kind == "csv":
         return _csv_rows(part)
@@ -126,6 +131,10 @@ def _csv(path: Path, spec: ModelSpec, delimiter: str, label: str | None,
          chunk_rows: int) -> Input:
     layout = tables.sniff(path, delimiter)
     names = spec.feature_names
+    if spec.regression:
+        columns, targets = _value_columns(path, layout, spec, label)
+        return _csv_parts(path, layout, Reading("csv", str(path), layout, columns,
+                                                targets=targets), chunk_rows)
     if layout.header is not None and names is not None and set(names) <= set(layout.header):
         columns = tuple(layout.header.index(n) for n in names)
         rest = [j for j in range(layout.width) if j not in columns]
@@ -138,19 +147,49 @@ def _csv(path: Path, spec: ModelSpec, delimiter: str, label: str | None,
         columns = tuple(j for j in range(layout.width) if j != chosen)
     else:
         raise _mismatch(path, layout.width, spec, " (plus an optional label column)")
-    reading = Reading("csv", str(path), layout, columns, chosen)
+    return _csv_parts(path, layout, Reading("csv", str(path), layout, columns, chosen),
+                      chunk_rows)
+
+
+def _value_columns(path: Path, layout: tables.Layout, spec: ModelSpec,
+                   label: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A regression model's feature columns and target columns (none: unlabelled rows):
+    by name where the header has the model's feature names, else by position."""
+    header, names, count = layout.header, spec.feature_names, len(spec.targets)
+    if header is not None and names is not None and set(names) <= set(header):
+        columns = tuple(header.index(n) for n in names)
+        targets = layout.columns(label, path, "--label") if label else \
+            [header.index(t) for t in spec.targets] if set(spec.targets) <= set(header) else []
+    elif layout.width == spec.features and not label:
+        columns, targets = tuple(range(layout.width)), []
+    elif layout.width == spec.features + count:
+        targets = layout.columns(label, path, "--label") if label else \
+            list(range(spec.features, layout.width))
+        columns = tuple(j for j in range(layout.width) if j not in targets)
+    else:
+        raise _mismatch(path, layout.width, spec, f" (plus its {count} optional target "
+                                                  f"column{'s' if count > 1 else ''})")
+    if targets and len(targets) != count:
+        raise DataError(f"--label {label!r} names {len(targets)} column(s) of {path}, but the "
+                        f"model predicts {count} target(s): {', '.join(spec.targets)}")
+    return columns, tuple(targets)
+
+
+def _csv_parts(path: Path, layout: tables.Layout, reading: Reading, chunk_rows: int) -> Input:
+    """A CSV input cut into parts of about ``chunk_rows`` lines (a gzipped file: one)."""
+    labelled = reading.label is not None or bool(reading.targets)
     size = path.stat().st_size
     if path.suffix == ".gz":
-        return Input(path, "csv", (Part(reading, 0, size),), chosen is not None)
+        return Input(path, "csv", (Part(reading, 0, size),), labelled)
     sample = tables.split_rows(path.open(encoding="utf-8", errors="replace").read(1 << 16),
                                layout.delimiter)
     per_row = max(1, min(size, 1 << 16) // max(len(sample), 1))
     step = max(1, chunk_rows * per_row)
     return Input(path, "csv", tuple(Part(reading, lo, min(lo + step, size))
-                                    for lo in range(0, size, step)), chosen is not None)
+                                    for lo in range(0, size, step)), labelled)
 
 
-def _csv_rows(part: Part) -> tuple[np.ndarray, list[str] | None]:
+def _csv_rows(part: Part) -> tuple[np.ndarray, list[str] | np.ndarray | None]:
     """The rows of the lines that start in bytes ``lo:hi`` (a gzipped file is one part)."""
     r, path = part.reading, Path(part.reading.path)
     if path.suffix == ".gz":
@@ -167,13 +206,19 @@ def _csv_rows(part: Part) -> tuple[np.ndarray, list[str] | None]:
     rows = tables.split_rows(text, r.layout.delimiter)
     if start == 0 and r.layout.header is not None:
         rows = rows[1:]
+
+    def parse(line: int) -> tuple[np.ndarray, list[str] | np.ndarray | None]:
+        if r.targets:
+            return tables.parse_values(rows, r.layout, list(r.columns), list(r.targets),
+                                       line, path)
+        return tables.parse(rows, r.layout, list(r.columns), r.label, line, path)
     try:
-        return tables.parse(rows, r.layout, list(r.columns), r.label, 0, path)
+        return parse(0)
     except DataError:                            # name the file's own line numbers
         with open(path, "rb") as f:
             before = f.read(start).count(b"\n") if start else 0
         skip = 1 if start == 0 and r.layout.header is not None else 0
-        return tables.parse(rows, r.layout, list(r.columns), r.label, before + skip + 1, path)
+        return parse(before + skip + 1)
 
 
 def _npy(path: Path, spec: ModelSpec, chunk_rows: int) -> Input:

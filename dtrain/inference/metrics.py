@@ -2,7 +2,10 @@
 
 The loss and accuracy are computed by the network's own ``evaluate`` (the
 chunks and order training uses), so re-evaluating a run's test split gives
-``summary.json``'s ``test_loss`` and ``test_accuracy`` to the last bit.
+``summary.json``'s ``test_loss`` and ``test_accuracy`` to the last bit.  A
+regression's :class:`ValueReport` has the loss, MSE, RMSE, MAE and R^2 per
+target and overall (the mean over targets), from
+:class:`~dtrain.maths.scores.TargetSums`, as the training's test figures are.
 """
 from __future__ import annotations
 
@@ -11,9 +14,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dtrain.maths.scores import TargetSums
+
+FIGURES = ("mse", "rmse", "mae", "r2")
+
 
 class Evaluable(Protocol):
-    classes_: np.ndarray
+    classes_: np.ndarray            # classifiers
+    regression: bool
+    spec: Any                       # a ModelSpec: a regression's target names
 
     def loss(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int, int]: ...
 
@@ -80,8 +89,45 @@ def per_class(matrix: np.ndarray, labels: tuple[Any, ...]) -> dict[str, dict[str
             for c, p, r, f, s in zip(labels, precision, recall, f1, present)}
 
 
-def report(model: Evaluable, x: np.ndarray, y: np.ndarray) -> Report:
-    """The :class:`Report` of ``model`` on normalized rows ``x`` and label indices ``y``."""
+@dataclass(frozen=True)
+class ValueReport:
+    """What ``python -m dtrain evaluate`` prints and writes for a regression: the mean loss
+    and, per target and overall (their mean), MSE, RMSE, MAE and R^2."""
+
+    samples: int
+    loss: float
+    targets: tuple[str, ...]
+    sums: TargetSums
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"samples": self.samples, "loss": self.loss, **self.sums.overall(),
+                "targets": list(self.targets),
+                "per_target": self.sums.per_target(self.targets)}
+
+    def lines(self) -> list[str]:
+        """The console view: the totals, then a table per target."""
+        total = self.sums.overall()
+        width = max(9, *map(len, self.targets))
+        out = [f"samples {self.samples}  loss {self.loss:.6g}  "
+               + "  ".join(f"{k} {total[k]:.6g}" for k in FIGURES), "",
+               f"{'target':<{width}}  " + "  ".join(f"{k:>12}" for k in FIGURES)]
+        for name, v in self.sums.per_target(self.targets).items():
+            out.append(f"{name:<{width}}  " + "  ".join(f"{v[k]:12.6g}" for k in FIGURES))
+        return out
+
+
+def value_report(samples: int, loss: float, targets: tuple[str, ...],
+                 sums: TargetSums) -> ValueReport:
+    """A regression's :class:`ValueReport` from its summed loss and its target sums."""
+    return ValueReport(samples, loss / max(samples, 1), tuple(map(str, targets)), sums)
+
+
+def report(model: Evaluable, x: np.ndarray, y: np.ndarray) -> Report | ValueReport:
+    """The :class:`Report` of ``model`` on normalized rows ``x`` and label indices ``y``;
+    for a regression the :class:`ValueReport` on its targets ``y`` (N, T)."""
+    if model.regression:
+        loss, _, n = model.loss(x, y)
+        return value_report(n, loss, model.spec.targets, TargetSums.of(model.logits(x), y))
     loss, correct, n = model.loss(x, y)
     predicted = model.logits(x).argmax(axis=1)                          # (N,)
     matrix = confusion(y, predicted, len(model.classes_))

@@ -5,6 +5,10 @@ normalization, the network and its output layer (softmax, or sigmoid for an
 ``mse`` model) to raw features, in chunks, with NumPy.  Given a Dask array
 it returns a lazy Dask array: one task per block of rows, the model itself
 one key of the graph, so each worker receives it once.
+
+A regression model (loss ``squared-error``) behaves as scikit-learn's
+regressors: ``predict`` gives the values, ``score`` is R^2, and it has no
+``predict_proba`` and no ``classes_`` (``hasattr`` says False).
 """
 from __future__ import annotations
 
@@ -15,9 +19,10 @@ import numpy as np
 
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import ModelSpec
-from dtrain.inference.metrics import Report, report
+from dtrain.inference.metrics import Report, ValueReport, report
 from dtrain.inference.saved import read_run
 from dtrain.maths.model import Network, sigmoid
+from dtrain.maths.scores import r2
 
 CHUNK = 8192    # rows per forward pass (bounds the memory of a predict on NumPy)
 
@@ -40,7 +45,11 @@ class Model:
     Attributes
     ----------
     classes_ : numpy.ndarray
-        The class labels as the data named them, in output order.
+        The class labels as the data named them, in output order (classifiers only).
+    targets_ : numpy.ndarray
+        The names of a regression's targets, in output order (regressions only).
+    regression : bool
+        Whether the model predicts real values (loss ``squared-error``).
     n_features_in_ : int
         Features of a raw input row.
     feature_names_in_ : numpy.ndarray or None
@@ -52,7 +61,11 @@ class Model:
         self.net = Network(spec.layers, spec.activation, spec.loss, spec.dtype)
         flat = [params[f"{k}{n}"].ravel() for n in range(1, len(spec.layers)) for k in "Wb"]
         self.params = np.concatenate(flat).astype(spec.dtype)             # (P,)
-        self.classes_ = np.asarray(spec.classes)
+        self.regression = spec.regression
+        if self.regression:
+            self.targets_ = np.asarray(spec.targets, dtype=object)
+        else:
+            self.classes_ = np.asarray(spec.classes)
         self.n_features_in_ = spec.features
         self.feature_names_in_ = None if spec.feature_names is None \
             else np.asarray(spec.feature_names, dtype=object)
@@ -62,8 +75,10 @@ class Model:
         return cls(*read_run(run_dir))
 
     def __repr__(self) -> str:
+        names = f"targets={list(self.spec.targets)}" if self.regression \
+            else f"classes={self.classes_.tolist()}"
         return (f"dtrain.Model(layers={list(self.spec.layers)}, activation="
-                f"{self.spec.activation!r}, classes={self.classes_.tolist()})")
+                f"{self.spec.activation!r}, {names})")
 
     # --- the maths --------------------------------------------------------------------------
 
@@ -81,8 +96,9 @@ class Model:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Output-layer inputs (B, C) of normalized rows, in chunks: what training's argmax
-        reads, so a prediction is the class training counted as predicted."""
-        out = np.empty((x.shape[0], len(self.classes_)), dtype=self.spec.dtype)
+        reads, so a prediction is the class training counted as predicted; a regression's
+        predicted values (B, T)."""
+        out = np.empty((x.shape[0], self.spec.layers[-1]), dtype=self.spec.dtype)
         with np.errstate(all="ignore"):
             for lo in range(0, x.shape[0], CHUNK):
                 out[lo:lo + CHUNK] = self.net.forward(self.params, x[lo:lo + CHUNK])[-1]
@@ -98,36 +114,98 @@ class Model:
     def _labels(self, X: Any) -> np.ndarray:
         return self.classes_[self.logits(self.inputs(X)).argmax(axis=1)]
 
+    def _values(self, X: Any) -> np.ndarray:
+        z = self.logits(self.inputs(X))                                   # (B, T)
+        return z[:, 0] if z.shape[1] == 1 else z
+
     # --- scikit-learn's API ----------------------------------------------------------------
 
-    def predict_proba(self, X: Any) -> Any:
+    @property
+    def predict_proba(self) -> Any:
         """Class probabilities (rows, classes); the sigmoid outputs of an ``mse`` model.
 
-        ``X``: a NumPy array, anything NumPy can convert, or a Dask array (then a
-        lazy Dask array comes back, one task per block of rows).
+        ``predict_proba(X)``, ``X``: a NumPy array, anything NumPy can convert, or a
+        Dask array (then a lazy Dask array comes back, one task per block of rows).  A
+        regression model has none: the attribute raises AttributeError, as scikit-learn's
+        regressors lack it, so ``hasattr(model, "predict_proba")`` is False.
         """
+        if self.regression:
+            raise AttributeError(f"a regression model (loss {self.spec.loss!r}) has no "
+                                 f"predict_proba: its outputs are values; use predict")
+        return self._predict_proba
+
+    def _predict_proba(self, X: Any) -> Any:
         if _is_dask(X):
             return self._lazy(X, _proba_block, len(self.classes_), self.spec.dtype)
         return self._proba(X)
 
     def predict(self, X: Any) -> Any:
-        """The most likely class label of each row, as ``classes_`` names them."""
+        """The most likely class label of each row, as ``classes_`` names them; for a
+        regression the predicted values: (rows,) for one target, else (rows, targets)."""
+        if self.regression:
+            targets = self.spec.layers[-1]
+            if _is_dask(X):
+                return self._lazy(X, _values_block, None if targets == 1 else targets,
+                                  self.spec.dtype)
+            return self._values(X)
         if _is_dask(X):
             return self._lazy(X, _predict_block, None, self.classes_.dtype)
         return self._labels(X)
 
     def score(self, X: Any, y: Any) -> float:
-        """Accuracy: the share of rows whose predicted label is ``y``'s."""
+        """Accuracy: the share of rows whose predicted label is ``y``'s; for a regression
+        R^2 (the mean over targets, as scikit-learn's ``r2_score``), against ``y`` as given."""
+        if self.regression:
+            return self._r2(X, y)
         if _is_dask(X) or _is_dask(y):
             import dask.array as da
 
             return float(da.mean(self.predict(X) == y).compute())
         return float(np.mean(self.predict(X) == np.asarray(y)))
 
-    def evaluate(self, X: Any, y: Any) -> Report:
+    def _r2(self, X: Any, y: Any) -> float:
+        predicted = self.predict(X)                      # (rows,) or (rows, T)
+        if not _is_dask(y):
+            y = np.asarray(y, dtype=np.float64)
+        if y.ndim == 2 and y.shape[1] == 1 and predicted.ndim == 1:
+            y = y[:, 0]
+        if y.ndim != predicted.ndim or y.shape[1:] != predicted.shape[1:]:
+            raise UserError(f"y has shape {y.shape} but the model predicts "
+                            f"{predicted.shape[1:] or 'one value'} per row; pass y of shape "
+                            f"(rows,{'' if predicted.ndim == 1 else f' {predicted.shape[1]}'})")
+        sums = _r2_sums(predicted, y)
+        if _is_dask(predicted) or _is_dask(y):
+            import dask
+
+            sums = dask.compute(*sums)
+        return float(r2(*sums).mean())
+
+    def evaluate(self, X: Any, y: Any) -> Report | ValueReport:
         """Accuracy, loss, per-class precision, recall and F1, and the confusion matrix of
-        the model on raw rows ``X`` and labels ``y`` (as ``classes_`` names them)."""
-        return report(self, self.inputs(X), self.encode(y))
+        the model on raw rows ``X`` and labels ``y`` (as ``classes_`` names them); for a
+        regression the loss, MSE, RMSE, MAE and R^2, per target and overall."""
+        x = self.inputs(X)
+        return report(self, x, self.values(y, x.shape[0]) if self.regression
+                      else self.encode(y))
+
+    def values(self, y: Any, rows: int | None = None) -> np.ndarray:
+        """A regression's targets as (rows, targets) in the model's dtype, as training
+        compared them; a wrong shape or a value that is not a finite number is a UserError."""
+        targets = self.spec.layers[-1]
+        try:
+            t = np.asarray(y, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise UserError(f"the targets are not all numbers; a regression model takes "
+                            f"real-valued targets") from None
+        if t.ndim == 1 and targets == 1:
+            t = t[:, None]
+        if t.ndim != 2 or t.shape[1] != targets or (rows is not None and t.shape[0] != rows):
+            raise UserError(f"the targets have shape {'x'.join(map(str, t.shape))} but the "
+                            f"model predicts {targets} target(s) for "
+                            f"{rows if rows is not None else 'each'} row(s)")
+        if not np.isfinite(t).all():
+            raise UserError("the targets hold NaN or infinite values; drop or fix those rows")
+        return np.ascontiguousarray(t, dtype=self.spec.dtype)            # (N, T)
 
     def encode(self, y: Any) -> np.ndarray:
         """Labels as output indices; a label the model never saw is a UserError."""
@@ -164,6 +242,17 @@ def _proba_block(block: np.ndarray, model: Model) -> np.ndarray:
 
 def _predict_block(block: np.ndarray, model: Model) -> np.ndarray:
     return model._labels(block)
+
+
+def _values_block(block: np.ndarray, model: Model) -> np.ndarray:
+    return model._values(block)
+
+
+def _r2_sums(predicted: Any, y: Any) -> tuple[Any, Any]:
+    """Summed squared errors and the targets' centred sums of squares, per target: NumPy,
+    or lazy Dask arrays when either side is one."""
+    diff = predicted - y
+    return (diff * diff).sum(axis=0), ((y - y.mean(axis=0)) ** 2).sum(axis=0)
 
 
 def _key(label: Any) -> Any:

@@ -2,9 +2,11 @@
 
 Holds the layers, losses and the flat-parameter network
 (:mod:`~dtrain.maths.model`), the optimizers over one flat state, the update
-and the local SGD round (:mod:`~dtrain.maths.optim`), and the model-parallel
-split of a network into slices (:mod:`~dtrain.maths.slicing`).  Nothing here
-knows about Dask, files or workers.
+and the local SGD round (:mod:`~dtrain.maths.optim`), the model-parallel
+split of a network into slices (:mod:`~dtrain.maths.slicing`), and a
+regression's figures from sums that add up over parts
+(:mod:`~dtrain.maths.scores`).  Nothing here knows about Dask, files or
+workers.
 
 May import: :mod:`dtrain.core`.
 """

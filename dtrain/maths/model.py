@@ -2,13 +2,19 @@
 
 Each layer's forward and backward stand side by side.  ``xp`` is NumPy or
 CuPy; nothing here knows which.  Shapes: ``B`` batch rows, ``I`` inputs,
-``O`` outputs of a layer, ``C`` classes, ``P`` parameters.
+``O`` outputs of a layer, ``C`` classes (or ``T`` targets of a regression),
+``P`` parameters.
 
 Parameters live in one flat vector ``[W1, b1, W2, b2, ...]`` (``W`` is
 ``(O, I)``, row-major); :meth:`Network.unflatten` gives per-layer views, so a
 training step moves one buffer.  Gradients are written straight into the
 views of one flat buffer too: ``[grad (P) | loss | correct]``, the summed
 loss and the number of correct predictions trailing the gradient (``TAIL``).
+
+A classifier's targets ``y`` are class indices (B,); a regression's
+(``squared-error``, :data:`~dtrain.core.config.VALUE_LOSSES`) are real
+values (B, T), used as given (not normalized), and it counts no correct
+predictions (0).
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dtrain.core.arrays import array_module, to_host
-from dtrain.core.config import ModelConfig
+from dtrain.core.config import VALUE_LOSSES, ModelConfig
 
 TAIL = 2    # numbers after the gradient in a buffer: summed loss (at P), correct predictions
 
@@ -97,7 +103,14 @@ def mse(xp, z, y):
     return 0.5 * (diff * diff).sum(), diff * sigmoid_backward(xp, a)
 
 
-LOSSES = {"cross-entropy": cross_entropy, "mse": mse}
+def squared_error(xp, z, t):
+    """Identity outputs + squared error 0.5*||z - t||^2 against real targets ``t`` (B, T).
+    Returns (loss summed over rows, dL/dz)."""
+    diff = z - t.astype(z.dtype, copy=False)      # (B, T)
+    return 0.5 * (diff * diff).sum(), diff
+
+
+LOSSES = {"cross-entropy": cross_entropy, "mse": mse, "squared-error": squared_error}
 
 
 # --- the network ---------------------------------------------------------------------
@@ -109,11 +122,12 @@ class Network:
     Parameters
     ----------
     layers
-        Sizes, input first and classes last, e.g. ``(784, 128, 10)``.
+        Sizes, input first and classes (or targets) last, e.g. ``(784, 128, 10)``.
     activation
         Hidden-layer activation: ``"sigmoid"``, ``"tanh"`` or ``"relu"``.
     loss
-        ``"cross-entropy"`` (softmax outputs) or ``"mse"`` (sigmoid outputs).
+        ``"cross-entropy"`` (softmax outputs), ``"mse"`` (sigmoid outputs) or
+        ``"squared-error"`` (identity outputs, real targets: a regression).
     dtype
         ``"float32"`` or ``"float64"``.
     """
@@ -126,6 +140,16 @@ class Network:
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> Network:
         return cls(tuple(cfg.layers), cfg.activation, cfg.loss, cfg.dtype)
+
+    @property
+    def regression(self) -> bool:
+        """Whether the targets are real values (B, T) rather than class indices (B,)."""
+        return self.loss in VALUE_LOSSES
+
+    def correct(self, z, y):
+        """Rows whose largest output is their class, as an array scalar where ``z`` lives
+        (no wait for a GPU); 0 for a regression: nothing to count."""
+        return 0 if self.regression else (z.argmax(axis=1) == y).sum()
 
     @cached_property
     def shapes(self) -> list[tuple[int, int]]:
@@ -203,7 +227,7 @@ class Network:
         Returns ``buf`` of length ``P + 2``: ``buf[:P]`` is the gradient of the
         summed per-sample loss, ``buf[P]`` the summed loss and ``buf[P + 1]``
         the number of correct predictions (argmax of the outputs, before this
-        step's update).  Sums (not means) so that shards add up exactly (the
+        step's update; 0 for a regression).  Sums (not means) so that shards add up exactly (the
         count is an integer, exact in float); the update divides by the batch
         size.
         """
@@ -221,7 +245,7 @@ class Network:
         loss, dz = LOSSES[self.loss](xp, outs[-1], y)        # dz (B, C)
         P = self.size
         buf[P] = loss
-        buf[P + 1] = (outs[-1].argmax(axis=1) == y).sum()
+        buf[P + 1] = self.correct(outs[-1], y)
         grads = self.unflatten(buf[:P])
         for n in reversed(range(len(layers))):
             W, _ = layers[n]
@@ -232,7 +256,8 @@ class Network:
         return buf
 
     def evaluate(self, params, x, y, chunk: int = 8192) -> tuple[float, int, int]:
-        """``(summed loss, correct predictions, rows)`` over a dataset, in chunks."""
+        """``(summed loss, correct predictions, rows)`` over a dataset, in chunks (no correct
+        predictions for a regression: 0)."""
         with np.errstate(all="ignore"):
             return self._evaluate(array_module(params), params, x, y, chunk)
 
@@ -242,8 +267,18 @@ class Network:
             xs, ys = x[start:start + chunk], y[start:start + chunk]
             z = self.forward(params, xs)[-1]                 # (B, C)
             loss += float(LOSSES[self.loss](xp, z, ys)[0])
-            correct += int((z.argmax(axis=1) == ys).sum())
+            correct += int(self.correct(z, ys))
         return loss, correct, int(x.shape[0])
+
+    def outputs(self, params, x, chunk: int = 8192):
+        """The output layer's inputs (N, C) over a dataset, in chunks as :meth:`evaluate`
+        takes them: a regression's predictions."""
+        xp = array_module(params)
+        out = xp.empty((x.shape[0], self.layers[-1]), dtype=params.dtype)    # (N, C)
+        with np.errstate(all="ignore"):
+            for start in range(0, x.shape[0], chunk):
+                out[start:start + chunk] = self.forward(params, x[start:start + chunk])[-1]
+        return out
 
 
 @dataclass(frozen=True)

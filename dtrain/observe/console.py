@@ -55,8 +55,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"{summary['shards']} shards, {_epochs(summary)}, "
         f"{summary.get('steps_run', summary['steps'])} steps "
         f"in {summary['seconds']:.2f} s ({_fmt(summary['samples_per_second'], ',.0f')} samples/s)",
-        f"test_accuracy {_fmt(summary['test_accuracy'], '.4f')}  "
-        f"test_loss {_fmt(summary['test_loss'], '.4f')}  "
+        (f"test_r2 {_fmt(summary['test_r2'], '.4f')}  "
+         f"test_rmse {_fmt(summary.get('test_rmse'), '.4g')}  " if "test_r2" in summary
+         else f"test_accuracy {_fmt(summary['test_accuracy'], '.4f')}  ")
+        + f"test_loss {_fmt(summary['test_loss'], '.4f')}  "
         f"on {summary['test_samples']} test samples",
         f"efficiency {_fmt(summary.get('efficiency'), '.1%')} (time in forward-backward / wall "
         f"time, over workers)  step {_ms(summary.get('step_seconds'))}  overhead "

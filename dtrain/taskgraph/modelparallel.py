@@ -125,7 +125,7 @@ def loss(task: Loss, root: TrainState, shards, *partials) -> Signal:
         else:
             logits = Z
             total, dZ = LOSSES[spec.net.loss](xp, Z, y)
-        correct = int((logits.argmax(axis=1) == y).sum())
+        correct = int(spec.net.correct(logits, y))
         return Signal(dZ, xp.concatenate([dZ.sum(axis=0), *head]), float(total), correct)
 
 

@@ -36,7 +36,7 @@ class Recipe:
 
     def events(self, run: str) -> StepEvents:
         """Where the tasks of ``run`` send their step events."""
-        return StepEvents(run, self.step_event_gap)
+        return StepEvents(run, self.step_event_gap, accuracy=not self.net.regression)
 
     def reports(self, step: Step) -> bool:
         """Whether ``step``'s update sends a step event (always at an epoch's end)."""

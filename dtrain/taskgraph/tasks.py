@@ -21,6 +21,7 @@ from dtrain.core.arrays import like, on_device, sum_in_order, to_host
 from dtrain.data.shards import Shard
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, Step, TrainState, average, local_sgd, update
+from dtrain.maths.scores import TargetSums
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, LocalSteps, Reduce,
                                       Update, Updates)
 
@@ -186,35 +187,49 @@ def average_states(task: Average, state: TrainState, *buffers) -> TrainState:
 def evaluate(task: Evaluate, state: TrainState, part: Shard | None) -> dict[str, float]:
     """Loss and accuracy of the state's parameters on a held-out shard (None: there is no
     held-out data), plus the epoch's running train loss and accuracy (over its minibatches,
-    each predicted before its update)."""
+    each predicted before its update).  A regression has no accuracy (None); on the test
+    split (``epoch`` -1) it gets ``r2``, ``rmse`` and ``mae`` (each the mean over targets,
+    see :mod:`dtrain.maths.scores`)."""
     return _evaluation(task, state, evaluate_part(task, state, part) if part is not None
                        else None)
 
 
-def evaluate_part(task: Evaluate, state: TrainState, part: Shard) -> tuple[float, int, int]:
-    """``(summed loss, correct, rows)`` of one held-out part, where it lives."""
+Sums = tuple[float, int, int, TargetSums | None]    # loss, correct, rows, regression's sums
+
+
+def evaluate_part(task: Evaluate, state: TrainState, part: Shard) -> Sums:
+    """``(summed loss, correct, rows, target sums)`` of one held-out part, where it lives
+    (the target sums: a regression's test split only)."""
     net = task.net
-    return net.evaluate(like(state.vector[: net.size], part.x), part.x, part.y)
+    params = like(state.vector[: net.size], part.x)
+    loss, correct, n = net.evaluate(params, part.x, part.y)
+    sums = TargetSums.of(to_host(net.outputs(params, part.x)), to_host(part.y)) \
+        if net.regression and task.epoch < 0 else None
+    return loss, correct, n, sums
 
 
-def evaluate_parts(task: Evaluate, state: TrainState, *sums: tuple[float, int, int]
-                   ) -> dict[str, float]:
+def evaluate_parts(task: Evaluate, state: TrainState, *parts: Sums) -> dict[str, float]:
     """:func:`evaluate` over held-out data in parts: their sums added in part order."""
-    loss, correct, n = 0.0, 0, 0
-    for part_loss, part_correct, part_n in sums:
+    loss, correct, n, sums = 0.0, 0, 0, None
+    for part_loss, part_correct, part_n, part_sums in parts:
         loss, correct, n = loss + part_loss, correct + part_correct, n + part_n
-    return _evaluation(task, state, (loss, correct, n))
+        if part_sums is not None:
+            sums = part_sums if sums is None else sums + part_sums
+    return _evaluation(task, state, (loss, correct, n, sums))
 
 
-def _evaluation(task: Evaluate, state: TrainState, sums: tuple[float, int, int] | None
-                ) -> dict[str, float]:
+def _evaluation(task: Evaluate, state: TrainState, found: Sums | None) -> dict[str, float]:
+    net = task.net
     out = {"epoch": task.epoch + 1}
-    if sums is not None:
-        loss, correct, n = sums
-        out.update(loss=loss / max(n, 1), accuracy=correct / max(n, 1))
+    if found is not None:
+        loss, correct, n, sums = found
+        out.update(loss=loss / max(n, 1), accuracy=None if net.regression else correct / max(n, 1))
+        if sums is not None:
+            out.update({k: v for k, v in sums.overall().items() if k != "mse"})
     if state.epoch_samples:
         out["train_loss"] = state.epoch_loss / state.epoch_samples
-        out["train_accuracy"] = state.epoch_correct / state.epoch_samples
+        out["train_accuracy"] = None if net.regression \
+            else state.epoch_correct / state.epoch_samples
     if task.keep:
         out["state"] = state.with_vector(to_host(state.vector))
     return out
@@ -226,7 +241,8 @@ def calibrate(net: Network, rows: int, gpu: bool, repeats: int = 3) -> float:
     against each other."""
     rng = np.random.default_rng(0)
     x = on_device(rng.standard_normal((rows, net.layers[0])).astype(net.dtype), gpu)
-    y = on_device(rng.integers(0, net.layers[-1], rows), gpu)
+    y = on_device(rng.standard_normal((rows, net.layers[-1])).astype(net.dtype) if net.regression
+                  else rng.integers(0, net.layers[-1], rows), gpu)
     params = on_device(net.init(0), gpu)
     net.loss_and_grad(params, x, y)                    # warm up (kernels, BLAS threads)
     best = float("inf")

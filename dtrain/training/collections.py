@@ -36,6 +36,7 @@ class Collection:
     columns: Columns
     features: int
     names: tuple[str, ...] | None = None
+    targets: tuple[str, ...] = ("y",)             # a regression's target names
     stats: PartStats | None = None                # once described
     parts: list[PartStats] = field(default_factory=list)   # each partition's, in order
 
@@ -82,7 +83,8 @@ def from_frame(client: Client, frame: Any, label: str | Any, where: str = "the d
     features = [str(c) for c in frame.columns if c != label]
     _numeric_columns(frame.dtypes.to_dict(), features, where)
     futures = client.compute(frame.to_delayed())
-    return Collection(futures, Columns(tuple(features), label), len(features), tuple(features))
+    return Collection(futures, Columns(tuple(features), label), len(features), tuple(features),
+                      (str(label),))
 
 
 def from_arrays(client: Client, x: Any, y: Any) -> Collection:
@@ -100,9 +102,13 @@ def from_arrays(client: Client, x: Any, y: Any) -> Collection:
             raise DataError(f"X has {x.shape[0]} rows but y has {y.shape[0]}; pass one label "
                             f"per row")
         y = y.rechunk({0: x.chunks[0]})
+    if y.ndim == 2:                                # several targets: one block of columns
+        y = y.rechunk({1: -1})
     pairs = [dask.delayed(_pair, pure=True)(xb, yb)
-             for xb, yb in zip(x.to_delayed().ravel(), y.to_delayed().ravel())]
-    return Collection(client.compute(pairs), Columns(), int(x.shape[1]))
+             for xb, yb in zip(x.to_delayed().ravel(), y.to_delayed()[..., 0].ravel()
+                               if y.ndim == 2 else y.to_delayed().ravel())]
+    targets = ("y",) if y.ndim == 1 else tuple(f"y{j}" for j in range(y.shape[1]))
+    return Collection(client.compute(pairs), Columns(), int(x.shape[1]), targets=targets)
 
 
 def _pair(x: Any, y: Any) -> tuple[Any, Any]:

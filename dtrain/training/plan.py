@@ -155,11 +155,12 @@ def plan_on(config: Config, coll: Collection) -> Plan:
                         f"stays partitioned on the workers (it needs the whole training set in "
                         f"{'the driver' if strategy.in_process else 'every worker'}); use "
                         f"allreduce, parameter-server or local-sgd")
-    stats = coll.stats
-    partitions.check(stats, len(coll.futures))
+    stats, regression = coll.stats, config.data.target == "value"
+    partitions.check(stats, len(coll.futures), regression)
+    labels = coll.targets if regression else stats.labels
     info = prepare.DatasetInfo("collection" if not config.data.path else
-                               Path(config.data.path).name, coll.features, len(stats.labels),
-                               stats.train, stats.val, stats.test, stats.labels, coll.names)
+                               Path(config.data.path).name, coll.features, len(labels),
+                               stats.train, stats.val, stats.test, labels, coll.names)
     bounds = np.concatenate([[0], np.cumsum(stats.sizes)])
     ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
     the_plan = _plan(config, info, ranges)
@@ -176,7 +177,8 @@ def plan_on(config: Config, coll: Collection) -> Plan:
 def part_spec(config: Config, coll: Collection) -> PartSpec:
     """What every partition's tasks share, before the statistics are known."""
     d = config.data
-    return PartSpec(coll.columns, tuple(d.split), d.seed, dtype=config.model.dtype)
+    return PartSpec(coll.columns, tuple(d.split), d.seed, dtype=config.model.dtype,
+                    regression=d.target == "value")
 
 
 def _plan(config: Config, info: prepare.DatasetInfo, ranges: list[tuple[int, int]]) -> Plan:
@@ -185,8 +187,9 @@ def _plan(config: Config, info: prepare.DatasetInfo, ranges: list[tuple[int, int
         raise UserError(f"model.layers[0] = {layers[0]} but {info.name} has {info.features} input "
                         f"features; set model.layers = [{info.features}, ..., {info.classes}]")
     if layers[-1] != info.classes:
+        what = "targets" if config.data.target == "value" else "classes"
         raise UserError(f"model.layers[-1] = {layers[-1]} but {info.name} has {info.classes} "
-                        f"classes; set model.layers = [{info.features}, ..., {info.classes}]")
+                        f"{what}; set model.layers = [{info.features}, ..., {info.classes}]")
     train = config.train
     if (train.patience or train.keep_best) and train.monitor == "val_loss" and not info.val:
         raise UserError(f"train.patience = {train.patience}, train.keep_best = "

@@ -271,12 +271,14 @@ def model_spec(plan: Plan, outcome: Outcome, watch: Watch) -> ModelSpec:
     m, d = plan.config.model, plan.config.data
     images = {"image_size": list(d.image_size), "grayscale": d.grayscale} \
         if d.dataset in ("mnist", "image-folder") else {}
+    values = plan.net.regression                # a regression names targets, not classes
     return ModelSpec(tuple(m.layers), m.activation, m.loss, m.dtype, outcome.normalization,
-                     plan.info.labels, plan.info.names,
+                     () if values else plan.info.labels, plan.info.names,
                      {"dataset": plan.info.name, "data_path": d.path or None, **images,
                       "label_column": d.label or None, "init_from": m.init_from or None,
                       "epochs": len(outcome.metrics), "train_samples": plan.train_samples,
-                      **watch.summary(), "dtrain": __version__})
+                      **watch.summary(), "dtrain": __version__},
+                     tuple(map(str, plan.info.labels)) if values else ())
 
 
 def _summary(plan: Plan, outcome: Outcome, watch: Watch) -> dict[str, Any]:
@@ -309,6 +311,7 @@ def _summary(plan: Plan, outcome: Outcome, watch: Watch) -> dict[str, Any]:
         "final_val_accuracy": last.get("val_accuracy"),
         "test_loss": outcome.test["loss"] if outcome.test else None,
         "test_accuracy": outcome.test["accuracy"] if outcome.test else None,
+        **_regression(plan, outcome),
         **_timing(outcome),
         **_comm(outcome),
         "work_split": outcome.split,
@@ -316,6 +319,15 @@ def _summary(plan: Plan, outcome: Outcome, watch: Watch) -> dict[str, Any]:
         "driver_peak_rss_mb": round(peak_rss_mb(), 1),
         "worker_peak_rss_mb": outcome.worker_rss,
     }
+
+
+def _regression(plan: Plan, outcome: Outcome) -> dict[str, Any]:
+    """A regression's test figures (each the mean over targets), computed on the worker with
+    the test loss; nothing for a classifier."""
+    if not plan.net.regression:
+        return {}
+    test = outcome.test or {}
+    return {f"test_{k}": test.get(k) for k in ("r2", "rmse", "mae")}
 
 
 def _comm(outcome: Outcome) -> dict[str, Any]:
