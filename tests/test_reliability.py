@@ -203,6 +203,7 @@ def test_divergence_stops_at_the_step_and_keeps_the_last_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("--set", "optim.lr=1e3", "--set", "model.activation=relu",
                    "--set", "model.dtype=float32", "--set", "graph.window=3",
+                   "--set", "train.max_loss=1e300",       # let it run on until the loss is inf
                    "--out", str(out), "--dashboard-address", "")
     assert proc.returncode == 3, proc.stderr
     lines = proc.stderr.strip().splitlines()

@@ -121,7 +121,7 @@ def plan(config: Config) -> Plan:
                         f"classes; set model.layers = [{info.features}, ..., {info.classes}]")
     ranges = shard_ranges(info.train, config.data.replicate, config.data.shards)
     net = Network.from_config(config.model)
-    opt = Optimizer(config.optim, net, config.model.l2)
+    opt = Optimizer(config.optim, net, config.model.l2, config.train.max_loss)
     schedule = Schedule([b - a for a, b in ranges], config.train.batch_size, config.optim,
                         config.train.epochs)
     return Plan(config, info, ranges, net, opt, schedule)
