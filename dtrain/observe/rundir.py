@@ -11,6 +11,7 @@ written go through a temporary file and a rename.  The names are
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -19,20 +20,20 @@ import numpy as np
 
 from dtrain.core import files
 from dtrain.core.config import Config
+from dtrain.core.errors import UserError
 from dtrain.observe import htmlreport
 
 
 def new_run_dir(base: Path, label: str) -> Path:
-    """A fresh ``base/<time>-<label>`` directory (suffixed if that exists)."""
+    """A new ``base/<time>-<label>`` path (suffixed if that exists), not created yet: the
+    run creates it when it starts, and removes it again if it fails before recording
+    anything (:meth:`RunDir.discard_unused`)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
         path = base / (f"{stamp}-{label}" + (f"-{n}" if n else ""))
-        try:
-            path.mkdir(parents=True)
+        if not path.exists():
             return path
-        except FileExistsError:
-            continue
-    raise RuntimeError(f"cannot create a new run directory under {base}")
+    raise RuntimeError(f"cannot find a new run directory name under {base}")
 
 
 class RunDir:
@@ -45,7 +46,12 @@ class RunDir:
 
     def __init__(self, path: Path, config: Config, keep_epochs: int | None = None):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.made = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot make the run directory {self.path}: {exc.strerror}; "
+                            f"pick another directory") from None
         if keep_epochs is None:
             for stale in (files.SUMMARY, files.REPORT, files.TIMELINE, files.PARAMS,
                           files.METRICS, files.CHECKPOINT):
@@ -55,6 +61,22 @@ class RunDir:
             rows = self.epochs()[:keep_epochs]
             files.atomic_write(self.path / files.METRICS,
                                "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+    def discard_unused(self) -> None:
+        """After a failed start (no epoch recorded, no checkpoint): remove the folders this
+        run made (only if empty, for its parents), or from a folder it found, its config."""
+        if self.epochs() or (self.path / files.CHECKPOINT).exists():
+            return
+        if self.path in self.made:
+            shutil.rmtree(self.path, ignore_errors=True)
+            for parent in self.made[1:]:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+        else:
+            for name in (files.CONFIG, files.MODEL):
+                (self.path / name).unlink(missing_ok=True)
 
     def epochs(self) -> list[dict[str, Any]]:
         """The rows of ``metrics.jsonl`` written so far."""

@@ -80,7 +80,9 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
         When the training loss becomes NaN or infinite.
     """
     the_plan = plan(config)
-    return _run(the_plan, Recorder(config, out, echo), Start(the_plan.initial_state()), client)
+    recorder = Recorder(config, out, echo)
+    with _discarded_if_unused(recorder):
+        return _run(the_plan, recorder, Start(the_plan.initial_state()), client)
 
 
 def resume(run_dir: str | Path, *, config: Config | None = None, client: Client | None = None,
@@ -156,6 +158,20 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
         summary = _summary(the_plan, outcome)
         recorder.finish(params, summary)
     return RunResult(outcome.metrics, summary, params, recorder.path)
+
+
+@contextlib.contextmanager
+def _discarded_if_unused(recorder: Recorder) -> Iterator[None]:
+    """A new run that fails before its first epoch or checkpoint (no cluster, data broken on
+    a worker...) leaves no run directory behind; one stopped by a signal stays, resumable."""
+    try:
+        yield
+    except (Stopped, KeyboardInterrupt):
+        raise
+    except BaseException:
+        if recorder.run_dir is not None:
+            recorder.run_dir.discard_unused()
+        raise
 
 
 @contextlib.contextmanager
