@@ -16,7 +16,7 @@ from distributed.comm import parse_address, parse_host_port, registry
 from dtrain.core.arrays import gpu_count
 from dtrain.core.config import ClusterConfig
 from dtrain.core.errors import UserError
-from dtrain.deploy import jobqueue
+from dtrain.deploy import jobqueue, mainguard
 from dtrain.deploy.devices import require_gpu
 from dtrain.deploy.local import local_cluster, local_gpu_cluster
 from dtrain.deploy.options import security_for
@@ -110,7 +110,7 @@ def connect(cfg: ClusterConfig) -> Iterator[Client]:
     gpus = gpu_count() if cfg.device != "cpu" else 0
     if cfg.device == "gpu":
         require_gpu("cluster.device = 'gpu'")
-    with warnings.catch_warnings():
+    with mainguard.watch(), warnings.catch_warnings():
         # a busy dashboard port: distributed takes another and says so in four lines; the
         # dashboard line the run prints gives the port it got
         warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)

@@ -19,6 +19,7 @@ from distributed import Client
 
 from dtrain.core.config import Config
 from dtrain.core.errors import Diverged, Stopped, UserError
+from dtrain.deploy import mainguard
 from dtrain.deploy.connect import connect
 from dtrain.deploy.signals import StopSignals
 from dtrain.observe.console import Echo
@@ -79,6 +80,7 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
     Diverged
         When the training loss becomes NaN or infinite.
     """
+    mainguard.stop_if_bootstrapping()
     the_plan = plan(config)
     recorder = Recorder(config, out, echo)
     with _discarded_if_unused(recorder):
@@ -104,6 +106,7 @@ def resume(run_dir: str | Path, *, config: Config | None = None, client: Client 
     RunResult
         Whose ``params`` are byte-for-byte those of an uninterrupted run.
     """
+    mainguard.stop_if_bootstrapping()
     return resume_checked(check_resume(run_dir, config), client=client, echo=echo)
 
 
