@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dtrain.core.config import Config, load_config
 from dtrain.core.errors import Diverged, UserError
+from dtrain.core.version import __version__
 from dtrain.training.trainer import RunResult, resume, train
 
-__all__ = ["Config", "Diverged", "RunResult", "UserError", "load_config", "resume", "train"]
-__version__ = "0.1.0"
+__all__ = ["Config", "Diverged", "RunResult", "UserError", "__version__", "load_config", "resume",
+           "train"]

@@ -2,28 +2,47 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
+from dtrain.cli import advice
 from dtrain.cli.common import Parser, config_options
-from dtrain.core.config import load_config
+from dtrain.core import files
+from dtrain.core.config import Config, load_config
 from dtrain.core.errors import UserError
+from dtrain.core.version import __version__
 from dtrain.deploy import mpi
+from dtrain.deploy.connect import check_address
 from dtrain.taskgraph import strategies
 from dtrain.training import checkpoint
 from dtrain.training.plan import plan
 from dtrain.training.trainer import check_resume, default_out_dir, resume_checked, train
 
 
+COMMANDS = """\
+commands:
+  python -m dtrain [options]         train (the options below), or continue a run: --resume DIR
+  python -m dtrain report DIR...     rebuild report.html from run directories (report --help)
+  python -m dtrain graph --out FILE  draw one training step's task graph (graph --help)
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
-        prog="python -m dtrain",
-        description="Data-parallel neural-network training; every minibatch a Dask task graph. "
-                    "Subcommands: `report DIR...` (rebuild report.html), `graph --out FILE` "
-                    "(draw a step's task graph); see `python -m dtrain report --help`.")
+        prog="python -m dtrain", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="python -m dtrain [options]\n       python -m dtrain {report,graph} ...",
+        description="Data-parallel neural-network training; every minibatch a Dask task "
+                    "graph.\n\n" + COMMANDS)
+    parser.add_argument("--version", action="version", version=f"dtrain {__version__}")
     config_options(parser)
     parser.add_argument("--workers", type=int, metavar="N",
                         help="worker processes of the embedded LocalCluster (cluster.workers)")
-    parser.add_argument("--out", metavar="DIR", help="run directory (default: a new one under runs/)")
+    parser.add_argument("--out", metavar="DIR", help="run directory (default: a new one under "
+                        "runs/); an existing run there is refused unless --force")
+    parser.add_argument("--force", action="store_true",
+                        help="let --out replace the run already in DIR (its results and "
+                             "checkpoint are deleted) or write into a non-empty directory")
     parser.add_argument("--scheduler-address", metavar="ADDR",
                         help="use a running Dask scheduler instead of starting a LocalCluster")
     parser.add_argument("--dashboard-address", metavar="HOST:PORT",
@@ -72,6 +91,28 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return list(args.overrides) + extra
 
 
+def check_out(out: Path, force: bool) -> None:
+    """Refuse an ``--out`` that cannot be a new run's directory, or (without ``--force``)
+    would overwrite a run or mix with other files; before anything is created."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory; give a directory for the run")
+    there = next(p for p in (out, *out.parents, Path(".")) if p.exists())
+    if not there.is_dir():
+        raise UserError(f"--out {out}: {there} is a file, not a directory")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out}: cannot write in {there} (permission denied)")
+    if force or there != out or not any(out.iterdir()):
+        return
+    if not (out / files.CONFIG).is_file():
+        raise UserError(f"--out {out} is not empty and holds no dtrain run; give a new or "
+                        f"empty directory (or add --force to write into it anyway)")
+    if (out / files.SUMMARY).exists():
+        raise UserError(f"--out {out} holds a finished run; give a new directory (or add "
+                        f"--force to replace its results)")
+    raise UserError(f"--out {out} holds an unfinished run; continue it with --resume {out}, "
+                    f"or give a new directory (or add --force to start it over)")
+
+
 def prepare(argv: list[str]) -> mpi.Job:
     """Parse, load and plan: the job, whose ``run(client)`` trains or resumes on that client
     (or on its own cluster with None), and the MPI ranks it would need.
@@ -84,6 +125,9 @@ def prepare(argv: list[str]) -> mpi.Job:
         if args.out:
             raise UserError(f"--out {args.out} with --resume: a resumed run stays in its own "
                             f"directory ({args.resume})")
+        if args.force:
+            raise UserError(f"--force with --resume: a resumed run keeps its files; to start "
+                            f"{args.resume} over, use --out {args.resume} --force")
         run_dir = Path(args.resume)
         checkpoint.resumable(run_dir, None)       # a run dtrain started: config.toml is there
         point = check_resume(
@@ -94,13 +138,35 @@ def prepare(argv: list[str]) -> mpi.Job:
             return resume_checked(point, client=client)
     else:
         config = load_config(args.config, _overrides(args))
+        if args.out:
+            check_out(Path(args.out), args.force)
 
         def job(client):
             return train(config, client=client,
                          out=Path(args.out) if args.out else default_out_dir(args.config))
-    plan(config)                # the data and the model sizes, before anything starts
+    if config.cluster.scheduler_address:
+        check_address(config.cluster.scheduler_address)
+    the_plan = plan(config)     # the data and the model sizes, before anything starts
     strategy = strategies.get(config.graph.strategy)
+    if args.scheduler_rank is None:
+        _warn_layout(config, strategy, len(the_plan.ranges))
+    if args.workers is not None and config.cluster.scheduler_address:
+        print(f"dtrain: warning: --workers {args.workers} does nothing with a scheduler "
+              f"address: the run uses the workers of {config.cluster.scheduler_address}",
+              file=sys.stderr)
     return mpi.Job(config, job, strategy.ranks, strategy.workers_word)
+
+
+def _warn_layout(config: Config, strategy: strategies.Strategy, shards: int) -> None:
+    """One line on stderr for each way the embedded cluster's layout wastes time.  (The
+    counts are those :func:`dtrain.deploy.local.local_cluster` starts with.)"""
+    c = config.cluster
+    if strategy.in_process or c.kind != "local" or c.scheduler_address or c.device != "cpu":
+        return
+    leaves, leaf = (config.graph.slices, "slice") if strategy.leaf == "slice" else (shards, "shard")
+    for line in advice.layout_warnings(c.workers, c.threads_per_worker, leaves, advice.cores(),
+                                       leaf, spare=strategy.min_workers - 1):
+        print(f"dtrain: warning: {line}", file=sys.stderr)
 
 
 def resume_command(argv: list[str]) -> str:
