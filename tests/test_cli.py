@@ -151,10 +151,10 @@ def test_unreachable_scheduler_fails_within_the_timeout(tmp_path):
                    "--set", "cluster.timeout=10", "--out", str(tmp_path / "run"))
     seconds = time.monotonic() - start             # the whole command, imports included
     assert proc.returncode == 2, proc.stderr
+    assert seconds < 10, seconds
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("dtrain: error: cannot reach the Dask scheduler at tcp://127.0.0.1:")
     assert "nothing listens" in line
-    assert seconds < 10, seconds
     assert not (tmp_path / "run").exists()
 
 
@@ -208,3 +208,12 @@ def test_each_command_has_its_own_help(command, capsys):
     else:
         commands = text.split("commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
         assert [line.split()[3] for line in commands] == ["[options]", "report", "graph"]
+
+
+def test_a_run_directory_that_cannot_be_made_is_a_user_error(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine\n")
+    cfg = dtrain.load_config(None, ["train.epochs=1", "graph.strategy=serial"])
+    for out in (tmp_path / "notes.txt", tmp_path / "notes.txt" / "run"):
+        with pytest.raises(dtrain.UserError, match=f"{tmp_path / 'notes.txt'} is a file"):
+            dtrain.train(cfg, out=out, echo=None)
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from dtrain.cli import advice
@@ -17,7 +18,8 @@ from dtrain.deploy.connect import check_address
 from dtrain.taskgraph import strategies
 from dtrain.training import checkpoint
 from dtrain.training.plan import plan
-from dtrain.training.trainer import check_resume, default_out_dir, resume_checked, train
+from dtrain.training.trainer import (RunResult, check_resume, default_out_dir, resume_checked,
+                                     train)
 
 
 COMMANDS = """\
@@ -142,8 +144,9 @@ def prepare(argv: list[str]) -> mpi.Job:
             check_out(Path(args.out), args.force)
 
         def job(client):
-            return train(config, client=client,
-                         out=Path(args.out) if args.out else default_out_dir(args.config))
+            if args.out:
+                return train(config, client=client, out=Path(args.out))
+            return _in_new_run_dir(args.config, lambda out: train(config, client=client, out=out))
     if config.cluster.scheduler_address:
         check_address(config.cluster.scheduler_address)
     the_plan = plan(config)     # the data and the model sizes, before anything starts
@@ -155,6 +158,23 @@ def prepare(argv: list[str]) -> mpi.Job:
               f"address: the run uses the workers of {config.cluster.scheduler_address}",
               file=sys.stderr)
     return mpi.Job(config, job, strategy.ranks, strategy.workers_word)
+
+
+def _in_new_run_dir(config_path: str | None, run: Callable[[Path], RunResult]) -> RunResult:
+    """``run(out)`` in a new directory under ``runs/``; if the run fails and leaves it empty
+    (it removes what it wrote when it recorded nothing), the directory goes, and ``runs/``
+    too if this made it."""
+    base_was_there = Path("runs").exists()
+    out = default_out_dir(config_path)
+    try:
+        return run(out)
+    except BaseException:
+        for folder in (out, *([] if base_was_there else [out.parent])):
+            try:
+                folder.rmdir()                  # only if empty
+            except OSError:
+                break
+        raise
 
 
 def _warn_layout(config: Config, strategy: strategies.Strategy, shards: int) -> None:

@@ -25,15 +25,16 @@ from dtrain.observe import htmlreport
 
 
 def new_run_dir(base: Path, label: str) -> Path:
-    """A new ``base/<time>-<label>`` path (suffixed if that exists), not created yet: the
-    run creates it when it starts, and removes it again if it fails before recording
-    anything (:meth:`RunDir.discard_unused`)."""
+    """A fresh ``base/<time>-<label>`` directory (suffixed if that exists)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
         path = base / (f"{stamp}-{label}" + (f"-{n}" if n else ""))
-        if not path.exists():
+        try:
+            path.mkdir(parents=True)
             return path
-    raise RuntimeError(f"cannot find a new run directory name under {base}")
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a new run directory under {base}")
 
 
 class RunDir:
@@ -47,11 +48,7 @@ class RunDir:
     def __init__(self, path: Path, config: Config, keep_epochs: int | None = None):
         self.path = Path(path)
         self.made = [p for p in (self.path, *self.path.parents) if not p.exists()]
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(f"cannot make the run directory {self.path}: {exc.strerror}; "
-                            f"pick another directory") from None
+        self._make()
         if keep_epochs is None:
             for stale in (files.SUMMARY, files.REPORT, files.TIMELINE, files.PARAMS,
                           files.METRICS, files.CHECKPOINT):
@@ -62,9 +59,27 @@ class RunDir:
             files.atomic_write(self.path / files.METRICS,
                                "".join(json.dumps(r) + "\n" for r in rows).encode())
 
+    def _make(self) -> None:
+        """Make the directory; one that appeared since :attr:`made` was taken (another run
+        given the same new directory at the same moment) is not shared."""
+        fresh = self.path in self.made
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.mkdir(exist_ok=not fresh)
+        except OSError as exc:
+            if fresh and isinstance(exc, FileExistsError) and self.path.is_dir():
+                raise UserError(f"run directory {self.path} was made by another run a moment "
+                                f"ago; start again") from None
+            file = next((p for p in (self.path, *self.path.parents) if p.is_file()), None)
+            raise UserError(f"cannot make the run directory {self.path}: "
+                            f"{f'{file} is a file' if file else exc.strerror}; pick another "
+                            f"directory") from None
+
     def discard_unused(self) -> None:
         """After a failed start (no epoch recorded, no checkpoint): remove the folders this
-        run made (only if empty, for its parents), or from a folder it found, its config."""
+        run made (only if empty, for its parents), or from a folder it found, the files it
+        wrote (whoever made that folder may remove it: the command line's new run
+        directories)."""
         if self.epochs() or (self.path / files.CHECKPOINT).exists():
             return
         if self.path in self.made:
