@@ -78,7 +78,8 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
         For anything wrong with the config or the data, before training
         starts where it can be known then.
     Diverged
-        When the training loss becomes NaN or infinite.
+        When the training loss becomes NaN or infinite, or a step's mean loss per sample
+        exceeds ``train.max_loss``.
     """
     mainguard.stop_if_bootstrapping()
     the_plan = plan(config)
