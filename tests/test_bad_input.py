@@ -60,6 +60,22 @@ def _finished(tmp: Path) -> list[str]:
     return ["--resume", str(tmp / "done")]
 
 
+def _out_on_finished(tmp: Path) -> list[str]:
+    """--out naming the directory of a finished run."""
+    return ["--out", _finished(tmp)[1]]
+
+
+def _out_on_file(tmp: Path) -> list[str]:
+    (tmp / "notes.txt").write_text("mine\n")
+    return ["--out", str(tmp / "notes.txt")]
+
+
+def _out_on_other_files(tmp: Path) -> list[str]:
+    (tmp / "photos").mkdir()
+    (tmp / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    return ["--out", str(tmp / "photos")]
+
+
 @dataclass(frozen=True)
 class Mpiexec:
     """A row launched as an MPI job of ``ranks`` ranks, with ``env`` added to its
@@ -103,7 +119,24 @@ TABLE = [
     ("zero workers", lambda t: ["--workers", "0"], "--workers 0: needs at least 1 worker"),
     ("unreachable scheduler", lambda t: ["--scheduler-address", "tcp://127.0.0.1:9",
                                          "--set", "cluster.timeout=2"],
-     "cannot reach the Dask scheduler at tcp://127.0.0.1:9 within 2 s"),
+     "cannot reach the Dask scheduler at tcp://127.0.0.1:9: nothing listens on port 9"),
+    ("scheduler address without a port", lambda t: ["--scheduler-address", "10.0.0.5"],
+     "cluster.scheduler_address = '10.0.0.5': needs a host and a port, e.g. tcp://10.0.0.5:8786"),
+    ("scheduler address over http", lambda t: ["--scheduler-address", "http://127.0.0.1:8787"],
+     "unknown scheme 'http://'; a scheduler's address looks like tcp://HOST:8786"),
+    ("unknown host", lambda t: ["--scheduler-address", "tcp://no-such-host.invalid:8786"],
+     "unknown host 'no-such-host.invalid'"),
+    ("--out names a file", _out_on_file, "notes.txt is a file, not a directory"),
+    ("--out names a finished run", _out_on_finished,
+     "done holds a finished run; give a new directory, train it longer with --resume"),
+    ("--out names a folder of other files", _out_on_other_files,
+     "photos is not empty and holds no dtrain run; give a new or empty directory"),
+    ("--force with --resume", lambda t: ["--resume", str(t), "--force"],
+     "--force with --resume"),
+    ("--set with a space", lambda t: ["--set", "train.epochs", "5"],
+     "--set train.epochs 5: write KEY=VALUE, without spaces: --set train.epochs=5"),
+    ("a misspelt command", lambda t: ["reprot", str(t)],
+     "unknown command 'reprot'; did you mean `python -m dtrain report`?"),
     ("resume nothing", lambda t: ["--resume", str(t / "none")], "no config.toml there"),
     ("parameter server alone", lambda t: ["--set", "graph.strategy=parameter-server",
                                           "--workers", "1"], "needs 2 workers"),
@@ -154,7 +187,7 @@ def test_bad_input(tmp_path, make_args, message, capfd):
     data.mkdir()
     out = tmp_path / "run"
     args = make_args(data)
-    args = [*args, *([] if "--resume" in args else ["--out", str(out)]),
+    args = [*args, *([] if {"--resume", "--out"} & set(args) else ["--out", str(out)]),
             "--dashboard-address", "127.0.0.1:0"]
     if isinstance(make_args, Mpiexec):
         proc = mpirun.run(make_args.ranks, *args, timeout=60, env=make_args.env)

@@ -167,10 +167,12 @@ def test_resume_refuses_finished_runs_and_changed_configs(tmp_path):
     proc = run_cli("--resume", str(out))
     assert proc.returncode == 2 and "already finished" in proc.stderr
     (out / "summary.json").unlink()
-    proc = run_cli("--resume", str(out), "--set", "train.epochs=5")
+    proc = run_cli("--resume", str(out), "--set", "optim.lr=0.5")
     assert proc.returncode == 2
-    assert "changed config (train.epochs: 2 -> 5)" in proc.stderr
+    assert "changed config (optim.lr: 0.1 -> 0.5)" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    proc = run_cli("--resume", str(out), "--set", "train.epochs=1")
+    assert proc.returncode == 2 and "epochs can only be added" in proc.stderr
     proc = run_cli("--resume", str(tmp_path / "nothing"))
     assert proc.returncode == 2 and "no config.toml" in proc.stderr
 
@@ -204,6 +206,7 @@ def test_divergence_stops_at_the_step_and_keeps_the_last_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("--set", "optim.lr=1e3", "--set", "model.activation=relu",
                    "--set", "model.dtype=float32", "--set", "graph.window=3",
+                   "--set", "train.max_loss=1e300",       # let it run on until the loss is inf
                    "--out", str(out), "--dashboard-address", "")
     assert proc.returncode == 3, proc.stderr
     lines = proc.stderr.strip().splitlines()

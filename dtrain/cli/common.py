@@ -14,6 +14,17 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(f"{message} (see {self.prog} --help)")
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """As argparse's, but ``--set KEY VALUE`` (a space for the ``=``) is named as such."""
+        known, extra = self.parse_known_args(args, namespace)
+        if extra:
+            spaced = [s for s in getattr(known, "overrides", None) or [] if "=" not in s]
+            if spaced and not extra[0].startswith("-"):
+                self.error(f"--set {spaced[0]} {extra[0]}: write KEY=VALUE, without spaces: "
+                           f"--set {spaced[0]}={extra[0]}")
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return known
+
 
 def config_options(parser: argparse.ArgumentParser) -> None:
     """``--config`` and ``--set``, shared by training and ``graph``."""

@@ -1,6 +1,7 @@
 """Dispatch ``python -m dtrain ...`` to its subcommand and turn errors into exit codes."""
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 
@@ -13,12 +14,22 @@ SUBCOMMANDS = {"report": tools.report, "graph": tools.draw, "predict": use.predi
                "evaluate": use.evaluate, "export": use.export_model}
 
 
+def _unknown(word: str) -> str:
+    """What to say about a first argument that is neither a subcommand nor an option."""
+    close = difflib.get_close_matches(word, SUBCOMMANDS, n=1)
+    hint = f"did you mean `python -m dtrain {close[0]}`? " if close else ""
+    return (f"unknown command '{word}'; {hint}the commands are "
+            f"{', '.join(SUBCOMMANDS)}, or none to train (see python -m dtrain --help)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     try:
         argv = sys.argv[1:] if argv is None else argv
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])
+        if argv and not argv[0].startswith("-"):
+            raise UserError(_unknown(argv[0]))
         return train.run(argv)
     except Stopped as exc:
         for line in exc.lines(train.resume_command(argv)):

@@ -2,29 +2,53 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from dtrain.cli import advice
 from dtrain.cli.common import Parser, config_options
-from dtrain.core.config import load_config
+from dtrain.core import files
+from dtrain.core.config import Config, load_config
 from dtrain.core.errors import UserError
+from dtrain.core.version import __version__
 from dtrain.deploy import mpi
+from dtrain.deploy.connect import check_address
 from dtrain.observe import tracking
 from dtrain.taskgraph import strategies
 from dtrain.training import checkpoint, collections
 from dtrain.training.plan import partitioned, plan
-from dtrain.training.trainer import check_resume, default_out_dir, resume_checked, train
+from dtrain.training.trainer import (RunResult, check_resume, default_out_dir, resume_checked,
+                                     train)
+
+
+COMMANDS = """\
+commands:
+  python -m dtrain [options]         train (the options below), or continue a run: --resume DIR
+  python -m dtrain report DIR...     rebuild report.html from run directories (report --help)
+  python -m dtrain graph --out FILE  draw one training step's task graph (graph --help)
+  python -m dtrain predict RUN ...   predict with a trained run (predict --help)
+  python -m dtrain evaluate RUN      accuracy, loss, per-class figures of a run (evaluate --help)
+  python -m dtrain export RUN ...    write a trained run as ONNX (export --help)
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
-        prog="python -m dtrain",
-        description="Data-parallel neural-network training; every minibatch a Dask task graph. "
-                    "Subcommands: `report DIR...` (rebuild report.html), `graph --out FILE` "
-                    "(draw a step's task graph); see `python -m dtrain report --help`.")
+        prog="python -m dtrain", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="python -m dtrain [options]\n       python -m dtrain {report,graph} ...",
+        description="Data-parallel neural-network training; every minibatch a Dask task "
+                    "graph.\n\n" + COMMANDS)
+    parser.add_argument("--version", action="version", version=f"dtrain {__version__}")
     config_options(parser)
     parser.add_argument("--workers", type=int, metavar="N",
                         help="worker processes of the embedded LocalCluster (cluster.workers)")
-    parser.add_argument("--out", metavar="DIR", help="run directory (default: a new one under runs/)")
+    parser.add_argument("--out", metavar="DIR", help="run directory (default: a new one under "
+                        "runs/); an existing run there is refused unless --force")
+    parser.add_argument("--force", action="store_true",
+                        help="let --out replace the run already in DIR (its results and "
+                             "checkpoint are deleted) or write into a non-empty directory")
     parser.add_argument("--scheduler-address", metavar="ADDR",
                         help="use a running Dask scheduler instead of starting a LocalCluster")
     parser.add_argument("--dashboard-address", metavar="HOST:PORT",
@@ -79,6 +103,29 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return list(args.overrides) + extra
 
 
+def check_out(out: Path, force: bool) -> None:
+    """Refuse an ``--out`` that cannot be a new run's directory, or (without ``--force``)
+    would overwrite a run or mix with other files; before anything is created."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory; give a directory for the run")
+    there = next(p for p in (out, *out.parents, Path(".")) if p.exists())
+    if not there.is_dir():
+        raise UserError(f"--out {out}: {there} is a file, not a directory")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out}: cannot write in {there} (permission denied)")
+    if force or there != out or not any(out.iterdir()):
+        return
+    if not (out / files.CONFIG).is_file():
+        raise UserError(f"--out {out} is not empty and holds no dtrain run; give a new or "
+                        f"empty directory (or add --force to write into it anyway)")
+    if (out / files.SUMMARY).exists():
+        raise UserError(f"--out {out} holds a finished run; give a new directory, train it "
+                        f"longer with --resume {out} --set train.epochs=N, or add --force to "
+                        f"replace its results")
+    raise UserError(f"--out {out} holds an unfinished run; continue it with --resume {out}, "
+                    f"or give a new directory (or add --force to start it over)")
+
+
 def prepare(argv: list[str]) -> mpi.Job:
     """Parse, load and plan: the job, whose ``run(client)`` trains or resumes on that client
     (or on its own cluster with None), and the MPI ranks it would need.
@@ -91,6 +138,9 @@ def prepare(argv: list[str]) -> mpi.Job:
         if args.out:
             raise UserError(f"--out {args.out} with --resume: a resumed run stays in its own "
                             f"directory ({args.resume})")
+        if args.force:
+            raise UserError(f"--force with --resume: a resumed run keeps its files; to start "
+                            f"{args.resume} over, use --out {args.resume} --force")
         run_dir = Path(args.resume)
         checkpoint.started(run_dir)               # config.toml is there
         point = check_resume(
@@ -101,17 +151,58 @@ def prepare(argv: list[str]) -> mpi.Job:
             return resume_checked(point, client=client)
     else:
         config = load_config(args.config, _overrides(args))
+        if args.out:
+            check_out(Path(args.out), args.force)
 
         def job(client):
-            return train(config, client=client,
-                         out=Path(args.out) if args.out else default_out_dir(args.config))
+            if args.out:
+                return train(config, client=client, out=Path(args.out))
+            return _in_new_run_dir(args.config, lambda out: train(config, client=client, out=out))
+    if config.cluster.scheduler_address:
+        check_address(config.cluster.scheduler_address)
     if partitioned(config.data):   # read by the workers: what its metadata says, for now
         collections.check_files(config.data, config.model.layers)
-    else:
-        plan(config)            # the data and the model sizes, before anything starts
+        shards = None
+    else:                          # the data and the model sizes, before anything starts
+        shards = len(plan(config).ranges)
     tracking.check(config.track)        # the trackers' packages, too
     strategy = strategies.get(config.graph.strategy)
+    if args.scheduler_rank is None and shards is not None:
+        _warn_layout(config, strategy, shards)
+    if args.workers is not None and config.cluster.scheduler_address:
+        print(f"dtrain: warning: --workers {args.workers} does nothing with a scheduler "
+              f"address: the run uses the workers of {config.cluster.scheduler_address}",
+              file=sys.stderr)
     return mpi.Job(config, job, strategy.ranks, strategy.workers_word)
+
+
+def _in_new_run_dir(config_path: str | None, run: Callable[[Path], RunResult]) -> RunResult:
+    """``run(out)`` in a new directory under ``runs/``; if the run fails and leaves it empty
+    (it removes what it wrote when it recorded nothing), the directory goes, and ``runs/``
+    too if this made it."""
+    base_was_there = Path("runs").exists()
+    out = default_out_dir(config_path)
+    try:
+        return run(out)
+    except BaseException:
+        for folder in (out, *([] if base_was_there else [out.parent])):
+            try:
+                folder.rmdir()                  # only if empty
+            except OSError:
+                break
+        raise
+
+
+def _warn_layout(config: Config, strategy: strategies.Strategy, shards: int) -> None:
+    """One line on stderr for each way the embedded cluster's layout wastes time.  (The
+    counts are those :func:`dtrain.deploy.local.local_cluster` starts with.)"""
+    c = config.cluster
+    if strategy.in_process or c.kind != "local" or c.scheduler_address or c.device != "cpu":
+        return
+    leaves, leaf = (config.graph.slices, "slice") if strategy.leaf == "slice" else (shards, "shard")
+    for line in advice.layout_warnings(c.workers, c.threads_per_worker, leaves, advice.cores(),
+                                       leaf, spare=strategy.min_workers - 1):
+        print(f"dtrain: warning: {line}", file=sys.stderr)
 
 
 def resume_command(argv: list[str]) -> str:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 EXIT_USER_ERROR = 2     # bad input: one line, no traceback
-EXIT_DIVERGED = 3       # the loss became NaN or infinite
+EXIT_DIVERGED = 3       # the loss became NaN or infinite, or exceeded train.max_loss
 EXIT_STOPPED = 75       # stopped by SIGTERM or SIGUSR1 after saving a checkpoint: resume it
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
@@ -23,15 +23,19 @@ class DataError(UserError):
 
 
 class Diverged(Exception):
-    """The training loss became NaN or infinite: the run stops at that step (exit code 3)."""
+    """The training loss became NaN or infinite, or its mean per sample exceeded
+    ``train.max_loss`` (``limit``): the run stops at that step (exit code 3)."""
 
-    def __init__(self, step: int, epoch: int, loss: float, note: str = ""):
-        super().__init__(step, epoch, loss, note)
-        self.step, self.epoch, self.loss, self.note = step, epoch, loss, note
+    def __init__(self, step: int, epoch: int, loss: float, note: str = "",
+                 limit: float | None = None):
+        super().__init__(step, epoch, loss, note, limit)
+        self.step, self.epoch, self.loss, self.note, self.limit = step, epoch, loss, note, limit
 
     def __str__(self) -> str:
-        return (f"training diverged at step {self.step} (epoch {self.epoch + 1}): the loss is "
-                f"{self.loss}; lower optim.lr or raise model.l2{self.note}")
+        what = f"the loss is {self.loss}" if self.limit is None else \
+            f"the mean loss per sample is {self.loss:.4g}, above train.max_loss = {self.limit:g}"
+        return (f"training diverged at step {self.step} (epoch {self.epoch + 1}): {what}; "
+                f"lower optim.lr or raise model.l2{self.note}")
 
 
 class Stopped(Exception):

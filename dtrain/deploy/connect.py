@@ -5,18 +5,89 @@
 from __future__ import annotations
 
 import contextlib
+import socket
+import time
+import warnings
 from collections.abc import Iterator
 
 from distributed import Client
+from distributed.comm import parse_address, parse_host_port, registry
 
 from dtrain.core.arrays import gpu_count
 from dtrain.core.config import ClusterConfig
 from dtrain.core.errors import UserError
-from dtrain.deploy import jobqueue
+from dtrain.deploy import jobqueue, mainguard
 from dtrain.deploy.devices import require_gpu
 from dtrain.deploy.local import local_cluster, local_gpu_cluster
 from dtrain.deploy.options import security_for
 from dtrain.deploy.workers import wait_for_workers
+
+
+REFUSED_GRACE = 2.0     # seconds a refused connection is retried: a scheduler may be starting
+HINT = "check the address or start one with `dask scheduler`"
+
+
+def check_address(address: str) -> tuple[str, int] | None:
+    """The host and port of a scheduler address (None for a scheme that has none), or a
+    UserError saying what is wrong with it; nothing is contacted."""
+    scheme, loc = parse_address(address)
+    if scheme not in registry.backends:
+        raise UserError(f"cluster.scheduler_address = {address!r}: unknown scheme '{scheme}://'; "
+                        f"a scheduler's address looks like tcp://HOST:8786 (or tls://)")
+    if scheme not in ("tcp", "tls"):
+        return None
+    try:
+        host, port = parse_host_port(loc)
+    except ValueError:
+        raise UserError(f"cluster.scheduler_address = {address!r}: needs a host and a port, "
+                        f"e.g. {scheme}://{loc or 'HOST'}:8786") from None
+    if not 0 < port < 65536:
+        raise UserError(f"cluster.scheduler_address = {address!r}: port {port} is not a TCP port")
+    return host, port
+
+
+def _probe(address: str, host: str, port: int, timeout: float) -> None:
+    """Fail fast where nothing can answer: an unknown host, or no one listening (a refused
+    connection, retried for :data:`REFUSED_GRACE` s); a host that never answers takes
+    ``timeout``."""
+    start = time.monotonic()
+    while True:
+        left = timeout - (time.monotonic() - start)
+        try:
+            with socket.create_connection((host, port), timeout=max(left, 0.01)):
+                return
+        except socket.gaierror as exc:
+            raise UserError(f"cannot reach the Dask scheduler at {address}: unknown host "
+                            f"{host!r} ({exc.strerror}); {HINT}") from None
+        except ConnectionRefusedError:
+            if time.monotonic() - start + 0.2 > min(REFUSED_GRACE, timeout):
+                raise UserError(f"cannot reach the Dask scheduler at {address}: nothing listens "
+                                f"on port {port} of {host} (connection refused); {HINT}") from None
+            time.sleep(0.2)
+        except OSError as exc:              # timed out, no route to the host
+            if time.monotonic() - start >= timeout:
+                raise UserError(f"cannot reach the Dask scheduler at {address} within "
+                                f"{timeout:g} s ({exc.strerror or type(exc).__name__}); "
+                                f"{HINT}") from None
+            time.sleep(min(0.2, max(left, 0.0)))
+
+
+def _client(address: str, timeout: float) -> Client:
+    """A client of the scheduler at ``address``, within ``timeout`` seconds in all."""
+    start = time.monotonic()
+    endpoint = check_address(address)
+    if endpoint is not None:
+        _probe(address, *endpoint, timeout)
+    left = max(timeout - (time.monotonic() - start), 1.0)
+    try:
+        return Client(address, timeout=left)
+    except (OSError, TimeoutError) as exc:
+        raise UserError(f"cannot reach the Dask scheduler at {address} within {timeout:g} s "
+                        f"({type(exc).__name__}); {HINT}") from None
+    except Exception as exc:            # something answered, but not as a scheduler
+        raise UserError(f"{address} answered, but not as a Dask scheduler "
+                        f"({type(exc).__name__}); is it another service, e.g. the dashboard's "
+                        f"port (a scheduler listens on 8786 by default)?") from None
 
 
 @contextlib.contextmanager
@@ -27,13 +98,7 @@ def connect(cfg: ClusterConfig) -> Iterator[Client]:
     :class:`~dtrain.core.errors.UserError` after ``cfg.timeout`` seconds.
     """
     if cfg.scheduler_address:
-        try:
-            client = Client(cfg.scheduler_address, timeout=cfg.timeout)
-        except (OSError, TimeoutError) as exc:
-            raise UserError(f"cannot reach the Dask scheduler at {cfg.scheduler_address} within "
-                            f"{cfg.timeout:g} s ({type(exc).__name__}); check the address or start "
-                            f"one with `dask scheduler`") from None
-        with contextlib.closing(client):
+        with contextlib.closing(_client(cfg.scheduler_address, cfg.timeout)) as client:
             wait_for_workers(client, 1, cfg.timeout)
             yield client
         return
@@ -45,6 +110,10 @@ def connect(cfg: ClusterConfig) -> Iterator[Client]:
     gpus = gpu_count() if cfg.device != "cpu" else 0
     if cfg.device == "gpu":
         require_gpu("cluster.device = 'gpu'")
-    cluster = local_gpu_cluster(cfg, gpus, security) if gpus else local_cluster(cfg, security)
+    with mainguard.watch(), warnings.catch_warnings():
+        # a busy dashboard port: distributed takes another and says so in four lines; the
+        # dashboard line the run prints gives the port it got
+        warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
+        cluster = local_gpu_cluster(cfg, gpus, security) if gpus else local_cluster(cfg, security)
     with cluster, Client(cluster, security=security) as client:
         yield client

@@ -72,6 +72,15 @@ class Optimizer:
     cfg: OptimConfig
     net: Network | Layout
     l2: float = 0.0
+    max_loss: float = math.inf          # train.max_loss: a larger mean step loss diverged
+
+    def check_loss(self, step: Step, loss: float, samples: int | float) -> None:
+        """Raise :class:`~dtrain.core.errors.Diverged` if a step's summed ``loss`` over
+        ``samples`` is NaN or infinite, or its mean per sample exceeds ``max_loss``."""
+        if not math.isfinite(loss):
+            raise Diverged(step.index, step.epoch, loss)
+        if samples and loss / samples > self.max_loss:
+            raise Diverged(step.index, step.epoch, loss / samples, limit=self.max_loss)
 
     @property
     def slots(self) -> int:
@@ -133,12 +142,10 @@ def update(opt: Optimizer, step: Step, host: bool, state: TrainState, *grads) ->
     the gradient is (GPU or host); the new state goes to host memory if ``host``.
 
     Raises :class:`~dtrain.core.errors.Diverged` if the step's loss (the slot after the
-    gradient) is NaN or infinite.
+    gradient) is NaN or infinite, or above ``opt.max_loss`` per sample.
     """
     grad = sum_in_order(*grads)
-    loss = float(grad[opt.net.size])
-    if not math.isfinite(loss):
-        raise Diverged(step.index, step.epoch, loss)
+    opt.check_loss(step, float(grad[opt.net.size]), step.count)
     state = state.with_vector(like(state.vector, grad))
     with np.errstate(all="ignore"):   # overflow shows up as a non-finite loss next step
         new = opt.apply(state, grad, step)
@@ -163,8 +170,7 @@ def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch)
         if len(y) == 0:
             continue
         grad = opt.net.loss_and_grad(local.vector[:P], x, y)     # [grad | loss | correct]
-        if not math.isfinite(float(grad[P])):
-            raise Diverged(step.index, step.epoch, float(grad[P]))
+        opt.check_loss(step, float(grad[P]), len(y))
         with np.errstate(all="ignore"):
             local = opt.apply(local, grad, dataclasses.replace(step, count=len(y)))
         loss, correct, seen = loss + float(grad[P]), correct + int(grad[P + 1]), seen + len(y)
@@ -179,9 +185,8 @@ def average(opt: Optimizer, step: Step, host: bool, state: TrainState,
     """Root of a local SGD round: the sample-weighted mean of the shards' local states."""
     total = sum_in_order(*buffers)
     loss = float(total[-3])
-    if not math.isfinite(loss):
-        raise Diverged(step.index, step.epoch, loss)
     correct, seen = int(total[-2]), float(total[-1])
+    opt.check_loss(step, loss, seen)
     mean = total[:-ROUND_TAIL] / seen
     return _add_to_epoch(state, step, to_host(mean) if host else mean, loss, int(seen), correct)
 

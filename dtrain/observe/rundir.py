@@ -12,6 +12,7 @@ written go through a temporary file and a rename.  The names are
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 
 from dtrain.core import files
 from dtrain.core.config import Config
+from dtrain.core.errors import UserError
 from dtrain.core.modelfile import ModelSpec
 from dtrain.observe import htmlreport
 
@@ -47,7 +49,8 @@ class RunDir:
 
     def __init__(self, path: Path, config: Config, keep_epochs: int | None = None):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.made = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        self._make()
         if keep_epochs is None:
             for stale in (files.SUMMARY, files.REPORT, files.TIMELINE, files.PARAMS,
                           files.METRICS, files.CHECKPOINT):
@@ -61,6 +64,40 @@ class RunDir:
             # runs now, and the run is not finished until it ends again
             files.atomic_write(self.path / files.CONFIG, config.to_toml().encode())
             (self.path / files.SUMMARY).unlink(missing_ok=True)
+
+    def _make(self) -> None:
+        """Make the directory; one that appeared since :attr:`made` was taken (another run
+        given the same new directory at the same moment) is not shared."""
+        fresh = self.path in self.made
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.mkdir(exist_ok=not fresh)
+        except OSError as exc:
+            if fresh and isinstance(exc, FileExistsError) and self.path.is_dir():
+                raise UserError(f"run directory {self.path} was made by another run a moment "
+                                f"ago; start again") from None
+            file = next((p for p in (self.path, *self.path.parents) if p.is_file()), None)
+            raise UserError(f"cannot make the run directory {self.path}: "
+                            f"{f'{file} is a file' if file else exc.strerror}; pick another "
+                            f"directory") from None
+
+    def discard_unused(self) -> None:
+        """After a failed start (no epoch recorded, no checkpoint): remove the folders this
+        run made (only if empty, for its parents), or from a folder it found, the files it
+        wrote (whoever made that folder may remove it: the command line's new run
+        directories)."""
+        if self.epochs() or (self.path / files.CHECKPOINT).exists():
+            return
+        if self.path in self.made:
+            shutil.rmtree(self.path, ignore_errors=True)
+            for parent in self.made[1:]:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+        else:
+            for name in (files.CONFIG, files.MODEL):
+                (self.path / name).unlink(missing_ok=True)
 
     def epochs(self) -> list[dict[str, Any]]:
         """The rows of ``metrics.jsonl`` written so far."""

@@ -23,7 +23,7 @@ slots) never leaves its worker during a window.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -169,7 +169,7 @@ def root_update(task: RootUpdate, root: TrainState, last: Signal, *earlier: Sign
     parts = [grads[j][: spec.net.layers[2 * j + 2]] for j in range(spec.slicing.blocks)]
     tail = xp.asarray([last.loss, last.correct], dtype=root.vector.dtype)
     buf = xp.concatenate([*parts, head, tail])          # [grad | loss | correct]
-    opt = Optimizer(spec.opt.cfg, spec.slicing.root_layout, spec.opt.l2)
+    opt = replace(spec.opt, net=spec.slicing.root_layout)       # its max_loss too
     new = update(opt, task.step, True, root, buf)
     if task.events is not None:
         step_event(task.events, task.step, root, new)

@@ -197,7 +197,7 @@ def _plan(config: Config, info: prepare.DatasetInfo, ranges: list[tuple[int, int
                         f"data.split = {list(config.data.split)} leaves no validation samples; "
                         f"give the split a validation share or set train.monitor = 'train_loss'")
     net = Network.from_config(config.model)
-    opt = Optimizer(config.optim, net, config.model.l2)
+    opt = Optimizer(config.optim, net, config.model.l2, config.train.max_loss)
     schedule = Schedule([b - a for a, b in ranges], config.train.batch_size, config.optim,
                         config.train.epochs)
     norm, init = _start_from(config) if config.model.init_from else (None, None)

@@ -21,6 +21,7 @@ from dtrain.core.config import Config
 from dtrain.core.errors import Diverged, Stopped, UserError
 from dtrain.core.modelfile import ModelSpec
 from dtrain.core.version import __version__
+from dtrain.deploy import mainguard
 from dtrain.deploy.connect import connect
 from dtrain.deploy.signals import StopSignals
 from dtrain.maths.optim import TrainState
@@ -92,14 +93,18 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
         For anything wrong with the config or the data, before training
         starts where it can be known then.
     Diverged
-        When the training loss becomes NaN or infinite.
+        When the training loss becomes NaN or infinite, or a step's mean loss per sample
+        exceeds ``train.max_loss``.
     """
+    mainguard.stop_if_bootstrapping()
     if partitioned(config.data):
         return train_on(config, lambda c: collections.from_files(c, config.data), client=client,
                         out=out, echo=echo)
     the_plan = plan(config)
-    return _run(the_plan, Recorder(config, out, echo), Start(the_plan.initial_state()), client,
-                Watch(config.train))
+    recorder = Recorder(config, out, echo)
+    with _discarded_if_unused(recorder):
+        return _run(the_plan, recorder, Start(the_plan.initial_state()), client,
+                    Watch(config.train))
 
 
 def train_on(config: Config, data: Callable[[Client], Collection], *,
@@ -114,9 +119,12 @@ def train_on(config: Config, data: Callable[[Client], Collection], *,
     (parameters and optimizer slots, as :attr:`RunResult.state` gives) instead of the
     seeded initialization.
     """
+    mainguard.stop_if_bootstrapping()
     with _planned(config, client, data) as (the_plan, c):
         start = Start(initial if initial is not None else the_plan.initial_state())
-        return _run(the_plan, Recorder(config, out, echo), start, c, Watch(config.train))
+        recorder = Recorder(config, out, echo)
+        with _discarded_if_unused(recorder):
+            return _run(the_plan, recorder, start, c, Watch(config.train))
 
 
 @contextlib.contextmanager
@@ -154,6 +162,7 @@ def resume(run_dir: str | Path, *, config: Config | None = None, client: Client 
     RunResult
         Whose ``params`` are byte-for-byte those of an uninterrupted run.
     """
+    mainguard.stop_if_bootstrapping()
     return resume_checked(check_resume(run_dir, config), client=client, echo=echo)
 
 
@@ -228,6 +237,20 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
         spec = model_spec(the_plan, outcome, watch)
         recorder.finish(params, summary, spec, keep_checkpoint=watch.stopped is None)
     return RunResult(outcome.metrics, summary, params, recorder.path, spec, outcome.last)
+
+
+@contextlib.contextmanager
+def _discarded_if_unused(recorder: Recorder) -> Iterator[None]:
+    """A new run that fails before its first epoch or checkpoint (no cluster, data broken on
+    a worker...) leaves no run directory behind; one stopped by a signal stays, resumable."""
+    try:
+        yield
+    except (Stopped, KeyboardInterrupt):
+        raise
+    except BaseException:
+        if recorder.run_dir is not None:
+            recorder.run_dir.discard_unused()
+        raise
 
 
 @contextlib.contextmanager
