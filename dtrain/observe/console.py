@@ -73,7 +73,7 @@ def _epochs(summary: dict[str, Any]) -> str:
     kept)``."""
     stopped = summary.get("stopped_early")
     if not stopped:
-        return f"{summary['epochs']} epochs"
+        return f"{summary['epochs']} epoch{'s' if summary['epochs'] != 1 else ''}"
     kept = ", its parameters kept" if summary.get("params_from_epoch") else ""
     return (f"{stopped} of {summary['epochs']} epochs (stopped early; best "
             f"{summary['monitor']} at epoch {summary['best_epoch']}{kept})")
