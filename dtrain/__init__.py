@@ -4,6 +4,7 @@
 >>> cfg = dtrain.load_config("configs/iris.toml", ["train.epochs=5"])   # doctest: +SKIP
 >>> result = dtrain.train(cfg)                                          # doctest: +SKIP
 >>> result.summary["test_accuracy"]                                     # doctest: +SKIP
+>>> clf = dtrain.MLPClassifier(max_iter=50).fit(X, y)                   # doctest: +SKIP
 
 The package is layered; ``ARCHITECTURE.md`` says what each part holds and
 where a change belongs.
@@ -16,5 +17,15 @@ from dtrain.core.version import __version__
 from dtrain.inference.model import Model, load
 from dtrain.training.trainer import RunResult, resume, train
 
-__all__ = ["Config", "Diverged", "Model", "RunResult", "UserError", "__version__", "load",
-           "load_config", "resume", "train"]
+__all__ = ["Config", "Diverged", "MLPClassifier", "MLPRegressor", "Model", "RunResult",
+           "UserError", "__version__", "load", "load_config", "resume", "train"]
+
+_ESTIMATORS = ("MLPClassifier", "MLPRegressor")     # imported on first use (scikit-learn's API)
+
+
+def __getattr__(name: str) -> object:
+    if name in _ESTIMATORS:
+        from dtrain.estimators import mlp
+
+        return getattr(mlp, name)
+    raise AttributeError(f"module 'dtrain' has no attribute {name!r}")
