@@ -37,6 +37,15 @@ QUICK = {"hidden_layer_sizes": (8,), "max_iter": 20, "learning_rate_init": 0.05}
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _close_the_embedded_cluster():
+    """Closed with the module, while pytest's streams are open (not at exit, after them)."""
+    from dtrain.estimators import cluster
+
+    yield
+    cluster.close_embedded()
+
+
 def _iris() -> tuple[np.ndarray, np.ndarray]:
     x, y = load_iris(return_X_y=True)
     order = np.random.default_rng(0).permutation(len(y))     # classes mixed in every shard
@@ -135,6 +144,57 @@ def test_a_dataframe_trains_where_its_partitions_sit(client):
     where = client.who_has(futures)                    # and they are still where they were
     assert [where[f.key] for f in futures] == [(workers[i // 2],) for i in range(4)]
     assert clf.score(dd.from_pandas(df, npartitions=2), "species") >= 0.8
+
+
+def test_a_partition_moves_only_to_balance_and_the_summary_says_so(client):
+    df = _frame()
+    workers = sorted(client.scheduler_info()["workers"])
+    parts = [df.iloc[a:b] for a, b in ((0, 38), (38, 76), (76, 113), (113, 150))]
+    futures = [client.scatter(p, workers=[workers[0]]) for p in parts]    # all on one
+    ddf = dd.from_delayed(futures, meta=df.iloc[:0], verify_meta=False)
+    moved = _clf(client, max_iter=2).fit(ddf, "species").summary_["data_moved"]
+    assert moved["partitions"] == 2 and "balance" in moved["why"]
+    assert {m["from"] for m in moved["moves"]} == {workers[0]}
+    assert moved["bytes"] == sum(m["bytes"] for m in moved["moves"]) > 0
+
+
+@pytest.mark.parametrize("strategy", ["parameter-server", "local-sgd"])
+def test_the_other_strategies_that_train_on_partitions(strategy, client):
+    clf = _clf(client, strategy=strategy).fit(*_iris())
+    assert clf.summary_["strategy"] == strategy and clf.score(*_iris()) >= 0.85
+
+
+def test_dask_input_without_a_client_uses_the_default_client(client):
+    from distributed import get_task_stream
+
+    x, y = _iris()
+    assert default_client() is client
+    with get_task_stream(client) as stream:
+        clf = _clf(None, max_iter=2).fit(da.from_array(x, chunks=50), da.from_array(y, chunks=50))
+    assert any(keys.kind_of(t["key"]) == keys.FORWARD_BACKWARD for t in stream.data)
+    assert clf.client is None
+
+
+def test_a_dataframe_is_predicted_by_column_name(client):
+    df = _frame()
+    ddf = dd.from_pandas(df, npartitions=3)
+    clf = _clf(client).fit(ddf, "species")
+    shuffled = ddf[["species", *FEATURES[::-1]]]         # other order, label column kept
+    assert (clf.predict(shuffled).compute() == clf.predict(df[FEATURES])).all()
+    np.testing.assert_allclose(clf.predict_proba(shuffled).compute(),
+                               clf.predict_proba(df[FEATURES]))
+
+
+def test_statistics_of_a_partition_with_nan_warn_nothing_and_name_it():
+    from dtrain.data import partitions
+
+    spec = partitions.PartSpec(partitions.Columns(("a", "b"), "y"))
+    part = pd.DataFrame({"a": [1.0, np.nan, 3.0], "b": [np.inf, 1.0, 2.0], "y": [0, 1, 0]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats = partitions.merge(partitions.part_stats(spec, 4, part.iloc[[0, 2]].fillna(0)),
+                                 partitions.part_stats(spec, 5, part))
+    assert stats.bad == ("b", 4)            # the first partition with a non-finite feature
 
 
 def test_predict_on_a_collection_computes_nothing_until_asked(client, tmp_path):

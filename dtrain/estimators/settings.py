@@ -135,7 +135,8 @@ def check_params(est: Any) -> None:
         raise _bad("dtype", est.dtype, "'float32' or 'float64'")
     if est.normalize not in ("standardize", "minmax", "none"):
         raise _bad("normalize", est.normalize, "'standardize', 'minmax' or 'none'")
-    seed(est.random_state)
+    if not isinstance(est.random_state, np.random.RandomState):    # drawn from at fit time
+        seed(est.random_state)
 
 
 def hidden(sizes: Any) -> tuple[int, ...]:
