@@ -161,9 +161,10 @@ class _MLP(BaseEstimator):
         coll = data.collection(client)
         if wanted is not None:
             coll.classes = tuple(wanted.tolist())
+        values = {} if self._classifier else {"regression": True}    # real-valued targets
         stats = collections.describe(client, coll, PartSpec(
-            coll.columns, settings.split(self, incremental), seed), self.fan_in)
-        partitions.check(stats, len(coll.futures))
+            coll.columns, settings.split(self, incremental), seed, **values), self.fan_in)
+        partitions.check(stats, len(coll.futures), **values)
         found = np.asarray(stats.labels) if wanted is None else wanted
         if going_on and self._classifier and not incremental:
             self._same_classes(found)

@@ -36,9 +36,9 @@ class Collection:
     columns: Columns
     features: int
     names: tuple[str, ...] | None = None
-    classes: tuple[Any, ...] | None = None        # the labels to learn (None: the data's own)
     stats: PartStats | None = None                # once described
     parts: list[PartStats] = field(default_factory=list)   # each partition's, in order
+    classes: tuple[Any, ...] | None = None        # the labels to learn (None: the data's own)
 
     @property
     def keys(self) -> list[Any]:
