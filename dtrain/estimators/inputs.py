@@ -37,17 +37,15 @@ class TrainingData:
     """``X`` and ``y`` checked, ready to go on a cluster.
 
     ``classes`` are known for in-memory labels (``numpy.unique(y)``), None for
-    Dask ones (the partitions' statistics find them); ``rows`` likewise.
-    ``columns`` are the feature columns of a dataframe, as it names them;
-    ``names`` their names where all are strings (scikit-learn's
-    ``feature_names_in_``); ``label`` the label column's name when ``y`` named one.
+    Dask ones (the partitions' statistics find them).  ``columns`` are the
+    feature columns of a dataframe, as it names them; ``names`` their names
+    where all are strings (scikit-learn's ``feature_names_in_``); ``label`` the
+    label column's name when ``y`` named one.
     """
 
     features: int
     make: Callable[[Client], Collection]
     dask: bool
-    partitions: int | None
-    rows: int | None = None
     classes: np.ndarray | None = None
     columns: tuple[Any, ...] | None = None
     names: np.ndarray | None = None
@@ -115,8 +113,8 @@ def _in_memory(X: Any, y: Any, shards: int, classifier: bool) -> TrainingData:
                          f"pass shards <= {X.shape[0]}")
     cuts = blocks(X.shape[0], shards)
     make = _frame_maker(X, y, cuts) if frame else _array_maker(X, y, cuts)
-    return TrainingData(X.shape[1], make, False, len(cuts), X.shape[0], classes, columns,
-                        feature_names(columns), label)
+    return TrainingData(X.shape[1], make, False, classes, columns, feature_names(columns),
+                        label)
 
 
 def _shape_ok(shape: tuple[int, ...]) -> None:
@@ -218,8 +216,7 @@ def _dask_array(X: Any, y: Any) -> TrainingData:
 
     def make(client: Client) -> Collection:
         return collections.from_arrays(client, X, y)
-    rows = X.shape[0] if X.shape[0] == X.shape[0] else None
-    return TrainingData(int(X.shape[1]), make, True, X.numblocks[0], rows)
+    return TrainingData(int(X.shape[1]), make, True)
 
 
 def _dask_frame(X: Any, y: Any) -> TrainingData:
@@ -238,8 +235,7 @@ def _dask_frame(X: Any, y: Any) -> TrainingData:
 
     def make(client: Client) -> Collection:
         return collections.from_frame(client, X, y, where="X")
-    return TrainingData(len(columns), make, True, X.npartitions, None, None, columns,
-                        feature_names(columns), label)
+    return TrainingData(len(columns), make, True, None, columns, feature_names(columns), label)
 
 
 # --- predict ----------------------------------------------------------------------------------
