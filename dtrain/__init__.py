@@ -5,6 +5,7 @@
 >>> result = dtrain.train(cfg)                                          # doctest: +SKIP
 >>> result.summary["test_accuracy"]                                     # doctest: +SKIP
 >>> model = dtrain.load(result.out)                                     # doctest: +SKIP
+>>> clf = dtrain.MLPClassifier(max_iter=50).fit(X, y)                   # doctest: +SKIP
 
 The public names below are imported when first used: a worker that unpickles
 a task of ``dtrain.taskgraph`` imports that part, not the trainer, the
@@ -21,6 +22,7 @@ from dtrain.core.version import __version__
 
 if TYPE_CHECKING:
     from dtrain.core.config import Config, load_config
+    from dtrain.estimators.mlp import MLPClassifier, MLPRegressor
     from dtrain.inference.model import Model, load
     from dtrain.training.trainer import RunResult, resume, train
 
@@ -28,10 +30,11 @@ if TYPE_CHECKING:
 _LAZY = {"Config": "dtrain.core.config", "load_config": "dtrain.core.config",
          "Model": "dtrain.inference.model", "load": "dtrain.inference.model",
          "RunResult": "dtrain.training.trainer", "resume": "dtrain.training.trainer",
-         "train": "dtrain.training.trainer"}
+         "train": "dtrain.training.trainer",
+         "MLPClassifier": "dtrain.estimators.mlp", "MLPRegressor": "dtrain.estimators.mlp"}
 
-__all__ = ["Config", "Diverged", "Model", "RunResult", "UserError", "__version__", "load",
-           "load_config", "resume", "train"]
+__all__ = ["Config", "Diverged", "MLPClassifier", "MLPRegressor", "Model", "RunResult",
+           "UserError", "__version__", "load", "load_config", "resume", "train"]
 
 
 def __getattr__(name: str) -> Any:

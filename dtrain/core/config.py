@@ -76,9 +76,10 @@ def free(default: Any, doc: str = "") -> Any:
 
 # --- the schema ---------------------------------------------------------------------
 
-DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "parquet", "synthetic")
+DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "parquet", "synthetic",
+            "collection")       # collection: a Dask collection handed in from Python
 VALUE_LOSSES = ("squared-error",)    # losses whose targets are real numbers (regression)
-VALUE_DATASETS = ("csv", "parquet", "synthetic")    # datasets that can hold such targets
+VALUE_DATASETS = ("csv", "parquet", "synthetic", "collection")    # datasets that can hold such targets
 
 
 @dataclass(frozen=True)
@@ -372,7 +373,7 @@ def _auto_dtype(cfg: Config) -> str:
 def _check_consistency(cfg: Config, source: str) -> None:
     """Rules that span more than one key."""
     needs_path = {"mnist": "a directory of IDX files", "image-folder": "a directory with one "
-                  "folder per class", "csv": "a CSV file"}
+                  "folder per class", "csv": "a CSV file", "parquet": "Parquet files (a glob)"}
     if cfg.data.dataset in needs_path and not cfg.data.path:
         raise ConfigError(f"data.path is empty in {source}: dataset '{cfg.data.dataset}' "
                           f"needs {needs_path[cfg.data.dataset]} "

@@ -18,8 +18,9 @@ class ConfigError(UserError):
     """An unknown key, a wrong type or an impossible value in a config."""
 
 
-class DataError(UserError):
-    """Missing, corrupt or inconsistent data files."""
+class DataError(UserError, ValueError):
+    """Missing, corrupt or inconsistent data (files, or arrays and dataframes given in Python):
+    also a ``ValueError``, as scikit-learn's users expect of bad input."""
 
 
 class Diverged(Exception):

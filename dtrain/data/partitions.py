@@ -34,7 +34,7 @@ class Columns:
     """Which columns of a DataFrame partition are features (in order) and which is the
     label (None: the partition is a pair ``(x block, y block)`` of arrays)."""
 
-    features: tuple[str, ...] | None = None
+    features: tuple[Any, ...] | None = None      # column labels as the frame has them
     label: str | None = None
 
 
@@ -120,8 +120,9 @@ def part_stats(spec: PartSpec, index: int, part: Any) -> PartStats:
         bad = (name, index)
     xt = x[train]                                                        # (n_train, D)
     d = x.shape[1]
-    mean = xt.mean(axis=0) if len(xt) else np.zeros(d)
-    m2 = ((xt - mean) ** 2).sum(axis=0) if len(xt) else np.zeros(d)
+    with np.errstate(invalid="ignore", over="ignore"):     # non-finite: reported in ``bad``
+        mean = xt.mean(axis=0) if len(xt) else np.zeros(d)
+        m2 = ((xt - mean) ** 2).sum(axis=0) if len(xt) else np.zeros(d)
     low = xt.min(axis=0) if len(xt) else np.full(d, np.inf)
     high = xt.max(axis=0) if len(xt) else np.full(d, -np.inf)
     if spec.regression:
@@ -146,6 +147,12 @@ def _missing(y: np.ndarray) -> np.ndarray:
 
 def merge(*parts: PartStats) -> PartStats:
     """Task: several partitions' statistics as one, combined in the given order."""
+    with np.errstate(invalid="ignore", over="ignore"):     # non-finite: reported in ``bad``
+        return _merged(parts)
+
+
+def _merged(parts: tuple[PartStats, ...]) -> PartStats:
+    """The merge itself (see :func:`merge`)."""
     total = parts[0]
     for p in parts[1:]:
         n_a, n_b = total.train, p.train

@@ -315,6 +315,10 @@ def synthetic_names(cfg: DataConfig) -> tuple[str | int, ...]:
 @functools.lru_cache(maxsize=2)
 def read_raw(cfg: DataConfig) -> Raw:
     """All samples of the configured dataset, as read from disk (cached per process)."""
+    if cfg.dataset == "collection":
+        raise DataError("data.dataset = 'collection': the run trained on a Dask collection "
+                        "handed in from Python, and has no file to read; use it from Python, "
+                        "or evaluate it with --data")
     if cfg.dataset in ("iris", "digits"):
         return _read_bundled(cfg)
     if cfg.dataset == "mnist":

@@ -39,6 +39,7 @@ class Collection:
     targets: tuple[str, ...] = ("y",)             # a regression's target names
     stats: PartStats | None = None                # once described
     parts: list[PartStats] = field(default_factory=list)   # each partition's, in order
+    classes: tuple[Any, ...] | None = None        # the labels to learn (None: the data's own)
 
     @property
     def keys(self) -> list[Any]:
@@ -56,7 +57,8 @@ class Collection:
 
 # --- making one -------------------------------------------------------------------------------
 
-def _numeric_columns(dtypes: dict[str, Any], features: list[str], where: str) -> None:
+def check_numeric(dtypes: dict[Any, Any], features: list[Any], where: str) -> None:
+    """A :class:`DataError` naming the feature columns that are not numbers (or booleans)."""
     import pandas as pd
 
     bad = [c for c in features if not (pd.api.types.is_numeric_dtype(dtypes[c])
@@ -80,11 +82,11 @@ def from_frame(client: Client, frame: Any, label: str | Any, where: str = "the d
     if label not in frame.columns:
         raise DataError(f"the label column {label!r} is not a column of {where}; its columns "
                         f"are {', '.join(map(str, frame.columns))}")
-    features = [str(c) for c in frame.columns if c != label]
-    _numeric_columns(frame.dtypes.to_dict(), features, where)
+    features = [c for c in frame.columns if c != label]          # as the frame names them
+    check_numeric(frame.dtypes.to_dict(), features, where)
     futures = client.compute(frame.to_delayed())
-    return Collection(futures, Columns(tuple(features), label), len(features), tuple(features),
-                      (str(label),))
+    return Collection(futures, Columns(tuple(features), label), len(features),
+                      tuple(map(str, features)), (str(label),))
 
 
 def from_arrays(client: Client, x: Any, y: Any) -> Collection:
@@ -141,7 +143,8 @@ def describe(client: Client, coll: Collection, spec: PartSpec, fan_in: int) -> P
     """Every partition's :class:`PartStats` on its worker, merged in a tree of ``fan_in``
     in partition order; the merged total is also kept in ``coll.stats``."""
     run = uuid.uuid4().hex[:8]
-    wait(coll.futures)                     # every partition read or computed, on its worker
+    with client.as_current():              # distributed.wait asks the default client
+        wait(coll.futures)                 # every partition read or computed, on its worker
     for future in coll.futures:
         if future.status == "error":
             future.result()                # the reading error, here
@@ -166,8 +169,23 @@ def describe(client: Client, coll: Collection, spec: PartSpec, fan_in: int) -> P
     with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=True):
         futures = client.get(dsk, [level[0], *each], sync=False)
     total, *parts = client.gather(futures)
+    if coll.classes is not None:
+        total = _with_classes(total, coll.classes)
     coll.stats, coll.parts = total, parts
     return total
+
+
+def _with_classes(stats: PartStats, classes: tuple[Any, ...]) -> PartStats:
+    """``stats`` learning the given classes (in their order) instead of the labels found,
+    as when data arrives in batches that may each lack some class; a label found that is
+    not among them is a :class:`DataError`."""
+    known = set(classes)
+    unknown = [label for label in stats.labels if label not in known]
+    if unknown:
+        raise DataError(f"the labels {', '.join(map(repr, unknown[:5]))} are not among the "
+                        f"classes given ({', '.join(map(repr, classes))}); pass every class "
+                        f"the data holds")
+    return replace(stats, labels=tuple(classes))
 
 
 def with_stats(spec: PartSpec, stats: PartStats, norm_kind: str) -> PartSpec:

@@ -351,7 +351,8 @@ class DaskEngine:
         norm = c.submit(normalization, cfg.data, p.norm, key=self._key(keys.NORMALIZATION),
                         workers=[root], allow_other_workers=True)
         loading = self.data + self.parts + [norm]
-        wait(loading)
+        with c.as_current():        # distributed.wait asks the default client
+            wait(loading)
         for f in loading:
             if f.status == "error":
                 f.result()  # re-raises the worker's exception here
@@ -384,7 +385,8 @@ class DaskEngine:
                      if getattr(part, which)]
             out.append(loads or None)
         self.parts = [f for loads in out if loads for f, _ in loads]
-        wait(self.data + self.parts)
+        with c.as_current():        # distributed.wait asks the default client
+            wait(self.data + self.parts)
         for f in self.data + self.parts:
             if f.status == "error":
                 f.result()

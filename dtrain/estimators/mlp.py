@@ -1,0 +1,416 @@
+"""``MLPClassifier`` and ``MLPRegressor``: dtrain behind scikit-learn's estimator API.
+
+``fit`` is a dtrain run (:func:`dtrain.training.trainer.train_on`) on the
+given data where it sits: NumPy and pandas inputs cut into ``shards``
+partitions, Dask collections in their own partitions, each partition a shard
+on the worker that holds it.  ``predict`` is the trained
+:class:`dtrain.Model`: on NumPy in this process, on a Dask collection as a
+lazy Dask array (one task per block, the model one key of the graph).
+
+Where the two APIs differ:
+
+* ``random_state=None`` seeds with 0 (dtrain's runs are reproducible;
+  scikit-learn draws a seed); the same data in the same partitions gives the
+  same bytes on any number of workers.
+* The inputs are normalized as dtrain's runs normalize them (``normalize``,
+  statistics from the training rows), and the normalization is part of the
+  model, so ``coefs_`` and ``intercepts_`` act on normalized features.
+* ``loss_curve_`` is dtrain's ``train_loss`` per epoch: the mean per-sample
+  loss of the epoch's minibatches, without the L2 term.
+* ``solver="sgd"`` with ``momentum > 0`` is classical momentum, not
+  Nesterov's; ``learning_rate`` schedules other than constant are not offered.
+* Early stopping watches the validation *loss* (scikit-learn: the validation
+  accuracy) and keeps the best epoch's parameters; without it, the training
+  loss, with the same patience.  dtrain stops after ``n_iter_no_change``
+  epochs without an improvement by more than ``tol`` (scikit-learn after one
+  more).
+* ``partial_fit`` and a ``warm_start`` fit go on from the last state
+  (parameters and optimizer slots) with the first fit's normalization; Adam's
+  bias correction starts again with each call.
+"""
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils.validation import check_is_fitted
+
+from dtrain.core import files
+from dtrain.core.errors import ConfigError
+from dtrain.data import partitions
+from dtrain.data.partitions import PartSpec
+from dtrain.estimators import cluster, inputs, settings
+from dtrain.estimators.inputs import TrainingData, is_dask
+from dtrain.inference.model import Model
+from dtrain.maths.optim import SLOTS, TrainState
+from dtrain.training import collections
+from dtrain.training.trainer import RunResult, train_on
+
+
+class _MLP(BaseEstimator):
+    """What the classifier and the regressor share: parameters, fitting, predicting."""
+
+    _loss = "cross-entropy"
+    _classifier = True
+    _val_score = "val_accuracy"         # an epoch row's validation score (higher is better)
+
+    def __init__(self, hidden_layer_sizes: Any = (100,), activation: str = "relu", *,
+                 solver: str = "adam", alpha: float = 0.0001, batch_size: int | str = "auto",
+                 learning_rate_init: float = 0.001, max_iter: int = 200, shuffle: bool = True,
+                 random_state: Any = None, tol: float = 1e-4, verbose: bool = False,
+                 warm_start: bool = False, momentum: float = 0.9, early_stopping: bool = False,
+                 validation_fraction: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
+                 epsilon: float = 1e-8, n_iter_no_change: int = 10, client: Any = None,
+                 strategy: str = "allreduce", fan_in: int = 2, dtype: str = "float64",
+                 normalize: str = "standardize", shards: int = 4,
+                 out: str | Path | None = None):
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.solver = solver
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.learning_rate_init = learning_rate_init
+        self.max_iter = max_iter
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.tol = tol
+        self.verbose = verbose
+        self.warm_start = warm_start
+        self.momentum = momentum
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.n_iter_no_change = n_iter_no_change
+        self.client = client
+        self.strategy = strategy
+        self.fan_in = fan_in
+        self.dtype = dtype
+        self.normalize = normalize
+        self.shards = shards
+        self.out = out
+
+    # --- scikit-learn's protocol -----------------------------------------------------------
+
+    def __sklearn_clone__(self) -> _MLP:
+        """A clone whose ``client`` is this one's, by reference (scikit-learn's ``clone``
+        would deep-copy it, and a Client cannot be copied); every other parameter is cloned
+        as scikit-learn clones it."""
+        params = {name: value if name == "client" else clone(value, safe=False)
+                  for name, value in self.get_params(deep=False).items()}
+        new = type(self)(**params)
+        if hasattr(self, "_metadata_request"):
+            new._metadata_request = clone(self._metadata_request)
+        if hasattr(self, "_sklearn_output_config"):
+            new._sklearn_output_config = dict(self._sklearn_output_config)
+        return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its client (a connection to one cluster): the fitted model,
+        attributes and state travel; a later fit uses the default or embedded cluster."""
+        state = dict(super().__getstate__())      # a copy: this estimator keeps its client
+        state["client"] = None
+        return state
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = False
+        return tags
+
+    # --- fitting ---------------------------------------------------------------------------
+
+    def fit(self, X: Any, y: Any) -> _MLP:
+        """Train on ``X`` (rows by features) and ``y`` (their labels or values).
+
+        ``X`` may be a NumPy array, a pandas DataFrame, a dask.array or a
+        dask.dataframe; ``y`` an array, a Series (pandas or Dask, with
+        ``X``'s partitions) or the name of ``X``'s label column.
+
+        Returns
+        -------
+        self
+        """
+        return self._fit(X, y, incremental=False)
+
+    def _fit(self, X: Any, y: Any, *, incremental: bool, classes: Any = None) -> _MLP:
+        settings.check_params(self)
+        data = inputs.training_data(X, y, shards=self.shards, classifier=self._classifier)
+        going_on = (incremental or self.warm_start) and hasattr(self, "model_")
+        if going_on and data.features != self.n_features_in_:
+            raise ValueError(f"X has {data.features} features, but {type(self).__name__} is "
+                             f"expecting {self.n_features_in_} features as input.")
+        wanted = self._wanted_classes(data, classes, going_on, incremental)
+        client = cluster.client_for(self.client, data.dask)
+        with client.as_current():         # dtrain's waits ask for the current client
+            return self._train(data, client, wanted, going_on=going_on,
+                               incremental=incremental)
+
+    def _train(self, data: TrainingData, client: Any, wanted: np.ndarray | None, *,
+               going_on: bool, incremental: bool) -> _MLP:
+        """Put the data on the cluster, learn what the config needs from its partitions'
+        statistics, and run."""
+        seed = settings.seed(self.random_state)
+        coll = data.collection(client)
+        if wanted is not None:
+            coll.classes = tuple(wanted.tolist())
+        values = {} if self._classifier else {"regression": True}    # real-valued targets
+        stats = collections.describe(client, coll, PartSpec(
+            coll.columns, settings.split(self, incremental), seed, **values), self.fan_in)
+        partitions.check(stats, len(coll.futures), **values)
+        found = np.asarray(stats.labels) if wanted is None else wanted
+        if going_on and self._classifier and not incremental:
+            self._same_classes(found)
+        shape = settings.Shape(data.features, self._outputs(found), stats.train,
+                               len(coll.futures), data.label)
+        with self._start(going_on) as (init_from, initial):
+            try:
+                cfg = settings.config(self, shape, self._loss, incremental=incremental,
+                                      init_from=init_from, seed_value=seed)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+            if initial is not None:
+                if tuple(cfg.model.layers) != self.model_.spec.layers:
+                    raise ValueError(f"the fitted network is {list(self.model_.spec.layers)}, "
+                                     f"this fit's {list(cfg.model.layers)}: "
+                                     f"hidden_layer_sizes changed; fit with warm_start=False "
+                                     f"to start again")
+                initial = _fit_state(initial, cfg)
+            result = train_on(cfg, lambda c: coll, client=client, out=self.out,
+                              echo=print if self.verbose else None, initial=initial)
+        self._record(result, data, found, going_on, incremental)
+        return self
+
+    def _wanted_classes(self, data: TrainingData, classes: Any, going_on: bool,
+                        incremental: bool) -> np.ndarray | None:
+        """The classes to learn, where known before the data is on the cluster: the
+        fitted ones (going on), ``partial_fit``'s ``classes``, or an in-memory ``y``'s."""
+        if not self._classifier:
+            return None
+        if incremental:
+            return self.classes_ if going_on else np.unique(np.asarray(classes))
+        if data.classes is not None and len(data.classes) < 2:
+            raise ValueError(f"y holds 1 class ({data.classes[0]!r}); a classifier needs at "
+                             f"least 2 classes")
+        return data.classes
+
+    def _same_classes(self, found: np.ndarray) -> None:
+        if len(found) != len(self.classes_) or not np.array_equal(found, self.classes_):
+            raise ValueError(f"warm_start can only be used where `y` has the same classes as "
+                             f"in the previous call to fit. Previously got {self.classes_}, "
+                             f"`y` has {found}")
+
+    def _outputs(self, classes: np.ndarray) -> int:
+        return len(classes)
+
+    @contextlib.contextmanager
+    def _start(self, going_on: bool) -> Iterator[tuple[str, TrainState | None]]:
+        """Where a fit starts: afresh, or (going on) from the last state, with the fitted
+        normalization through ``model.init_from``: the previous run directory when the
+        last fit wrote ``out`` and this one does too, else a temporary one."""
+        if not going_on:
+            yield "", None
+            return
+        last = getattr(self, "run_dir_", None)
+        if self.out is not None and last is not None and Path(self.out).resolve() == \
+                Path(last).resolve() and (Path(last) / files.PARAMS).exists():
+            yield str(Path(last).resolve()), self._state
+            return
+        with tempfile.TemporaryDirectory(prefix="dtrain-going-on-") as tmp:
+            spec, params = self.model_.spec, self._params
+            (Path(tmp) / files.MODEL).write_text(spec.to_json(), encoding="utf-8")
+            np.savez(Path(tmp) / files.PARAMS, **params)
+            yield tmp, self._state
+
+    def _record(self, result: RunResult, data: TrainingData, found: np.ndarray,
+                going_on: bool, incremental: bool) -> None:
+        """The fitted attributes of a finished run."""
+        rows = result.metrics
+        if self._classifier:
+            self.classes_ = found
+        self.n_features_in_ = data.features
+        if data.names is not None:
+            self.feature_names_in_ = data.names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        self._columns = data.columns
+        model = Model(result.model, result.params)
+        if self._classifier:
+            model.classes_ = self.classes_         # predictions of the labels' own dtype
+        self.model_, self._params, self._state = model, result.params, result.state
+        losses = [float(r["train_loss"]) for r in rows]
+        self.loss_curve_ = (self.loss_curve_ if going_on else []) + losses
+        self.n_iter_ = (self.n_iter_ if going_on else 0) + len(rows)
+        self.t_ = (self.t_ if going_on else 0) + result.summary["train_samples"] * len(rows)
+        stopping = self.early_stopping and not incremental
+        self.best_loss_ = None if stopping else min(self.loss_curve_)
+        scores = [r[self._val_score] for r in rows if r.get(self._val_score) is not None]
+        self.validation_scores_ = scores if stopping and scores else None
+        self.best_validation_score_ = max(scores) if stopping and scores else None
+        layers = result.model.layers
+        self.coefs_ = [result.params[f"W{n}"].T for n in range(1, len(layers))]
+        self.intercepts_ = [result.params[f"b{n}"] for n in range(1, len(layers))]
+        self.n_layers_ = len(layers)
+        self.n_outputs_ = layers[-1]
+        self.out_activation_ = result.model.output
+        self.summary_ = result.summary
+        self.run_dir_ = result.out
+        if not incremental and len(rows) == self.max_iter and \
+                not result.summary.get("stopped_early"):
+            warnings.warn(f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) reached "
+                          f"and the optimization hasn't converged yet.", ConvergenceWarning,
+                          stacklevel=5)
+
+    # --- predicting ------------------------------------------------------------------------
+
+    def predict(self, X: Any) -> Any:
+        """The prediction for each row of ``X``: a NumPy array, or for a Dask collection a
+        lazy dask.array (nothing is computed until asked)."""
+        check_is_fitted(self)
+        return self.model_.predict(inputs.predict_input(self, X))
+
+    def _compute(self, lazy: Any) -> Any:
+        """A lazy result computed on the estimator's cluster (its client, the default
+        client, or the embedded cluster)."""
+        return cluster.client_for(self.client, True).compute(lazy).result()
+
+    def _dask_y(self, X: Any, y: Any) -> Any:
+        """``y`` as a dask.array beside ``predict(X)``: a column name of ``X``, a dask
+        Series, or an array."""
+        import dask.array as da
+
+        if isinstance(y, str):
+            y = X[y]
+        if is_dask(y) and not isinstance(y, da.Array):
+            y = y.to_dask_array()
+        return y if is_dask(y) else da.from_array(np.asarray(y))
+
+
+def _fit_state(state: TrainState, cfg: Any) -> TrainState:
+    """The last state (of the same network) in this fit's optimizer and dtype: its slots
+    kept if the optimizer is of the same kind, zeroed if not."""
+    layers = cfg.model.layers
+    size = sum(o * (i + 1) for i, o in zip(layers[:-1], layers[1:]))
+    vector = np.asarray(state.vector)                                    # (P * (1 + k),)
+    slots = SLOTS[cfg.optim.name]
+    if vector.size != size * (1 + slots):
+        vector = np.concatenate([vector[:size], np.zeros(size * slots)])   # (P * (1 + k),)
+    return TrainState(vector.astype(cfg.model.dtype))
+
+
+class MLPClassifier(ClassifierMixin, _MLP):
+    __doc__ = f"""A multi-layer perceptron classifier trained by dtrain on a Dask cluster.
+
+    scikit-learn's ``MLPClassifier`` API (with its parameter names where they exist), for
+    NumPy, pandas, dask.array and dask.dataframe inputs; see :mod:`dtrain.estimators.mlp`
+    for where it differs.
+    {settings.PARAMS_DOC}
+    Attributes
+    ----------
+    classes_ : ndarray
+        The class labels, sorted.
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when ``X`` had string column names.
+    loss_curve_ : list of float
+        The training loss of each epoch.
+    n_iter_ : int
+        Epochs trained (over ``partial_fit`` and warm-start fits).
+    best_loss_ : float or None
+        The lowest training loss (None with early stopping).
+    validation_scores_, best_validation_score_ : list of float, float
+        With early stopping: each epoch's validation accuracy, and the best.
+    coefs_, intercepts_ : list of ndarray
+        Layer ``i``'s weights ``(inputs, outputs)`` and biases, on normalized inputs.
+    model_ : dtrain.Model
+        The trained model (its normalization, network and classes).
+    summary_ : dict
+        The run's ``summary.json`` (``data_moved``: partitions moved to balance workers).
+    run_dir_ : Path or None
+        ``out``, where the run's files are.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_iris
+    >>> X, y = load_iris(return_X_y=True)
+    >>> clf = dtrain.MLPClassifier(max_iter=50).fit(X, y)      # doctest: +SKIP
+    >>> clf.score(X, y)                                         # doctest: +SKIP
+    """
+
+    def partial_fit(self, X: Any, y: Any, classes: Any = None) -> MLPClassifier:
+        """One epoch on ``X`` and ``y`` from the current state (optimizer slots included).
+
+        ``classes``, every class the calls will see, is required on the first call (as in
+        scikit-learn); later calls may hold some of them only.
+        """
+        if not hasattr(self, "model_"):
+            if classes is None:
+                raise ValueError("classes must be passed on the first call to partial_fit.")
+            if len(np.unique(np.asarray(classes))) < 2:
+                raise ValueError(f"classes = {classes!r}: a classifier needs at least 2")
+        elif classes is not None and not np.array_equal(np.unique(np.asarray(classes)),
+                                                         self.classes_):
+            raise ValueError(f"`classes={classes!r}` is not the same as on last call to "
+                             f"partial_fit, was: {self.classes_!r}")
+        return self._fit(X, y, incremental=True, classes=classes)
+
+    def predict_proba(self, X: Any) -> Any:
+        """Class probabilities ``(rows, classes)``, columns in ``classes_`` order; lazy for
+        a Dask collection."""
+        check_is_fitted(self)
+        return self.model_.predict_proba(inputs.predict_input(self, X))
+
+    def predict_log_proba(self, X: Any) -> Any:
+        """The logarithm of :meth:`predict_proba`."""
+        return np.log(self.predict_proba(X))
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """Accuracy on ``X`` and ``y``; for Dask inputs computed on the cluster, partition
+        by partition (``y`` may name ``X``'s label column)."""
+        if not (is_dask(X) or is_dask(y)):
+            return super().score(X, y, sample_weight)
+        if sample_weight is not None:
+            raise ValueError("sample_weight is not supported with Dask inputs")
+        hits = self.predict(X) == self._dask_y(X, y)
+        return float(self._compute(hits.mean()))
+
+
+class MLPRegressor(RegressorMixin, _MLP):
+    __doc__ = f"""A multi-layer perceptron regressor trained by dtrain on a Dask cluster.
+
+    scikit-learn's ``MLPRegressor`` API: identity outputs, squared error (dtrain's
+    ``model.loss = "squared-error"``), R^2 score; one target.
+    {settings.PARAMS_DOC}
+    """
+
+    _loss = "squared-error"
+    _classifier = False
+    _val_score = "val_r2"
+
+    def _outputs(self, classes: np.ndarray) -> int:
+        return 1
+
+    def partial_fit(self, X: Any, y: Any) -> MLPRegressor:
+        """One epoch on ``X`` and ``y`` from the current state (optimizer slots included)."""
+        return self._fit(X, y, incremental=True)
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """R^2 on ``X`` and ``y``; for Dask inputs computed on the cluster."""
+        if not (is_dask(X) or is_dask(y)):
+            return super().score(X, y, sample_weight)
+        if sample_weight is not None:
+            raise ValueError("sample_weight is not supported with Dask inputs")
+        import dask.array as da
+
+        predicted, truth = self.predict(X), self._dask_y(X, y).astype(np.float64)
+        residual = ((truth - predicted) ** 2).sum()
+        total = ((truth - truth.mean()) ** 2).sum()
+        res, tot = self._compute(da.stack([residual, total]))
+        return float(1 - res / tot) if tot else 0.0

@@ -1,0 +1,223 @@
+"""An estimator's parameters checked, and turned into the dtrain run config they mean.
+
+scikit-learn's names map to dtrain's keys as :func:`config` says: the
+network is ``[features, *hidden_layer_sizes, outputs]``; ``solver`` and
+``momentum`` pick ``optim.name``; ``alpha`` becomes ``model.l2 = alpha /
+batch`` (scikit-learn adds ``alpha * W / batch`` to the minibatch's mean
+gradient, dtrain adds ``l2 * W``: the same step for a full minibatch);
+``early_stopping`` splits off ``validation_fraction`` of every partition and
+watches the validation loss, otherwise the training loss is watched, in both
+cases with ``train.patience = n_iter_no_change`` and ``train.min_delta = tol``.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dtrain.core.config import Config, load_config
+
+ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "logistic": "sigmoid"}
+SOLVERS = ("adam", "sgd")
+STRATEGIES = ("allreduce", "parameter-server", "local-sgd")    # those that train on partitions
+DEFAULT_SEED = 0      # random_state=None: runs are reproducible (scikit-learn draws one)
+
+PARAMS_DOC = """
+    Parameters
+    ----------
+    hidden_layer_sizes : int or sequence of int, default=(100,)
+        Units of each hidden layer.
+    activation : {"relu", "tanh", "logistic"}, default="relu"
+        Hidden-layer activation ("logistic" is dtrain's sigmoid; "identity" is not offered).
+    solver : {"adam", "sgd"}, default="adam"
+        "sgd" is dtrain's sgd, or momentum when ``momentum > 0``.  "lbfgs" is not
+        offered: dtrain trains by minibatch.
+    alpha : float, default=1e-4
+        L2 penalty, as scikit-learn's: dtrain's ``model.l2 = alpha / batch``.
+    batch_size : int or "auto", default="auto"
+        Global minibatch; "auto" is ``min(200, training rows)``.
+    learning_rate_init : float, default=1e-3
+        The (constant) learning rate.
+    max_iter : int, default=200
+        Epochs.
+    shuffle : bool, default=True
+        Reshuffle each shard every epoch.
+    random_state : int, RandomState or None, default=None
+        Seeds the weights and every shuffle and split; None means 0.
+    tol : float, default=1e-4
+        The least decrease of the watched loss that counts as an improvement.
+    verbose : bool, default=False
+        Print dtrain's console lines (one per epoch and a summary).
+    warm_start : bool, default=False
+        A fit goes on from the previous fit's state instead of starting afresh.
+    momentum : float, default=0.9
+        For ``solver="sgd"``; 0 is plain SGD.
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of every partition, stop when its loss stops
+        improving, and keep the best epoch's parameters.
+    validation_fraction : float, default=0.1
+        See ``early_stopping``.
+    beta_1, beta_2, epsilon : float, default=0.9, 0.999, 1e-8
+        Adam's.
+    n_iter_no_change : int, default=10
+        Epochs without an improvement by more than ``tol`` before training stops.
+    client : distributed.Client or None, default=None
+        Train on this Dask cluster.  Without one, Dask inputs use the default client if
+        there is one, and everything else a LocalCluster this process starts once and
+        shares (see :mod:`dtrain.estimators.cluster`).
+    strategy : {"allreduce", "parameter-server", "local-sgd"}, default="allreduce"
+        dtrain's ``graph.strategy`` (those that train on partitions where they sit).
+    fan_in : int, default=2
+        Children per reduce task.
+    dtype : {"float64", "float32"}, default="float64"
+        The network's arithmetic.
+    normalize : {"standardize", "minmax", "none"}, default="standardize"
+        The input normalization fitted on the training rows (part of the model).
+    shards : int, default=4
+        The partitions NumPy and pandas inputs are cut into (Dask inputs keep theirs).
+    out : str, Path or None, default=None
+        A run directory: each fit writes a normal dtrain run there (``dtrain.load(out)``).
+"""
+
+
+def _bad(name: str, value: Any, rule: str) -> ValueError:
+    return ValueError(f"{name} = {value!r}: must be {rule}")
+
+
+def _number(est: Any, name: str, low: float, high: float = np.inf, *, low_open: bool = False,
+            high_open: bool = False, integer: bool = False) -> None:
+    value = getattr(est, name)
+    kind = numbers.Integral if integer else numbers.Real
+    ok = isinstance(value, kind) and not isinstance(value, bool) and \
+        (value > low if low_open else value >= low) and \
+        (value < high if high_open else value <= high)
+    if not ok:
+        rule = f"{'an integer' if integer else 'a number'} {'>' if low_open else '>='} {low:g}"
+        if high != np.inf:
+            rule += f" and {'<' if high_open else '<='} {high:g}"
+        raise _bad(name, value, rule)
+
+
+def check_params(est: Any) -> None:
+    """A ValueError naming the first parameter that dtrain cannot train with, and why."""
+    if est.solver == "lbfgs":
+        raise ValueError("solver = 'lbfgs' is not supported: dtrain trains by minibatch (every "
+                         "minibatch is a Dask task graph); use solver = 'adam' or 'sgd'")
+    if est.solver not in SOLVERS:
+        raise _bad("solver", est.solver, "'adam' or 'sgd'")
+    if est.activation == "identity":
+        raise ValueError("activation = 'identity' is not supported by dtrain; use 'relu', "
+                         "'tanh' or 'logistic'")
+    if est.activation not in ACTIVATIONS:
+        raise _bad("activation", est.activation, "'relu', 'tanh' or 'logistic'")
+    hidden(est.hidden_layer_sizes)
+    if not (est.batch_size == "auto" or isinstance(est.batch_size, numbers.Integral)
+            and not isinstance(est.batch_size, bool) and est.batch_size >= 1):
+        raise _bad("batch_size", est.batch_size, "'auto' or an integer >= 1")
+    _number(est, "alpha", 0)
+    _number(est, "learning_rate_init", 0, low_open=True)
+    _number(est, "max_iter", 1, integer=True)
+    _number(est, "tol", 0)
+    _number(est, "momentum", 0, 1, high_open=True)
+    _number(est, "beta_1", 0, 1, high_open=True)
+    _number(est, "beta_2", 0, 1, high_open=True)
+    _number(est, "epsilon", 0, low_open=True)
+    _number(est, "validation_fraction", 0, 1, low_open=True, high_open=True)
+    _number(est, "n_iter_no_change", 1, integer=True)
+    _number(est, "fan_in", 2, integer=True)
+    _number(est, "shards", 1, integer=True)
+    if est.strategy not in STRATEGIES:
+        raise _bad("strategy", est.strategy, f"one of {', '.join(map(repr, STRATEGIES))} (the "
+                   f"strategies that train on partitions where they sit)")
+    if est.dtype not in ("float32", "float64"):
+        raise _bad("dtype", est.dtype, "'float32' or 'float64'")
+    if est.normalize not in ("standardize", "minmax", "none"):
+        raise _bad("normalize", est.normalize, "'standardize', 'minmax' or 'none'")
+    if not isinstance(est.random_state, np.random.RandomState):    # drawn from at fit time
+        seed(est.random_state)
+
+
+def hidden(sizes: Any) -> tuple[int, ...]:
+    """``hidden_layer_sizes`` as a tuple of positive sizes (an integer is one layer)."""
+    one = isinstance(sizes, numbers.Integral) and not isinstance(sizes, bool)
+    try:
+        layers = (int(sizes),) if one else tuple(sizes)
+    except TypeError:
+        layers = None
+    if layers is None or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
+                                 and n >= 1 for n in layers):
+        raise _bad("hidden_layer_sizes", sizes, "a positive integer or a sequence of them")
+    return tuple(int(n) for n in layers)
+
+
+def seed(random_state: Any) -> int:
+    """The seed of the weights and of every shuffle and split: ``random_state`` if an
+    integer, one drawn from it if a ``RandomState``, :data:`DEFAULT_SEED` if None."""
+    if random_state is None:
+        return DEFAULT_SEED
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(np.iinfo(np.int32).max))
+    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool) and \
+            0 <= random_state < 2 ** 63:
+        return int(random_state)
+    raise _bad("random_state", random_state, "None, an integer >= 0 or a numpy RandomState")
+
+
+def batch(est: Any, rows: int) -> int:
+    """The minibatch: ``batch_size``, or ``min(200, rows)`` for ``"auto"``; at most the
+    training rows (full batch)."""
+    if est.batch_size == "auto":
+        return min(200, rows)
+    if est.batch_size > rows:
+        import warnings
+
+        warnings.warn(f"Got `batch_size` larger than sample size ({rows}). It is going to be "
+                      f"clipped", UserWarning, stacklevel=6)
+    return min(int(est.batch_size), rows)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a run's config needs to know of its data."""
+
+    features: int
+    outputs: int
+    train_rows: int
+    partitions: int
+    label: str = ""
+
+
+def split(est: Any, incremental: bool) -> tuple[float, float, float]:
+    """Every partition's training, validation and test shares."""
+    if est.early_stopping and not incremental:
+        return (1 - est.validation_fraction, est.validation_fraction, 0.0)
+    return (1.0, 0.0, 0.0)
+
+
+def config(est: Any, shape: Shape, loss: str, *, incremental: bool, init_from: str = "",
+           seed_value: int = DEFAULT_SEED) -> Config:
+    """The dtrain config of one fit (``incremental``: one epoch of ``partial_fit``)."""
+    b = batch(est, shape.train_rows)
+    stopping = {} if incremental else {
+        "patience": est.n_iter_no_change, "min_delta": float(est.tol),
+        "monitor": "val_loss" if est.early_stopping else "train_loss",
+        "keep_best": bool(est.early_stopping)}
+    optim = "adam" if est.solver == "adam" else "momentum" if est.momentum > 0 else "sgd"
+    return load_config({
+        "data": {"dataset": "collection", "label": shape.label,
+                 "split": list(split(est, incremental)), "normalize": est.normalize,
+                 "shards": shape.partitions, "shuffle": bool(est.shuffle), "seed": seed_value},
+        "model": {"layers": [shape.features, *hidden(est.hidden_layer_sizes), shape.outputs],
+                  "activation": ACTIVATIONS[est.activation], "loss": loss,
+                  "l2": float(est.alpha) / b, "dtype": est.dtype, "seed": seed_value,
+                  "init_from": init_from},
+        "optim": {"name": optim, "lr": float(est.learning_rate_init),
+                  **({"momentum": float(est.momentum)} if optim == "momentum" else {}),
+                  "beta1": float(est.beta_1), "beta2": float(est.beta_2),
+                  "eps": float(est.epsilon)},
+        "train": {"epochs": 1 if incremental else est.max_iter, "batch_size": b, **stopping},
+        "graph": {"strategy": est.strategy, "fan_in": est.fan_in},
+        "cluster": {"dashboard_address": ""},
+    })
