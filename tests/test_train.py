@@ -27,15 +27,20 @@ def _train(client, sets, out=None):
 
 
 def test_bit_identical_whatever_the_worker_count(client, tmp_path):
-    """Same config and shards: params.npz is byte-for-byte equal on 1, 2 and 3 workers, and
-    whatever the window length or update fusion."""
+    """Same config and shards: params.npz is byte-for-byte equal on any mix of worker
+    processes and threads (processes x threads: 1x1, 3x1, 1x3, 2x2, and the fixture's 2x1),
+    with a worker's shards in one task or in a task each, and whatever the window length or
+    update fusion."""
     blobs, train = {}, {}
-    for n in (1, 3):
-        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+    for procs, threads in ((1, 1), (3, 1), (1, 3), (2, 2)):
+        with LocalCluster(n_workers=procs, threads_per_worker=threads, processes=True,
                           dashboard_address=None) as lc, Client(lc) as c:
-            r = _train(c, QUICK, tmp_path / f"w{n}")
-            blobs[f"{n} workers"] = (tmp_path / f"w{n}" / "params.npz").read_bytes()
-            train[f"{n} workers"] = [(m["train_loss"], m["train_accuracy"]) for m in r.metrics]
+            for fuse in ("true", "false") if threads > 1 else ("auto",):
+                name = f"{procs}x{threads} fuse {fuse}"
+                r = _train(c, QUICK + [f"graph.fuse_shards={fuse}"], tmp_path / name)
+                blobs[name] = (tmp_path / name / "params.npz").read_bytes()
+                train[name] = [(m["train_loss"], m["train_accuracy"]) for m in r.metrics]
+                assert r.summary["workers"] == procs and r.summary["threads"] == procs * threads
     variants = {"2 workers": [], "window 3": ["graph.window=3"],
                 "unfused": ["graph.fuse_update=false"],
                 "one task per shard": ["graph.fuse_shards=false"]}

@@ -98,9 +98,9 @@ def prepare(argv: list[str]) -> mpi.Job:
         def job(client):
             return train(config, client=client,
                          out=Path(args.out) if args.out else default_out_dir(args.config))
-    plan(config)                # the data and the model sizes, before anything starts
+    planned = plan(config)      # the data and the model sizes, before anything starts
     strategy = strategies.get(config.graph.strategy)
-    return mpi.Job(config, job, strategy.ranks, strategy.workers_word)
+    return mpi.Job(config, job, strategy.ranks, strategy.workers_word, planned.leaves)
 
 
 def resume_command(argv: list[str]) -> str:

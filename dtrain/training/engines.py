@@ -32,12 +32,12 @@ from dtrain.deploy import tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import wait_for_workers, worker_addresses, workers
+from dtrain.deploy.workers import wait_for_workers, workers
 from dtrain.core.arrays import gpu_problem
 from dtrain.maths.optim import TrainState, update
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
-from dtrain.taskgraph.dataparallel import TINY_FLOPS
+from dtrain.taskgraph.dataparallel import TINY_FLOPS, fuse_choice, shard_rows
 from dtrain.taskgraph.placement import Placement, Worker
 from dtrain.taskgraph.records import Evaluate
 from dtrain.taskgraph.tasks import calibrate, evaluate
@@ -65,11 +65,17 @@ def inline_kinds(plan: Plan, placement: Placement | None = None,
     if plan.recipe.state_bytes > INLINE_MAX_BYTES:
         return ()
     shared = max(Counter(placement.leaves).values()) \
-        if placement and placement.leaves and plan.recipe.fuse_shards else 1
+        if placement and placement.leaves and fused(plan, placement)[0] else 1
     rows = plan.config.train.batch_size / max(len(plan.ranges), 1) * shared   # per task, step
     limit = INLINE_ALONE_FLOPS if threads == 1 else INLINE_MAX_FLOPS
     short = plan.net.flops(rows) <= limit
     return (keys.UPDATE, keys.REDUCE, *((keys.FORWARD_BACKWARD,) if short else ()))
+
+
+def fused(plan: Plan, placement: Placement) -> tuple[bool, str]:
+    """Whether a worker's shards share one forward-backward task on ``placement``, and why
+    (:func:`~dtrain.taskgraph.dataparallel.fuse_choice`, for a full step's shards)."""
+    return fuse_choice(plan.recipe, placement, shard_rows(plan.schedule[0]))
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ class Outcome:
     worker_rss: dict[str, float] = field(default_factory=dict)
     comm: dict[str, int] = field(default_factory=dict)         # bytes between workers
     split: dict[str, dict[str, Any]] = field(default_factory=dict)   # work per worker
+    graph: dict[str, Any] = field(default_factory=dict)   # tasks, transfers, fused shards
 
 
 def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float, first: int) -> dict[str, Any]:
@@ -227,6 +234,9 @@ class DaskEngine:
         self.items: list[tuple[str, Future]] = []   # (worker, loading-task future)
         self.loads = 0
         self.predicted_bytes = 0                    # what the graphs say crosses workers
+        self.predicted_transfers = 0                # ... in how many values
+        self.step_tasks = 0                         # the graphs' tasks of training steps
+        self.fused: tuple[bool, str] | None = None  # the last window's fuse_choice
         self.speed: dict[str, float] = {}           # calibrated samples/s, by worker address
         self.cuda: dict[str, str] = {}              # GPU workers: why CuPy fails there ("": ok)
         self.placement: Placement | None = None
@@ -336,7 +346,8 @@ class DaskEngine:
         for a in [a for a in info if pl and a in pl.workers]:
             mine = [i for i, w in enumerate(pl.leaves) if w == a]
             out[names.get(a, a)] = {
-                "device": "gpu" if a in pl.gpus else "cpu", "leaves": len(mine),
+                "device": "gpu" if a in pl.gpus else "cpu", "threads": info[a].get("nthreads"),
+                "leaves": len(mine),
                 "samples": sum(self.plan.ranges[i][1] - self.plan.ranges[i][0] for i in mine)
                 if self.plan.strategy.leaf == "shard" else None,
                 "samples_per_second": round(self.speed[a], 1) if a in self.speed else None}
@@ -376,7 +387,11 @@ class DaskEngine:
             win = p.builder.window([p.schedule[t] for t in window], state, self.refs,
                                    TaskRef(val.key) if val else None, placement, self.run_id)
             located = {f.key: w for w, f in self.items} | ({val.key: placement.root} if val else {})
-            self.predicted_bytes += win.transfer_bytes(located)
+            moves = win.transfers(located)
+            self.predicted_bytes += sum(win.nbytes.get(k, 0) for k, _, _ in moves)
+            self.predicted_transfers += len(moves)
+            self.step_tasks += win.step_tasks()
+            self.fused = win.fused or self.fused
             futures = self._submit(win)
             ends, evals = futures[:len(win.ends)], futures[len(win.ends):]
             self.live = futures + [f for _, f in pending]
@@ -404,13 +419,16 @@ class DaskEngine:
                                         workers=[placement.root],
                                         allow_other_workers=True).result()
         moved = metrics.transfers(self.client, self.run_id)
-        return Outcome(rows, state, result, len(worker_addresses(self.client)), seconds,
+        threads = [i.get("nthreads", 1) for i in workers(self.client).values()]
+        return Outcome(rows, state, result, len(threads), seconds,
                        began - t0, len(p.schedule) - start.step,
                        p.schedule.samples(start.step, len(p.schedule)),
                        metrics.task_times(self.client, self.run_id) or {},
                        metrics.worker_peak_rss_mb(self.client),
                        {"predicted": self.predicted_bytes, "measured": moved["bytes"],
-                        "transfers": moved["transfers"]}, self.split())
+                        "transfers": moved["transfers"],
+                        "predicted_transfers": self.predicted_transfers}, self.split(),
+                       {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads)})
 
     def _drain(self, pending, rows, arrived, began, recorder: Recorder, first: int) -> None:
         """Turn finished evaluations into epoch rows, in epoch order."""

@@ -102,6 +102,11 @@ class Plan:
         return sources(self.config.data, self.ranges, self.info.train, self.config.model.dtype)
 
     @property
+    def leaves(self) -> int:
+        """The leaves of its reduce tree: shards, or a model-parallel net's slices."""
+        return self.config.graph.slices if self.strategy.leaf == "slice" else len(self.ranges)
+
+    @property
     def train_samples(self) -> int:
         return self.ranges[-1][1]
 

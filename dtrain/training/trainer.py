@@ -168,12 +168,13 @@ def _engine(plan: Plan, client: Client | None,
         with recorder.attached(client):
             yield DaskEngine(plan, client)
     else:
-        needed = strategy.min_workers
-        if not cfg.cluster.scheduler_address and cfg.cluster.workers < needed:
+        needed, c = strategy.min_workers, cfg.cluster
+        one_each = c.kind == "local" or c.layout == "hybrid"   # a worker per count (not per job)
+        if not c.scheduler_address and one_each and 0 < c.workers < needed:
             raise UserError(f"graph.strategy = '{strategy.name}' needs {needed} workers "
                             f"({strategy.workers_word.removeprefix('the head + ')}), found "
                             f"{cfg.cluster.workers}; use --workers {needed}")
-        with connect(cfg.cluster) as own, recorder.attached(own):
+        with connect(cfg.cluster, needed, plan.leaves) as own, recorder.attached(own):
             yield DaskEngine(plan, own)
 
 
@@ -190,6 +191,8 @@ def _summary(plan: Plan, outcome: Outcome) -> dict[str, Any]:
         "dataset": plan.info.name,
         "strategy": cfg.graph.strategy,
         "workers": outcome.workers,
+        "threads": outcome.graph.get("threads", 0),
+        "layout": cfg.cluster.layout,
         "shards": len(plan.ranges),
         "fan_in": plan.recipe.fan_in,
         "epochs": cfg.train.epochs,
@@ -210,6 +213,7 @@ def _summary(plan: Plan, outcome: Outcome) -> dict[str, Any]:
         "test_accuracy": outcome.test["accuracy"] if outcome.test else None,
         **_timing(outcome),
         **_comm(outcome),
+        **_graph(outcome),
         "work_split": outcome.split,
         "driver_peak_rss_mb": round(peak_rss_mb(), 1),
         "worker_peak_rss_mb": outcome.worker_rss,
@@ -225,6 +229,19 @@ def _comm(outcome: Outcome) -> dict[str, Any]:
             "comm_transfers": outcome.comm["transfers"]}
 
 
+def _graph(outcome: Outcome) -> dict[str, Any]:
+    """Tasks and transfers per step (the graphs' count; Dask's transfer records), and whether
+    a worker's shards shared a task."""
+    g, steps = outcome.graph, outcome.steps
+    if not g or not steps:
+        return {"tasks_per_step": None, "transfers_per_step": None}
+    fused = g.get("fused")
+    return {"tasks_per_step": g["tasks"] / steps,
+            "transfers_per_step": outcome.comm["predicted_transfers"] / steps,
+            "transfers_measured_per_step": outcome.comm["transfers"] / steps,
+            "fused_shards": None if fused is None else {"fused": fused[0], "why": fused[1]}}
+
+
 def _timing(outcome: Outcome) -> dict[str, Any]:
     """Efficiency (time in forward-backward / wall time, over workers) and per-step overhead
     (wall time per step minus the compute on the step's critical path)."""
@@ -232,7 +249,8 @@ def _timing(outcome: Outcome) -> dict[str, Any]:
     if not steps or not outcome.seconds or not c:
         return {"efficiency": None, "step_seconds": None, "overhead_per_step": None}
     step = outcome.seconds / steps
-    return {"efficiency": c["forward_backward_seconds"] / (outcome.seconds * max(outcome.workers, 1)),
+    lanes = max(outcome.graph.get("threads", 0), outcome.workers, 1)   # tasks side by side
+    return {"efficiency": c["forward_backward_seconds"] / (outcome.seconds * lanes),
             "step_seconds": step, "compute_per_step": c["critical_seconds"] / steps,
             "overhead_per_step": step - c["critical_seconds"] / steps,
             "task_seconds": {k.removesuffix("_seconds"): v for k, v in c.items()
