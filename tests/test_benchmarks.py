@@ -83,6 +83,21 @@ def test_every_dtrain_strategy_has_a_contender_with_its_own_config(shared_data):
         with pytest.raises(UserError, match="splits hidden layers, but .* has none"):
             split.config_for(workloads[name], 2, shared_data)
     assert [c.synchronous for c in (local, split, threads)] == [False, True, True]
+    # the layout study: python -m dtrain's own shape here, fusion forced off and on, the chain
+    default, tasks, fused = (BY_NAME[n] for n in ("dtrain-default", "dtrain-threads-tasks",
+                                                   "dtrain-threads-fused"))
+    cfg = default.config_for(workloads["iris"], 4, shared_data)
+    assert (cfg.cluster.workers, cfg.cluster.threads_per_worker, cfg.cluster.layout) == \
+        (0, 0, "hybrid")
+    cores = report.cores()
+    assert default.processes(4) == 2 and default.busy(4) == min(cores, 4) + 1
+    assert [c.config_for(workloads["iris"], 4, shared_data).graph.fuse_shards
+            for c in (threads, tasks, fused)] == ["auto", "false", "true"]
+    assert (tasks.processes(4), tasks.busy(4)) == (2, 5)
+    chain, chain_threads = BY_NAME["dask-chain"], BY_NAME["dask-chain-threads"]
+    assert not chain.trains and chain.processes(4) == 5 and chain_threads.processes(4) == 2
+    assert chain.formula_bytes(9, 4, 4, 11) == 2 * 3 * 44 and \
+        chain_threads.formula_bytes(9, 4, 4, 11) == 0
     # pencil-and-paper bytes per step for the others: P = 9 parameters of 4 bytes
     # P = 9 parameters of 4 bytes; dtrain's buffer has P + 2 = 11 numbers
     assert BY_NAME["mpi-allreduce"].formula_bytes(9, 4, 1, 11) == 0
@@ -177,7 +192,8 @@ def test_rows_medians_ratios_scaling_and_targets():
     results = {"meta": {"cores": 2, "repeat": 1, "workers": [1, 2]}, "rows": rows,
                "workloads": {"w": {"title": "t", "epochs": 4, "scaling": "strong", "study": ""}},
                "targets": found, "scaling": []}
-    (_, header, body, foot), (title, theader, tbody, _) = report.tables(results)
+    (_, header, body, foot), (title, theader, tbody, _), *rest = report.tables(results)
+    assert [t[0].split(" (")[0] for t in rest] == ["Layouts side by side", "Layout goal"]
     cell = {(b[0], b[1]): dict(zip(header, b)) for b in body}
     assert cell["2", "dtrain-allreduce"]["bytes/step"] == "2 KiB"
     assert cell["2", "mpi-allreduce"]["bytes/step"] == "~1.5 KiB"
@@ -189,12 +205,49 @@ def test_rows_medians_ratios_scaling_and_targets():
     assert (cell["2", "dtrain-threads"]["procs"], cell["1", "dtrain-threads"]["procs"]) == ("2*", "2")
     assert "(n/c): not comparable" in foot and "bytes/step" in foot
     assert title.startswith("Targets") and theader == \
-        ["workload", "measure", "goal", "dtrain-allreduce", "dtrain-threads",
+        ["workload", "measure", "goal", "dtrain-default", "dtrain-allreduce", "dtrain-threads",
          "dtrain-mpi-allreduce", "dask-floor"]
-    assert tbody == [["w", "dtrain / mpi4py Allreduce", "<= 1.5", "1.25 yes", "1.50 yes", "-",
-                      "1.00 yes"],
-                     ["w", "ms per step", "<= 10", "250.00 NO", "300.00 NO", "-", "200.00 NO"]]
+    assert tbody == [["w", "dtrain / mpi4py Allreduce", "<= 1.5", "-", "1.25 yes", "1.50 yes",
+                      "-", "1.00 yes"],
+                     ["w", "ms per step", "<= 10", "-", "250.00 NO", "300.00 NO", "-",
+                      "200.00 NO"]]
     assert cell["2", "dask-floor"]["params vs serial"] == "-"
+
+
+def test_layout_tables_put_hybrid_beside_flat_mpi_and_the_chain():
+    """The side-by-side table per shard count (ratios to mpi4py and to the chain of the same
+    width), and the 16-shard goal: the default layout >= 5 times faster than flat."""
+    from benchmarks import layouts
+
+    runs = [_run("iris", 16, "dtrain-allreduce", [1.0, 1.0], processes=17,
+                 overhead_ms=90.0, tasks_per_step=33.0, transfers_per_step=31.0),
+            _run("iris", 16, "dtrain-default", [1.0, 0.15], processes=2, busy=3,
+                 overhead_ms=14.0, tasks_per_step=1.0, transfers_per_step=0.0),
+            _run("iris", 16, "dtrain-threads", [1.0, 0.25], processes=2, busy=17),
+            _run("iris", 16, "mpi-allreduce", [1.0, 0.05], processes=16),
+            _run("iris", 16, "dask-chain", [1.0, 0.5], processes=17, tasks_per_step=32.0),
+            _run("iris", 2, "dtrain-allreduce", [1.0, 0.2]),
+            _run("iris", 2, "dtrain-default", [1.0, 0.1])]
+    rows = report.aggregate(runs, n_cores=2)
+    results = {"meta": {"cores": 2, "repeat": 1, "workers": [2, 16]}, "rows": rows,
+               "workloads": {"iris": {"title": "t", "epochs": 2, "scaling": "strong",
+                                      "study": ""}}, "targets": [], "scaling": []}
+    (t1, h1, b1, _), (t2, h2, b2, _) = layouts.tables(results)
+    cell = {(b[1], b[2]): dict(zip(h1, b)) for b in b1}
+    assert cell["16", "dtrain-allreduce"]["ms/step"] == "100.00"     # 1 s / 10 steps
+    assert cell["16", "dtrain-allreduce"]["overhead ms/step"] == "90.00"
+    assert cell["16", "dtrain-allreduce"]["tasks/step"] == "33.00"
+    assert cell["16", "dtrain-default"]["x MPI"] == "3.00"
+    assert cell["16", "dtrain-allreduce"]["x chain"] == "2.00"
+    assert cell["16", "dtrain-allreduce"]["procs"] == "17*"
+    assert [b[2] for b in b1 if b[1] == "16"] == ["dtrain-default", "dtrain-threads",
+                                                   "dtrain-allreduce", "mpi-allreduce",
+                                                   "dask-chain"]
+    goal = {b[1]: dict(zip(h2, b)) for b in b2}
+    assert goal["16"]["flat / default"] == "6.67" and goal["16"]["goal"] == ">= 5: yes"
+    assert goal["16"]["flat / hybrid"] == "4.00" and goal["2"]["goal"] == "-"
+    checks = layouts.goal_checks(rows)
+    assert [(c["shards"], c["met"]) for c in checks] == [(2, None), (16, True)]
 
 
 def test_params_delta_is_relative_to_the_reference(tmp_path):
@@ -265,7 +318,7 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
             assert measured >= predicted, (name, r["workers"], predicted, measured)
             assert (measured > 0) == (predicted > 0), (name, r["workers"], measured)
         elif name != "serial":                  # pencil and paper; a lone allreduce rank: 0
-            moves = r["workers"] > 1 or name == "mpi-ps"
+            moves = (r["workers"] > 1 and not BY_NAME[name].threads) or name == "mpi-ps"
             assert r["bytes_source"] == "formula" and (r["bytes_per_step"] > 0) == moves
         assert r["busy"] >= r["processes"]
         assert r["oversubscribed"] == (r["busy"] > report.cores())

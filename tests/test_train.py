@@ -322,13 +322,24 @@ def test_local_sgd_with_one_step_rounds_is_allreduce(client, optimizer):
 
 
 def test_local_sgd_is_reproducible_and_learns(client, tmp_path):
+    """The same bytes on 2 processes, on one process with 1 or 2 threads, with a worker's
+    rounds in one task (the shards on its threads) or in a task each."""
     sets = ["train.epochs=30", "graph.strategy=local-sgd", "graph.sync_every=4"]
     a = _train(client, sets, tmp_path / "a")
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
         _train(c, sets + ["graph.window=9"], tmp_path / "b")
-    assert (tmp_path / "a" / "params.npz").read_bytes() == (tmp_path / "b" / "params.npz").read_bytes()
+    tasks = {}
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        for fuse in ("true", "false"):
+            r = _train(c, sets + [f"graph.fuse_shards={fuse}"], tmp_path / fuse)
+            tasks[fuse] = r.summary["tasks_per_step"]
+    blobs = {d: (tmp_path / d / "params.npz").read_bytes() for d in ("a", "b", "true", "false")}
+    assert len(set(blobs.values())) == 1
     assert a.summary["test_accuracy"] >= 0.9
+    # a round of 4 steps: 4 shards and 3 sums (+ the average) unfused, 1 task (+ 1) fused
+    assert tasks["true"] < tasks["false"] / 3
 
 
 @pytest.mark.parametrize("strategy", ["allreduce", "model-parallel", "serial"])

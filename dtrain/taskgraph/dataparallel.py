@@ -20,7 +20,7 @@ all sit on one worker is one ``forward-backward`` task (named by its first
 shard) that sums them as the reduce would (``auto``: where that is worth it,
 :func:`fuse_choice`).  Local SGD replaces each step by a
 round: ``local-sgd-<step>-<shard>`` leaves that run ``sync_every`` steps
-alone, averaged by the tree.
+alone, averaged by the tree (a worker's group of them fused the same way).
 
 The tree itself is :mod:`~dtrain.taskgraph.reduction`, where tasks run
 :mod:`~dtrain.taskgraph.placement`, what they compute
@@ -59,11 +59,11 @@ FUSE_FLOPS_PER_TASK = 1e9
 
 
 def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, recipe: Recipe,
-          run: str, readers: Sequence[str] = (), fusable: bool = True
+          run: str, readers: Sequence[str] = ()
           ) -> tuple[list[Leaf], dict[str, bool], dict[str, Spec]]:
     return tree(win, str(index), leaves, placement.root, recipe.fan_in,
                 recipe.fuse_update or bool(readers), recipe.leaf_bytes, run, readers,
-                fusable=recipe.fuse_shards == "true" and fusable)
+                fusable=recipe.fuse_shards == "true")
 
 
 def fuse_choice(recipe: Recipe, placement: Placement, rows: int) -> tuple[bool, str]:
@@ -82,8 +82,8 @@ def fuse_choice(recipe: Recipe, placement: Placement, rows: int) -> tuple[bool, 
         return False, "auto: one shard per worker, nothing to fuse"
     flops = recipe.net.flops(rows)
     fused = flops <= FUSE_FLOPS_PER_TASK * (width - 1)
-    what = (f"auto: up to {width} shards per worker of {flops / 1e6:.3g} MFLOP each "
-            f"({rows} rows) a step")
+    what = (f"auto: up to {width} shards per worker of {flops / 1e6:.3g} MFLOP each ({rows} "
+            f"rows a task)")
     return fused, what + (f": one task saves {width - 1} per worker and step, worth more "
                           f"than a few percent of the compute" if fused else
                           f": a task per shard costs a few percent of the compute at most")
@@ -231,10 +231,11 @@ def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[T
     """Add one local SGD round: each shard runs ``steps`` alone, then the tree averages."""
     last = steps[-1].index
     leaves = _leaves(keys.LOCAL_SGD, steps[0].index, shards, placement, run)
-    root, crosses, _ = _tree(win, last, leaves, placement, recipe, run, fusable=False)
-    for name, i, worker in leaves:
-        task = LocalSteps(recipe.opt, recipe.shuffle_seed, tuple(steps), i, crosses[name])
-        win.add(Task(name, local_steps, task, TaskRef(state), shards[i]), worker,
+    root, crosses, spec = _tree(win, last, leaves, placement, recipe, run)
+    for name, i, worker, group, refs in _leaf_tasks(leaves, spec, steps[0], shards, placement,
+                                                     recipe):
+        task = LocalSteps(recipe.opt, recipe.shuffle_seed, tuple(steps), group, crosses[name])
+        win.add(Task(name, local_steps, task, TaskRef(state), *refs), worker,
                 recipe.leaf_bytes)
     # the round is reported as its last step (its epoch sums restart with its first)
     task = Average(recipe.opt, dataclasses.replace(steps[0], index=last), host,
@@ -268,8 +269,8 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
     on the validation shard ``val`` (without a validation split it reports the
     epoch's train loss only: it still marks the epoch's end).
     """
-    win = Window()
-    win.fused = fuse_choice(recipe, placement, max(map(shard_rows, steps)))
+    win = Window()      # a local SGD round computes sync_every steps' rows
+    win.fused = fuse_choice(recipe, placement, max(map(shard_rows, steps)) * recipe.sync_every)
     recipe = dataclasses.replace(recipe, fuse_shards="true" if win.fused[0] else "false")
     state = win.add(DataNode(keys.make(keys.STATE, steps[0].index, run=run), start),
                     placement.root, recipe.state_bytes)

@@ -75,7 +75,8 @@ def inline_kinds(plan: Plan, placement: Placement | None = None,
 def fused(plan: Plan, placement: Placement) -> tuple[bool, str]:
     """Whether a worker's shards share one forward-backward task on ``placement``, and why
     (:func:`~dtrain.taskgraph.dataparallel.fuse_choice`, for a full step's shards)."""
-    return fuse_choice(plan.recipe, placement, shard_rows(plan.schedule[0]))
+    return fuse_choice(plan.recipe, placement,
+                       shard_rows(plan.schedule[0]) * plan.recipe.sync_every)
 
 
 @dataclass(frozen=True)
