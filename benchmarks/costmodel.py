@@ -35,6 +35,7 @@ from typing import Any
 
 from dask.task_spec import TaskRef
 
+from dtrain.core import keys
 from dtrain.taskgraph.dataparallel import TINY_FLOPS
 
 CHECK_MODELS = {"tiny": ((16, 16, 2), 8), "P3-shaped": ((784, 128, 10), 128)}
@@ -84,15 +85,17 @@ class Step:
     fused: bool                           # a worker's shards in one task
     shards_per_worker: int
     steps: int                            # steps in the window built
-    dag: list[tuple[str, int, tuple[tuple[int, int], ...]]]   # (key, worker, deps (i, bytes))
-    node_of: Any = None
+    dag: list[tuple[int | None, int, tuple[tuple[int, int], ...]]]  # (leaf's step, worker,
+    node_of: Any = None                                                #  deps (i, bytes))
 
     def path(self, c: dict[str, float], net: dict[str, float]) -> float:
         """Seconds per step on the longest chain of tasks and transfers (compute aside):
         ``hop`` per task, ``fetch`` + bytes / bandwidth per value crossing workers (``net``'s
-        figures where it crosses nodes)."""
+        figures where it crosses nodes); from the first step's leaves to the last step's,
+        so the window's edges (its starting state, its final update) do not count."""
         done: list[float] = []
-        for _, worker, deps in self.dag:
+        last: dict[int, float] = {}
+        for step, worker, deps in self.dag:
             start = 0.0
             for i, nbytes in deps:
                 w = self.dag[i][1]
@@ -103,7 +106,10 @@ class Step:
                     arrive = done[i] + k["fetch"] + nbytes / k["bandwidth"]
                 start = max(start, arrive)
             done.append(start + c["hop"])
-        return max(done, default=0.0) / self.steps
+            if step is not None:
+                last[step] = max(last.get(step, 0.0), done[-1])
+        first, final = min(last), max(last)
+        return (last[final] - last[first]) / (final - first)
 
 
 def config(layers: tuple[int, ...], rows: int, shards: int, strategy: str = "allreduce",
@@ -139,7 +145,9 @@ def count(layers: tuple[int, ...], rows: int, layout: Layout, strategy: str = "a
     order = _topological({k: [d for d in n.dependencies if d in win.dsk]
                           for k, n in win.dsk.items()})
     index = {name: i for i, name in enumerate(order)}
-    dag = [(name, int(win.where[name][0][1:]),
+    leaf = {name: int(k.step) for name in order
+            if (k := keys.parse(name)) is not None and k.kind in keys.LEAVES}
+    dag = [(leaf.get(name), int(win.where[name][0][1:]),
             tuple((index[d], win.nbytes.get(d, 0)) for d in win.dsk[name].dependencies
                   if d in index)) for name in order]
     width = max(placement.leaves.count(w) for w in set(placement.leaves))

@@ -270,19 +270,24 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
     epoch's train loss only: it still marks the epoch's end).
     """
     win = Window()      # a local SGD round computes sync_every steps' rows
-    win.fused = fuse_choice(recipe, placement, max(map(shard_rows, steps)) * recipe.sync_every)
-    recipe = dataclasses.replace(recipe, fuse_shards="true" if win.fused[0] else "false")
+    fuse, why = fuse_choice(recipe, placement, max(map(shard_rows, steps)) * recipe.sync_every)
+    recipe = dataclasses.replace(recipe, fuse_shards="true" if fuse else "false")
     state = win.add(DataNode(keys.make(keys.STATE, steps[0].index, run=run), start),
                     placement.root, recipe.state_bytes)
-    if recipe.replicated:
-        return _replicated_window(win, steps, state, shards, val, placement, recipe, run)
     todo = units(steps, recipe)
-    for n, group in enumerate(todo):
-        host = n == len(todo) - 1 or _state_leaves_root(placement)   # the driver takes the last
-        state = unit(win, group, state, shards, placement, recipe, run, host)
-        if group[-1].last:
-            _evaluate(win, group[-1].epoch, state, val, placement, recipe, run)
-    win.ends = [state]
+    if recipe.replicated:
+        _replicated_window(win, steps, state, shards, val, placement, recipe, run)
+    else:
+        for n, group in enumerate(todo):
+            host = n == len(todo) - 1 or _state_leaves_root(placement)   # the driver takes it
+            state = unit(win, group, state, shards, placement, recipe, run, host)
+            if group[-1].last:
+                _evaluate(win, group[-1].epoch, state, val, placement, recipe, run)
+        win.ends = [state]
+    leaves = sum(keys.kind_of(k) in keys.LEAVES for k in win.dsk)
+    done = leaves < len(todo) * len(shards)             # some task sums several shards
+    win.fused = (done, why if done or not fuse else
+                 why + "; but no reduce group lies on one worker (fan-in, placement)")
     return win
 
 
