@@ -340,8 +340,13 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
         assert f"| {r['workers']} | {r['contender']} | {r['processes']}" in table
     assert "### Strong scaling (same data)" in table
     assert "| bytes/step |" in table and " (n/c) |" in table
-    assert "| workload | measure | goal | dtrain-allreduce | dtrain-threads | " \
+    assert "| workload | measure | goal | dtrain-default | dtrain-allreduce | dtrain-threads | " \
            "dtrain-mpi-allreduce | dask-floor |" in table
+    # the layout study: python -m dtrain's own shape is one process here; the chain's tasks
+    assert "### Layouts side by side (issue 22)" in table and "### Layout goal" in table
+    assert at[2, "dtrain-default"]["processes"] == 2 and at[2, "dtrain-default"]["tasks_per_step"]
+    assert at[2, "dask-chain"]["tasks_per_step"] == 4 and at[2, "dtrain-threads-tasks"][
+        "tasks_per_step"] > at[2, "dtrain-threads-fused"]["tasks_per_step"]
     assert (out / "results.md").read_text().strip() in table
     page = (out / "results.html").read_text()
     assert "Bokeh" in page and "P3 (strong scaling): speedup" in page
