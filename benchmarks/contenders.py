@@ -158,6 +158,8 @@ class Contender:
             cluster["threads_per_worker"] = workers
         if self.layout:
             cluster["threads_per_worker"] = 0
+        if self.kind == "dtrain-mpi":           # N worker ranks, each a single-thread worker
+            cluster["layout"] = "flat"
         return {"graph": graph, "cluster": cluster}
 
     def config_for(self, wl: Workload, workers: int, data_dir: Path) -> Config:

@@ -94,6 +94,9 @@ def test_every_dtrain_strategy_has_a_contender_with_its_own_config(shared_data):
     assert [c.config_for(workloads["iris"], 4, shared_data).graph.fuse_shards
             for c in (threads, tasks, fused)] == ["auto", "false", "true"]
     assert (tasks.processes(4), tasks.busy(4)) == (2, 5)
+    # under mpiexec every worker rank is a worker (the flat layout), as the table says
+    assert BY_NAME["dtrain-mpi-allreduce"].config_for(workloads["P3"], 2, shared_data) \
+        .cluster.layout == "flat"
     chain, chain_threads = BY_NAME["dask-chain"], BY_NAME["dask-chain-threads"]
     assert not chain.trains and chain.processes(4) == 5 and chain_threads.processes(4) == 2
     assert chain.formula_bytes(9, 4, 4, 11) == 2 * 3 * 44 and \
