@@ -15,7 +15,7 @@ from distributed import Client, Security
 import dtrain
 import mpirun
 from dtrain.core import internals
-from dtrain.deploy import layout
+from dtrain.deploy import layout, mpi
 from dtrain.training import checkpoint
 from conftest import REPO
 
@@ -202,6 +202,31 @@ def test_tls_keeps_strangers_out(tmp_path):
     assert proc.returncode == 0, err
     assert err.count("TLS handshake failed") == 2, err   # the scheduler refused both
     assert (out / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_rank_that_starts_no_worker_waits_as_long_as_the_run(tmp_path):
+    """Hybrid layout: rank 2 shares rank 1's node and starts no worker; it waits for the exit
+    code however long the run takes (here paused past the ranks' 10 s shutdown deadline)."""
+    out, resume = tmp_path / "run", tmp_path / "resume"
+    proc = subprocess.Popen(mpirun.command(3, *_sets(["train.epochs=3", "graph.window=7"]),
+                                           "--out", str(out), *QUIET,
+                                           script=(str(FAULT), "pause")),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=mpirun.environment(DTRAIN_RESUME_FILE=str(resume)))
+    try:
+        for line in proc.stdout:
+            if line.startswith("layout: "):
+                assert "rank(s) 2 start no worker" in line, line
+            if line.startswith("epoch"):
+                break
+        time.sleep(mpi.SHUTDOWN_S + 2)
+        resume.touch()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert _log_noise(err) == [] and (out / "summary.json").exists()
 
 
 LOCAL_RANKS = """

@@ -401,8 +401,8 @@ def _worker(comm: Any, rank: int, head: int) -> int:
     if start is None:
         return 1
     role = start.roles[rank]
-    if not role.threads:             # its node's cores are another rank's threads: wait
-        return _bcast(comm, None, head, late=f"the head (rank {head}) did not end the run")
+    if not role.threads:             # its node's cores are another rank's threads: wait, as
+        return _bcast(comm, None, head)      # long as the run takes, for the exit code
     pin_cpus(role.cpus)
     one_blas_thread()                # the same bits as any other layout's workers
     keep_freed_memory()              # before the worker starts its task threads
