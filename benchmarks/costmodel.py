@@ -129,21 +129,27 @@ def config(layers: tuple[int, ...], rows: int, shards: int, strategy: str = "all
 
 def count(layers: tuple[int, ...], rows: int, layout: Layout, strategy: str = "allreduce",
           sync_every: int = LOCAL_SGD_EVERY) -> Step:
-    """Build one window of dtrain's graph for ``layout`` (a shard per core) and count it."""
+    """Build windows of dtrain's graph for ``layout`` (a shard per core) and count them: the
+    tasks and transfers of a window of ``2 n`` steps less those of ``n`` steps, over ``n``
+    (``n``: 8, the default ``graph.state_every``, or a local SGD round), so a window's edges
+    (its starting state, its final update) cancel and kept states count as in a long run."""
     from dtrain.training.plan import plan
 
-    units = sync_every if strategy == "local-sgd" else 1
-    steps = 2 * units if strategy == "local-sgd" else 8        # state_every = 8
-    p = plan(config(layers, rows, layout.cores, strategy, sync_every, steps + 1))
+    n = sync_every if strategy == "local-sgd" else 8
+    p = plan(config(layers, rows, layout.cores, strategy, sync_every, 2 * n + 1))
     names = [f"w{i}" for i in range(layout.workers + (strategy == "parameter-server"))]
     placement = p.builder.place(names)
     refs = [TaskRef(f"load-shard-{i}") for i in range(layout.cores)]
-    win = p.builder.window([p.schedule[t] for t in range(steps)], p.initial_state(), refs,
-                           None, placement, "m")
     located = {ref.key: w for ref, w in zip(refs, placement.leaves)}
-    moves = win.transfers(located)
-    order = _topological({k: [d for d in n.dependencies if d in win.dsk]
-                          for k, n in win.dsk.items()})
+    wins, moves = [], []
+    for steps in (n, 2 * n):
+        win = p.builder.window([p.schedule[t] for t in range(steps)], p.initial_state(), refs,
+                               None, placement, "m")
+        wins.append(win)
+        moves.append(win.transfers(located))
+    win = wins[1]
+    order = _topological({k: [d for d in node.dependencies if d in win.dsk]
+                          for k, node in win.dsk.items()})
     index = {name: i for i, name in enumerate(order)}
     leaf = {name: int(k.step) for name in order
             if (k := keys.parse(name)) is not None and k.kind in keys.LEAVES}
@@ -151,9 +157,10 @@ def count(layers: tuple[int, ...], rows: int, layout: Layout, strategy: str = "a
             tuple((index[d], win.nbytes.get(d, 0)) for d in win.dsk[name].dependencies
                   if d in index)) for name in order]
     width = max(placement.leaves.count(w) for w in set(placement.leaves))
-    return Step(win.step_tasks() / steps, len(moves) / steps,
-                sum(win.nbytes.get(k, 0) for k, _, _ in moves) / steps,
-                bool(win.fused and win.fused[0]), width, steps, dag,
+    nbytes = [sum(w.nbytes.get(k, 0) for k, _, _ in m) for w, m in zip(wins, moves)]
+    return Step((wins[1].step_tasks() - wins[0].step_tasks()) / n,
+                (len(moves[1]) - len(moves[0])) / n, (nbytes[1] - nbytes[0]) / n,
+                bool(win.fused and win.fused[0]), width, 2 * n, dag,
                 lambda w: layout.node_of(w) if w < layout.workers else 0)
 
 

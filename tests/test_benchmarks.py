@@ -412,7 +412,8 @@ def test_the_performance_model_runs_and_checks_itself():
               and "prediction" not in line]
     assert [(r[2].strip(), r[3].strip()) for r in checks] == \
         [("hybrid", "1"), ("hybrid", "2"), ("flat", "1"), ("flat", "2")]
-    assert all(float(r[4]) == float(r[5]) for r in checks)     # graph's tasks = the run's
+    # the graph's tasks per step (a long run's) and the run's (its 80 steps' edges): close
+    assert all(abs(float(r[4]) - float(r[5])) <= 0.05 for r in checks), checks
     assert all(float(r[9]) > 0 for r in checks)                 # measured / predicted
     scale = [row for row in rows if len(row) == 13]
     assert {row[3].strip() for row in scale} == {"64", "256", "1024"}
@@ -426,8 +427,8 @@ def test_the_performance_model_runs_and_checks_itself():
 
 @pytest.mark.parametrize("layout, strategy, tasks, transfers", [
     ((1, 16, True), "allreduce", 1 + 1 / 8, 0.0),       # one fused task a step, a kept state
-    ((1, 2, False), "allreduce", 2 + 1 / 8, 2.0),        # a task per worker, partials swapped
-    ((4, 16, True), "allreduce", 4 + 2 + 1 / 8, 7.75),   # 4 nodes: a task each, 2 sums
+    ((1, 2, False), "allreduce", 2 + 2 / 8, 2.0),        # a task per worker, partials swapped
+    ((4, 16, True), "allreduce", 4 + 2 + 4 / 8, 8.0),    # 4 nodes: a task each, 2 sums
     ((1, 16, True), "local-sgd", 2 / 8, 0.0),            # a fused round of 8 + its average
     ((1, 16, False), "local-sgd", (16 + 14 + 1) / 8, (15 + 15) / 8),   # the tree's root
     # is the average; the state goes out to 15 workers, 15 partial sums cross
