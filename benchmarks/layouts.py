@@ -82,7 +82,9 @@ def tables(results: dict[str, Any]) -> list[Table]:
             "(cluster.layout = hybrid: a thread per core, at most one per shard); -tasks and "
             "-fused force graph.fuse_shards off and on (dtrain-threads: auto).  overhead "
             "ms/step: wall time per step minus its critical-path compute (summary.json "
-            "overhead_per_step); tasks/step and transfers/step: from dtrain's graphs "
+            "overhead_per_step, over the whole run, epoch 1 included, so it can exceed the "
+            "median ms/step of the later epochs); tasks/step and transfers/step: from "
+            "dtrain's graphs "
             "(summary.json), dask-chain's 2 W.  x MPI: over mpi4py Allreduce at the same "
             "core count; x chain: over dask-chain, a bare Dask chain of the same width on "
             "W processes.  procs marked *: oversubscribed.")
