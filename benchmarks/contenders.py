@@ -1,9 +1,11 @@
 """The contenders: what each one is, what it needs, and the command that runs it.
 
 ``workers`` always counts the processes (or, for ``dtrain-threads``, the threads)
-that hold data and compute gradients.  A parameter server adds one process that
-only reduces and updates; dtrain on a LocalCluster or under mpiexec adds the
-driver/scheduler process.
+that hold data and compute gradients: the shards, one each.  A parameter server
+adds one process that only reduces and updates; dtrain on a LocalCluster or
+under mpiexec adds the driver/scheduler process.  ``dtrain-default`` leaves the
+cluster's shape to ``cluster.layout`` (hybrid: one worker process with a
+thread per core of this machine, at most one per shard).
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dtrain.core.config import Config
+from dtrain.core.config import ClusterConfig, Config
+from dtrain.deploy.layout import local_shape
 
 from benchmarks.workloads import Workload
 
@@ -80,6 +83,9 @@ class Contender:
     (benchmarks.floor: dtrain's step graph with no maths, on dtrain's LocalCluster).
     ``threads``: one Dask worker process whose ``workers`` threads hold the
     ``workers`` shards (a node's shards sharing memory), instead of one process each.
+    ``layout``: the cluster's shape left to ``cluster.layout`` (``cluster.workers`` and
+    ``cluster.threads_per_worker`` 0), as ``python -m dtrain`` starts it on this machine.
+    ``fuse``: its ``graph.fuse_shards`` ("" leaves the default, ``auto``).
     """
 
     name: str
@@ -88,11 +94,14 @@ class Contender:
     strategy: str                 # graph.strategy in its config
     driver: bool = False          # a driver/scheduler process besides the workers
     threads: bool = False         # one worker process, one thread per training worker
+    layout: bool = False          # the shape cluster.layout gives on this machine
+    fuse: str = ""                # graph.fuse_shards
 
     @property
     def trains(self) -> bool:
-        """Leaves parameters (``params.npz``) to compare with serial's; the floor does not."""
-        return self.kind != "floor"
+        """Leaves parameters (``params.npz``) to compare with serial's; the floor and the
+        chain do not."""
+        return self.kind not in ("floor", "chain")
 
     @property
     def server(self) -> bool:
@@ -107,19 +116,33 @@ class Contender:
         return self.trains and self.strategy != "local-sgd"
 
     def dask_workers(self, workers: int) -> int:
-        """cluster.workers for a LocalCluster: the server is a Dask worker too."""
+        """cluster.workers for a LocalCluster: the server is a Dask worker too (0: as the
+        layout says)."""
+        if self.layout:
+            return 0
         return 1 if self.threads else workers + self.server
+
+    def shape(self, workers: int) -> tuple[int, int]:
+        """(worker processes, threads each) of its LocalCluster on this machine."""
+        if self.layout:
+            s = local_shape(ClusterConfig(), 1 + self.server, workers)
+            return s.workers, s.threads
+        return (1, workers) if self.threads else (workers + self.server, 1)
 
     def processes(self, workers: int) -> int:
         """Processes that compete for the cores while it trains (1 for serial)."""
         if self.strategy == "serial":
             return 1
-        return (1 if self.threads else workers + self.server) + self.driver
+        return self.shape(workers)[0] + self.driver
 
     def busy(self, workers: int) -> int:
         """Processes and compute threads that compete for the cores: ``processes``, but
-        counting each training thread of a threaded worker."""
-        return workers + self.driver if self.threads else self.processes(workers)
+        counting each training thread of a threaded worker (at most one per shard)."""
+        if self.strategy == "serial":
+            return 1
+        procs, threads = self.shape(workers)
+        return min(procs * threads, workers + self.server) + self.driver \
+            if threads > 1 else self.processes(workers)
 
     def overrides(self, workers: int) -> dict[str, Any]:
         """Config keys of this contender on top of the workload's, at ``workers`` workers."""
@@ -128,9 +151,15 @@ class Contender:
             graph["sync_every"] = LOCAL_SGD_SYNC_EVERY
         if self.strategy == "model-parallel":
             graph["slices"] = workers
+        if self.fuse:
+            graph["fuse_shards"] = self.fuse
         cluster = {"workers": self.dask_workers(workers)}
         if self.threads:
             cluster["threads_per_worker"] = workers
+        if self.layout:
+            cluster["threads_per_worker"] = 0
+        if self.kind == "dtrain-mpi":           # N worker ranks, each a single-thread worker
+            cluster["layout"] = "flat"
         return {"graph": graph, "cluster": cluster}
 
     def config_for(self, wl: Workload, workers: int, data_dir: Path) -> Config:
@@ -169,6 +198,8 @@ class Contender:
             return 2 * (w - 1) * parameters * itemsize if w > 1 else 0.0
         if self.kind == "floor":                    # every worker fetches every other's buffer
             return w * (w - 1) * grad
+        if self.kind == "chain":                    # the tree's sums, the final task's output
+            return 0.0 if self.threads else 2 * (w - 1) * grad
         return None
 
     def command(self, tools: Tools, run_dir: Path, workers: int) -> list[str]:
@@ -177,8 +208,8 @@ class Contender:
             return [PYTHON, "-m", "benchmarks.local", str(run_dir)]
         if self.kind == "torch":
             return [PYTHON, "-m", "benchmarks.torch_ddp", str(run_dir), str(workers)]
-        if self.kind == "floor":
-            return [PYTHON, "-m", "benchmarks.floor", str(run_dir)]
+        if self.kind in ("floor", "chain"):
+            return [PYTHON, "-m", "benchmarks.floor", str(run_dir), self.kind]
         ranks = self.processes(workers)
         if self.kind == "mpi":
             return [*tools.mpi_command(ranks), PYTHON, "-m", "mpi4py",   # an error aborts every rank
@@ -201,7 +232,22 @@ CONTENDERS = [
     Contender("dask-floor", "dtrain-allreduce's step graph with no maths: Dask's own cost",
               "floor", "allreduce", driver=True),
     Contender("dtrain-threads", "dtrain allreduce on a LocalCluster of one worker process, "
-              "one thread per shard", "local", "allreduce", driver=True, threads=True),
+              "one thread per shard (the hybrid layout)", "local", "allreduce", driver=True,
+              threads=True),
+    Contender("dtrain-threads-tasks", "dtrain-threads with a task per shard "
+              "(graph.fuse_shards = false)", "local", "allreduce", driver=True, threads=True,
+              fuse="false"),
+    Contender("dtrain-threads-fused", "dtrain-threads with a worker's shards in one task "
+              "(graph.fuse_shards = true)", "local", "allreduce", driver=True, threads=True,
+              fuse="true"),
+    Contender("dtrain-default", "dtrain allreduce on the LocalCluster python -m dtrain starts "
+              "here (cluster.layout = hybrid: one worker process, a thread per core)", "local",
+              "allreduce", driver=True, layout=True),
+    Contender("dask-chain", "a bare Dask chain of the same width: a task per shard, a fan-in 2 "
+              "sum tree, one final task, on dtrain-allreduce's cluster", "chain", "allreduce",
+              driver=True),
+    Contender("dask-chain-threads", "dask-chain on dtrain-threads' cluster (one worker "
+              "process, a thread per shard)", "chain", "allreduce", driver=True, threads=True),
     Contender("dtrain-local-sgd", f"dtrain local-sgd (sync_every = {LOCAL_SGD_SYNC_EVERY}) on a "
               "LocalCluster", "local", "local-sgd", driver=True),
     Contender("dtrain-model-parallel", "dtrain model-parallel (slices = workers) on a "

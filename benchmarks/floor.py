@@ -1,6 +1,8 @@
-"""Dask's floor under dtrain's step: the same graph shape with the maths taken out.
+"""Dask's floor under dtrain's step: graphs of dtrain's shape with the maths taken out.
 
-``python -m benchmarks.floor RUN_DIR`` starts the cluster ``dtrain-allreduce``
+``python -m benchmarks.floor RUN_DIR [floor|chain]`` runs one of two graphs.
+
+**floor** (``dask-floor``).  It starts the cluster ``dtrain-allreduce``
 gets (:func:`dtrain.deploy.connect.connect` on ``RUN_DIR/config.toml``, the same
 low-latency streams and inline executor) and runs, for every minibatch of the
 run's epochs, one ``exchange-<step>-<worker>`` task per worker that waits for
@@ -20,6 +22,17 @@ this shape on this cluster goes under.  What dtrain spends above it is dtrain's;
 the floor itself is distributed's, on this machine.  It writes
 ``metrics.jsonl`` (no loss: it trains nothing), ``rss.json`` and no
 ``params.npz``.
+
+**chain** (``dask-chain``, ``dask-chain-threads``): the bare chain of the
+issue's first measurement, on the run's own cluster (W processes, or one
+process with W threads).  Each step is one ``chain-leaf`` task per shard
+(shard ``i`` on the worker that would hold it), a fan-in 2 tree of
+``chain-sum`` tasks over them in shard order (each on its first child's
+worker) and one ``chain-final`` task on the first worker, which the next
+step's leaves all read: ``2 W`` tasks a step, the shape of dtrain's step with
+root updates and a task per shard.  Every task returns a buffer the size of
+dtrain's gradient buffer and computes nothing.  It also writes
+``summary.json`` with its ``tasks_per_step``.
 """
 from __future__ import annotations
 
@@ -57,25 +70,59 @@ def graph(steps: int, workers: int, numbers: int, dtype: str) -> dict[str, Task]
     return dsk
 
 
-def run(run_dir: Path) -> None:
+def chain(steps: int, leaves: list[int], numbers: int, dtype: str
+          ) -> tuple[dict[str, Task], dict[str, int]]:
+    """``chain-leaf``, ``chain-sum`` and ``chain-final`` tasks of ``steps`` steps over
+    ``len(leaves)`` shards (shard ``i`` on worker ``leaves[i]``), and each task's worker."""
+    dsk: dict[str, Task] = {}
+    where: dict[str, int] = {}
+
+    def add(name: str, worker: int, *deps: str) -> tuple[str, int]:
+        dsk[name] = Task(name, exchange, numbers, dtype, *map(TaskRef, deps))
+        where[name] = worker
+        return name, worker
+
+    for s in range(steps):
+        before = (f"chain-final-{s - 1}",) if s else ()
+        level = [add(f"chain-leaf-{s}-{i}", w, *before) for i, w in enumerate(leaves)]
+        depth = 0
+        while len(level) > 1:
+            depth += 1
+            level = [add(f"chain-sum-{s}-{depth}-{j}", pair[0][1], *(k for k, _ in pair))
+                     if len(pair) > 1 else pair[0]
+                     for j, pair in enumerate(level[i:i + 2] for i in range(0, len(level), 2))]
+        add(f"chain-final-{s}", leaves[0], level[0][0])
+    return dsk, where
+
+
+def run(run_dir: Path, kind: str = "floor") -> None:
     cfg, the_plan = load_run(run_dir)
     per_epoch, epochs = the_plan.schedule.steps_per_epoch, cfg.train.epochs
-    with connect(cfg.cluster) as client:
+    steps = per_epoch * epochs
+    with connect(cfg.cluster, the_plan.strategy.min_workers, the_plan.leaves) as client:
         tuned = tuning.low_latency(client) if cfg.cluster.low_latency else False
         inline = tuned and tuning.inline_executor(client)
         addresses = worker_addresses(client)
         n = len(addresses)
-        dsk = graph(per_epoch * epochs, n, the_plan.net.buffer_size, cfg.model.dtype)
-        ends = [[f"exchange-{(e + 1) * per_epoch - 1}-{w}" for w in range(n)]
-                for e in range(epochs)]
-        with dask.annotate(workers=lambda key: [addresses[int(key.rsplit("-", 1)[1])]],
-                           allow_other_workers=True,
+        if kind == "chain":
+            owners = the_plan.builder.place([str(w) for w in range(n)]).leaves
+            dsk, where = chain(steps, [int(w) for w in owners], the_plan.net.buffer_size,
+                               cfg.model.dtype)
+            ends = [[f"chain-final-{(e + 1) * per_epoch - 1}"] for e in range(epochs)]
+            (run_dir / "summary.json").write_text(json.dumps(
+                {"tasks_per_step": len(dsk) / steps}))
+        else:
+            dsk = graph(steps, n, the_plan.net.buffer_size, cfg.model.dtype)
+            where = {key: int(key.rsplit("-", 1)[1]) for key in dsk}
+            ends = [[f"exchange-{(e + 1) * per_epoch - 1}-{w}" for w in range(n)]
+                    for e in range(epochs)]
+        with dask.annotate(workers=lambda key: [addresses[where[key]]], allow_other_workers=True,
                            executor=tuning.INLINE if inline else "default"):
             start = time.perf_counter()
             futures = client.get(dsk, [k for keys in ends for k in keys], sync=False)
-        rows = []
+        rows, per = [], len(ends[0])
         for e in range(epochs):
-            wait(futures[e * n:(e + 1) * n])
+            wait(futures[e * per:(e + 1) * per])
             now = time.perf_counter()
             rows.append(epoch_row(the_plan, e + 1, now - start, None, 0))
             start = now
@@ -86,4 +133,4 @@ def run(run_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    run(Path(sys.argv[1]))
+    run(Path(sys.argv[1]), *sys.argv[2:3])

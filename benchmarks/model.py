@@ -13,7 +13,11 @@ low-latency settings) it measures
 * ``update``: one optimizer step over the flat state on a worker;
 * ``task``: CPU seconds of the scheduler's thread per task, from 2000
   independent tiny tasks: one scheduler cannot run steps faster than
-  ``tasks(W) * task``.
+  ``tasks(W) * task``;
+* ``transfer``: the scheduler's CPU per value that crosses workers, and
+  ``task_cpu``, ``transfer_cpu``: what all processes together (scheduler,
+  client, workers) spend per task and per transfer (pairs of tiny tasks,
+  the second on the same worker or on the other).
 
 and predicts a data-parallel ``allreduce`` step (one shard per worker, fan-in
 k, the update fused into the root of the tree)::
@@ -27,8 +31,15 @@ k, the update fused into the root of the tree)::
 
 with ``S`` the state's and ``G`` a gradient's bytes, ``depth = ceil(log_k W)``
 and ``fb(b) = 6 b P / flops``.  Then it trains each workload at 1 and 2
-workers to compare, and extrapolates to 8, 64 and 512 nodes with a cluster
-network's figures (``--net-bandwidth``, ``--net-fetch``).
+workers to compare.
+
+The layout model (:mod:`benchmarks.costmodel`, issue 22) counts every task
+and transfer of dtrain's own graph for each strategy and layout, and
+predicts the default (replicated) step from them and the same constants.  It
+is checked here against dtrain runs of 1 to 16 shards (``--widths``), in one
+worker process of a thread per shard (hybrid) and in a single-thread process
+per shard (flat), and predicts 64, 256 and 1,024 cores on 16- and 64-core
+nodes with a cluster network's figures (``--net-bandwidth``, ``--net-fetch``).
 """
 from __future__ import annotations
 
@@ -44,6 +55,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks import costmodel
+from benchmarks.costmodel import CHECK_MODELS
 
 DEFAULT_WORKLOADS = "iris,P3,P2,P1"
 
@@ -121,19 +135,25 @@ def predict(c: dict[str, float], workers: int, batch: int, params: int, state_by
     return max(path, tasks_per_step(workers, k) * c["task"])
 
 
-def measured_step(cfg: Any, client: Any) -> float:
-    """Median seconds per step of a dtrain run (epochs after the first)."""
+def measured_run(cfg: Any, client: Any) -> tuple[float, dict[str, Any]]:
+    """Median seconds per step of a dtrain run (epochs after the first), and its summary."""
     import dtrain
 
     with tempfile.TemporaryDirectory() as d:
-        dtrain.train(cfg, client=client, out=Path(d) / "run", echo=None)
+        result = dtrain.train(cfg, client=client, out=Path(d) / "run", echo=None)
         rows = [json.loads(line) for line in open(Path(d) / "run" / "metrics.jsonl")]
-    rows = [r for r in rows if r.get("seconds")][1:]
-    return statistics.median(r["seconds"] / r["steps"] for r in rows)
+    rows = [r for r in rows if r.get("seconds")][1:] or rows
+    return statistics.median(r["seconds"] / r["steps"] for r in rows), result.summary
+
+
+def measured_step(cfg: Any, client: Any) -> float:
+    """Median seconds per step of a dtrain run (epochs after the first)."""
+    return measured_run(cfg, client)[0]
 
 
 def constants(client: Any) -> dict[str, float]:
-    """hop, fetch and bandwidth on this cluster's first two workers."""
+    """hop, fetch and bandwidth on this cluster's first two workers, and the CPU a task and
+    a transfer cost."""
     from dtrain.deploy.workers import worker_addresses
 
     a, b = worker_addresses(client)[:2]
@@ -144,7 +164,43 @@ def constants(client: Any) -> dict[str, float]:
     wall, cpu = wide_seconds(client, 2000)
     return {"hop": hop, "fetch": small - hop,
             "bandwidth": (big_bytes - 1024) / max(big - small, 1e-9), "task": cpu,
-            "task_wall": wall}
+            "task_wall": wall, **transfer_costs(client, a, b, 1000)}
+
+
+def _cpu(dask_worker: Any = None, dask_scheduler: Any = None) -> float:
+    return time.process_time()
+
+
+def _all_cpu(client: Any) -> float:
+    """CPU seconds of the scheduler's process (the client's too, on a LocalCluster) and of
+    every worker, so far."""
+    return client.run_on_scheduler(_cpu) + sum(client.run(_cpu).values())
+
+
+def transfer_costs(client: Any, a: str, b: str, n: int) -> dict[str, float]:
+    """Per task and per transfer: the scheduler thread's CPU (``transfer``) and every
+    process's (``task_cpu``, ``transfer_cpu``), from ``n`` pairs of tiny tasks whose second
+    runs on worker ``a`` (no transfer) or ``b`` (one); best of three."""
+    import dask
+
+    from dtrain.deploy import tuning
+
+    inline = tuning.inline_executor(client)
+    best: dict[str, float] = {}
+    for r in range(3):
+        for where in ("local", "cross"):
+            dsk = {f"{where}-{r}-src-{i}": (_payload, 64) for i in range(n)}
+            dsk |= {f"{where}-{r}-dst-{i}": (_hop, f"{where}-{r}-src-{i}") for i in range(n)}
+            place = {k: [b if where == "cross" and "-dst-" in k else a] for k in dsk}
+            before, sched = _all_cpu(client), client.run_on_scheduler(_thread_cpu)
+            with dask.annotate(workers=place.__getitem__, allow_other_workers=False,
+                               executor=tuning.INLINE if inline else "default"):
+                client.get(dsk, list(dsk)[n:])
+            spent = (_all_cpu(client) - before, client.run_on_scheduler(_thread_cpu) - sched)
+            best[where] = min(best.get(where, (math.inf, math.inf)), spent)
+    (local_all, local_s), (cross_all, cross_s) = best["local"], best["cross"]
+    return {"transfer": max(cross_s - local_s, 0.0) / n, "task_cpu": local_all / (2 * n),
+            "transfer_cpu": max(cross_all - local_all, 0.0) / n}
 
 
 def _thread_cpu(dask_scheduler: Any = None) -> float:
@@ -174,7 +230,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="GB/s of the cluster network for the extrapolation (default 10: HDR IB)")
     ap.add_argument("--net-fetch", type=float, default=None,
                     help="ms a dependency that crosses nodes adds (default: as measured here)")
+    ap.add_argument("--widths", default="1,2,4",
+                    help="shard counts of the layout check (issue 22: 1,2,4,8,16)")
+    ap.add_argument("--check-models", default=",".join(CHECK_MODELS),
+                    help=f"networks of the layout check, of {', '.join(CHECK_MODELS)} "
+                         f"('' for none)")
     args = ap.parse_args(argv)
+    bad = [m for m in args.check_models.split(",") if m and m not in CHECK_MODELS]
+    if bad or not _widths(args.widths):
+        what = f"--check-models {bad[0]!r}" if bad else f"--widths {args.widths!r}"
+        print(f"benchmarks.model: error: {what}: expected {', '.join(CHECK_MODELS)} and "
+              f"positive shard counts, e.g. --widths 1,2,4,8,16", file=sys.stderr)
+        return 2
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"                   # as the benchmark contenders; workers inherit it
 
@@ -205,7 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"constants (this machine, 2 worker processes): hop {c['hop'] * 1e3:.2f} ms, "
               f"fetch {c['fetch'] * 1e3:.2f} ms, bandwidth {c['bandwidth'] / 1e9:.2f} GB/s, "
               f"scheduler CPU {c['task'] * 1e3:.3f} ms per task "
-              f"({c['task_wall'] * 1e3:.3f} ms of wall time per task over the cluster)")
+              f"({c['task_wall'] * 1e3:.3f} ms of wall time per task over the cluster) and "
+              f"{c['transfer'] * 1e3:.3f} ms per transfer; all processes' CPU "
+              f"{c['task_cpu'] * 1e3:.3f} ms per task, {c['transfer_cpu'] * 1e3:.3f} ms per "
+              f"transfer")
         rows = []
         for name in names:
             w = table[name]
@@ -240,22 +310,76 @@ def main(argv: list[str] | None = None) -> int:
                   f"{pred * 1e3:.2f} | {got * 1e3:.2f} | {got / pred:.2f} |", flush=True)
         net = dict(c, bandwidth=args.net_bandwidth * 1e9,
                    fetch=(args.net_fetch / 1e3) if args.net_fetch is not None else c["fetch"])
-        print()
-        print(f"extrapolated (hop {net['hop'] * 1e3:.2f} ms, fetch {net['fetch'] * 1e3:.2f} ms, "
-              f"{args.net_bandwidth:g} GB/s, fan-in 2, per-worker FLOP rate as measured):")
-        print("| workload | W | predicted ms/step | compute share | speedup vs 1 |")
-        print("|---|---|---|---|---|")
-        for name, workers, batch, params, rate, pred, p in rows:
-            if workers != 1:
-                continue
-            one = predict(net, 1, batch, params, p.recipe.state_bytes, p.recipe.leaf_bytes,
-                          rate["flops"], rate["update"])
-            for n in (8, 64, 512):
-                t = predict(net, n, batch, params, p.recipe.state_bytes, p.recipe.leaf_bytes,
-                            rate["flops"], rate["update"])
-                fb = 6 * batch / n * params / rate["flops"]
-                print(f"| {name} | {n} | {t * 1e3:.2f} | {fb / t:.0%} | {one / t:.2f} |")
+        checks = [m for m in args.check_models.split(",") if m]
+        scale = {"tiny": (CHECK_MODELS["tiny"][0], CHECK_MODELS["tiny"][1])} | {
+            name: (tuple(p.config.model.layers), max(1, round(batch / 2)))
+            for name, workers, batch, params, rate, pred, p in rows if workers == 1}
+        rates = {name: client.run(compute_rates, costmodel.config(layers, r, 1), r,
+                                  workers=worker_addresses(client)[:1]).popitem()[1]
+                 for name, (layers, r) in ({m: CHECK_MODELS[m] for m in checks} | scale).items()}
+    print()
+    print(layout_check(c, checks, _widths(args.widths), rates, args.epochs))
+    print()
+    print(f"Predictions, not measurements (issue 22's layout model): a shard per core of the "
+          f"rows below, hop {net['hop'] * 1e3:.2f} ms, fetch {c['fetch'] * 1e3:.2f} ms within a "
+          f"node and {net['fetch'] * 1e3:.2f} ms across nodes, {args.net_bandwidth:g} GB/s "
+          f"between nodes, fan-in 2, the scheduler's CPU per task and transfer and the FLOP "
+          f"rate per thread as measured here; local SGD with sync_every = "
+          f"{costmodel.LOCAL_SGD_EVERY}:")
+    models = {name: (layers, r, rates[name]["flops"], rates[name]["update"])
+              for name, (layers, r) in scale.items()}
+    for name, (layers, r, _, _) in models.items():
+        print(f"* {name}: {'-'.join(map(str, layers))}, {r} rows per core and step")
+    print()
+    print(costmodel.markdown_scale(costmodel.scale_rows(c, models, net)))
     return 0
+
+
+def _widths(text: str) -> list[int]:
+    try:
+        widths = sorted({int(w) for w in text.split(",")})
+    except ValueError:
+        return []
+    return widths if widths and widths[0] >= 1 else []
+
+
+def layout_check(c: dict[str, float], models: list[str], widths: list[int],
+                 rates: dict[str, dict[str, float]], epochs: int) -> str:
+    """The layout model against dtrain runs here: each check model at each width, hybrid (one
+    worker process, a thread per shard) and flat (a single-thread process per shard), the
+    default replicated allreduce step, a shard's rows fixed (the batch grows with the width)."""
+    from distributed import Client, LocalCluster
+
+    from dtrain.deploy import tuning
+    from dtrain.deploy.layout import machine_cores
+
+    cores = machine_cores()
+    lines = [f"Layout check on this machine ({cores} cores): predicted and measured ms per step",
+             "", "| model | layout | shards | tasks/step (graph) | tasks/step (run) | bound | "
+             "predicted ms/step | measured ms/step | measured / predicted |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name in models:
+        layers, rows = CHECK_MODELS[name]
+        params = sum(a * b + b for a, b in zip(layers[:-1], layers[1:]))
+        for hybrid in (True, False):
+            for n in widths:
+                shape = costmodel.Layout(1, n, hybrid)        # one machine, a shard per thread
+                step = costmodel.count(layers, rows, shape)
+                pred = costmodel.predict(c, step, shape, params, rows, rates[name]["flops"],
+                                         rates[name]["update"], cores=cores)
+                cfg = costmodel.config(layers, rows, n, steps=40).replace(
+                    train={"epochs": epochs})
+                with tuning.allocator_env(), \
+                        LocalCluster(n_workers=1 if hybrid else n,
+                                     threads_per_worker=n if hybrid else 1, processes=True,
+                                     dashboard_address=":0") as lc, Client(lc) as client:
+                    got, summary = measured_run(cfg, client)
+                lines.append(f"| {name} | {shape.name} | {n} | {step.tasks:.2f} | "
+                             f"{summary.get('tasks_per_step') or 0:.2f} | {pred['bound']} | "
+                             f"{pred['seconds'] * 1e3:.2f} | {got * 1e3:.2f} | "
+                             f"{got / pred['seconds']:.2f} |")
+                print(lines[-1], file=sys.stderr, flush=True)
+    return "\n".join(lines)
 
 
 def _epochs(cfg: Any, epochs: int) -> Any:

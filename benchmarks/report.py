@@ -20,8 +20,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from benchmarks import layouts
+
 REFERENCE = "mpi-allreduce"                 # the "x MPI" column and the targets' yardstick
-DTRAIN_TARGETED = ("dtrain-allreduce", "dtrain-threads", "dtrain-mpi-allreduce")   # side by side
+DTRAIN_TARGETED = ("dtrain-default", "dtrain-allreduce", "dtrain-threads",
+                   "dtrain-mpi-allreduce")                               # side by side
 FLOOR = "dask-floor"                        # the same goals, checked for Dask's floor under them
 Table = tuple[str, list[str], list[list[str]], str]     # title, header, rows, footnote
 
@@ -96,6 +99,8 @@ def aggregate(runs: list[dict[str, Any]], n_cores: int) -> list[dict[str, Any]]:
                                  ""),
             "bytes_predicted_per_step": _median(predicted),
             "final_train_loss": ok[-1]["train_loss"][-1] if ok and ok[-1]["train_loss"] else None,
+            **{key: _median([r[key] for r in ok if r.get(key) is not None])
+               for key in ("overhead_ms", "tasks_per_step", "transfers_per_step")},
         })
     index = {(r["workload"], r["workers"], r["contender"]): r for r in rows}
     for r in rows:
@@ -169,7 +174,7 @@ def build(meta: dict, workloads: list[Any], counts: list[int], contenders: list[
                                "study": w.study, "targets": w.targets} for w in workloads},
         "contenders": {c.name: c.title for c in contenders},
         "rows": rows, "scaling": scaling(rows, workloads), "targets": targets(rows, workloads),
-        "runs": runs,
+        "layout_goal": layouts.goal_checks(rows), "runs": runs,
     }
 
 
@@ -240,6 +245,7 @@ def tables(results: dict[str, Any]) -> list[Table]:
         out.append((f"{name}: {wl['title']}", header, body, foot.rstrip()))
     if results["targets"]:
         out.append(targets_table(results["targets"]))
+    out.extend(layouts.tables(results))
     for kind, title, foot in (
             ("strong", "Strong scaling (same data): epoch s, speedup T(n0)/T(n), efficiency",
              "n0 = the contender's smallest worker count; efficiency = speedup * n0 / n."),
@@ -275,8 +281,10 @@ def targets_table(checks: list[dict[str, Any]]) -> Table:
     return ("Targets (issue 4), 2 workers",
             ["workload", "measure", "goal", *DTRAIN_TARGETED, FLOOR],
             body, "Ratios of median epoch times in this run; ms per step = epoch time / steps. "
-            "dtrain-allreduce: 2 worker processes on a LocalCluster; dtrain-threads: one worker "
-            "process, 2 threads; dtrain-mpi-allreduce: 2 worker ranks under mpiexec; "
+            "dtrain-default: the LocalCluster python -m dtrain starts here (cluster.layout = "
+            "hybrid: one worker process, a thread per core, at most one per shard); "
+            "dtrain-allreduce: 2 worker processes on a LocalCluster (flat); dtrain-threads: one "
+            "worker process, 2 threads; dtrain-mpi-allreduce: 2 worker ranks under mpiexec; "
             "dask-floor: dtrain-allreduce's step graph with no maths on the same cluster, a "
             "goal it misses is below what Dask itself costs here; each cell says whether the "
             "goal is met.")

@@ -67,6 +67,9 @@ class Run:
     comm_source: str = ""                       # "measured" (dtrain: Dask's transfer records),
                                                 # "formula" (pencil and paper), "" (none)
     comm_bytes_predicted: float | None = None   # dtrain: counted from its graphs
+    overhead_ms: float | None = None            # dtrain: ms per step beyond its critical compute
+    tasks_per_step: float | None = None         # dtrain and dask-chain: from their graphs
+    transfers_per_step: float | None = None     # dtrain: values crossing workers, from its graphs
     wall_seconds: float = 0.0
 
     @property
@@ -90,7 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workloads", help=f"comma-separated names (default: all; with --quick: "
                         f"{','.join(QUICK_WORKLOADS)}); see benchmarks/workloads.toml")
     parser.add_argument("--workers", default=None,
-                        help="comma-separated training-worker counts (default 1,2,4; --quick: 1,2)")
+                        help="comma-separated training-worker counts, = shards (default 1,2,4; "
+                             "--quick: 1,2; the layout study: 1,2,4,8,16)")
     parser.add_argument("--contenders", help="comma-separated names (default: all): "
                         + ", ".join(c.name for c in CONTENDERS))
     parser.add_argument("--repeat", type=int, default=1, help="runs per cell, interleaved (default 1)")
@@ -196,6 +200,10 @@ def read_run(run: Run, run_dir: Path) -> None:
     if summary.is_file():                           # dtrain's; the others' have no comm keys
         facts = json.loads(summary.read_text())
         run.comm_bytes_predicted = facts.get("comm_bytes_per_step")
+        overhead = facts.get("overhead_per_step")
+        run.overhead_ms = None if overhead is None else overhead * 1000
+        run.tasks_per_step = facts.get("tasks_per_step")
+        run.transfers_per_step = facts.get("transfers_per_step")
         measured = facts.get("comm_bytes_measured_per_step")
         if measured is not None:
             run.comm_bytes, run.comm_source = float(measured), "measured"

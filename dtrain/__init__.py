@@ -40,6 +40,8 @@ __all__ = ["Config", "Diverged", "MLPClassifier", "MLPRegressor", "Model", "RunR
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'dtrain' has no attribute {name!r}")
+    # the strategies register themselves with the config's check of graph.strategy
+    importlib.import_module("dtrain.taskgraph.strategies")
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value

@@ -4,10 +4,12 @@
 #
 #   qsub -v DTRAIN_ARGS="--config configs/mnist.toml --set data.path=/data/mnist" jobqueue/pbs.sh
 #
-# Layout (recommended; MPI + threads scaled best): 4 nodes, each running one worker rank whose
-# BLAS uses all its cores (ncpus), with one Dask thread; the head (scheduler + driver, light)
-# is a second MPI process on the first node: hence mpiprocs=2 in the first chunk.
-# (Torque: -l nodes=4:ppn=16, and set DTRAIN_RANKS=5.)
+# Layout (cluster.layout = "hybrid", the default; MPI + threads scaled best): 4 nodes, each
+# running one worker rank, a Dask worker with a thread per core of its chunk (ncpus); the head
+# (scheduler + driver, light) is a second MPI process on the first node: hence mpiprocs=2 in
+# the first chunk.  Give the run at least nodes x ncpus shards (data.shards).  For one
+# single-thread worker per core instead, add --set cluster.layout=flat to DTRAIN_ARGS and
+# mpiprocs = ncpus per chunk (+1 on the first).  (Torque: -l nodes=4:ppn=16, DTRAIN_RANKS=5.)
 #PBS -N dtrain
 #PBS -l select=1:ncpus=16:mpiprocs=2+3:ncpus=16:mpiprocs=1
 #PBS -l walltime=01:00:00
@@ -24,9 +26,12 @@ VENV=${DTRAIN_VENV:-.venv}
 MPIEXEC=${DTRAIN_MPIEXEC:-$VENV/bin/mpiexec}
 RANKS=${DTRAIN_RANKS:-$(wc -l < "${PBS_NODEFILE:?submit this script with qsub}")}
 
-# Threads per worker: BLAS threads = the cores of a chunk (override with DTRAIN_THREADS).
-THREADS=${DTRAIN_THREADS:-${NCPUS:-1}}
-export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+# Threads: a worker's Dask threads are its chunk's cores (DTRAIN_THREADS=N sets them: it is
+# cluster.threads_per_worker); BLAS runs one thread in every worker, since its result bits
+# depend on its thread count and params.npz must not depend on the layout.
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+THREADS=${DTRAIN_THREADS:+--set cluster.threads_per_worker=$DTRAIN_THREADS}
 
 # shellcheck disable=SC2086  # MPIEXEC may carry options; DTRAIN_ARGS is a list of words
-exec $MPIEXEC -n "$RANKS" "$VENV/bin/python" -m dtrain --scheduler-rank 0 ${DTRAIN_ARGS:-}
+exec $MPIEXEC -n "$RANKS" "$VENV/bin/python" -m dtrain --scheduler-rank 0 ${DTRAIN_ARGS:-} \
+    $THREADS

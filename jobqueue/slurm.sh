@@ -3,9 +3,16 @@
 #
 #   sbatch jobqueue/slurm.sh --config configs/mnist.toml --set data.path=/data/mnist --out runs/mnist
 #
-# Layout (recommended; MPI + threads scaled best): every node runs one worker rank whose BLAS
-# uses all the node's cores, with one Dask thread; the head (scheduler + driver, light) is
-# one more rank that shares the first node.  Keep ntasks = nodes + 1 when changing them.
+# Layout (cluster.layout = "hybrid", the default; MPI + threads scaled best): every node runs
+# one worker rank, a Dask worker with a thread per core of the node; the head (scheduler +
+# driver, light) is one more rank that shares the first node.  Keep ntasks = nodes + 1 when
+# changing them, and give the run at least nodes x cores shards (data.shards) so every
+# thread has its own.  Extra ranks on a node start no worker (they leave their cores to the
+# node's worker rank); for one single-thread worker per core instead, pass
+# --set cluster.layout=flat and ask for ntasks = nodes x cores + 1.  If your launcher binds
+# each rank to one core (srun's default on some sites, Open MPI's for few ranks), run it
+# unbound (DTRAIN_MPIEXEC="srun --cpu-bind=none", mpirun --bind-to none): the worker rank's
+# threads can only use the cores it may run on.
 #
 # Walltime and preemption: 120 s before the walltime SLURM sends SIGUSR1 to this script,
 # which passes it on; dtrain saves a checkpoint at the next step boundary and exits 75, and
@@ -34,9 +41,10 @@ cd "${SLURM_SUBMIT_DIR:-.}"
 VENV=${DTRAIN_VENV:-.venv}
 MPIEXEC=${DTRAIN_MPIEXEC:-$VENV/bin/mpiexec}
 
-# Threads per worker: BLAS threads = the cores of a node (override with DTRAIN_THREADS).
-THREADS=${DTRAIN_THREADS:-${SLURM_CPUS_ON_NODE:-1}}
-export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+# Threads: a worker's Dask threads are its node's cores (DTRAIN_THREADS=N sets them: it is
+# cluster.threads_per_worker); BLAS runs one thread in every worker, since its result bits
+# depend on its thread count and params.npz must not depend on the layout.
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # The run directory: --out if given, else one named after the job.  A directory this job
 # already started is resumed with the same arguments (only where it runs may change).
@@ -48,6 +56,9 @@ while [ $# -gt 0 ]; do
         *) args+=("$1"); shift ;;
     esac
 done
+if [ -n "${DTRAIN_THREADS:-}" ]; then
+    args+=(--set "cluster.threads_per_worker=$DTRAIN_THREADS")
+fi
 out=${out:-runs/slurm-${SLURM_JOB_ID:-local}}
 if [ -f "$out/summary.json" ]; then
     echo "dtrain: $out has finished; nothing to do"

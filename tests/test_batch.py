@@ -48,24 +48,32 @@ def _job_script(site: Path, kind: str, *sets: str) -> str:
 def test_slurm_worker_job_script(site):
     script = _job_script(site, "slurm", "cluster.threads_per_worker=2")
     for line in ("#SBATCH -J dtrain-worker", "#SBATCH --cpus-per-task=8", "#SBATCH --mem=15G",
-                 "#SBATCH -t 01:00:00", "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}",
+                 "#SBATCH -t 01:00:00",
                  "export MALLOC_MMAP_THRESHOLD_=536870912 MALLOC_TRIM_THRESHOLD_=1073741824 "
-                 "MALLOC_ARENA_MAX=1"):    # before the site's own lines, which may override it
+                 "MALLOC_ARENA_MAX=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
+                 "MKL_NUM_THREADS=1"):     # before the site's own lines, which may override it
         assert line in script, line
-    assert script.index("MALLOC_ARENA_MAX") < script.index("OMP_NUM_THREADS")
     command = script.strip().splitlines()[-1]
     assert command.startswith(f"{sys.executable} -m distributed.cli.dask_worker tls://")
     assert "--nthreads 2 " in command and "--protocol tls://" in command
+    assert "--nworkers" not in command                      # one worker per job
 
 
 def test_pbs_worker_job_script(site):
+    """The hybrid layout (default): one worker per job, a Dask thread per booked core."""
     script = _job_script(site, "pbs", "cluster.interface=lo")
     for line in ("#PBS -N dtrain-worker", "#PBS -l select=1:ncpus=8:mem=16GB",
-                 "#PBS -l walltime=01:00:00", "export OMP_NUM_THREADS=${NCPUS:-1}"):
+                 "#PBS -l walltime=01:00:00", "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1"):
         assert line in script, line
     command = script.strip().splitlines()[-1]
-    assert "--nthreads 1 " in command and "--interface lo" in command
+    assert "--nthreads 8 " in command and "--nworkers" not in command
+    assert "--interface lo" in command
     assert re.search(r"dask_worker tls://127\.0\.0\.1:\d+ ", command), command
+
+
+def test_flat_layout_jobs_run_a_worker_per_booked_core(site):
+    command = _job_script(site, "slurm", "cluster.layout=flat").strip().splitlines()[-1]
+    assert "--nthreads 1 " in command and "--nworkers 8 " in command
 
 
 def test_worker_jobs_get_the_per_run_key_privately_and_briefly(site, tmp_path):

@@ -83,6 +83,24 @@ def test_every_dtrain_strategy_has_a_contender_with_its_own_config(shared_data):
         with pytest.raises(UserError, match="splits hidden layers, but .* has none"):
             split.config_for(workloads[name], 2, shared_data)
     assert [c.synchronous for c in (local, split, threads)] == [False, True, True]
+    # the layout study: python -m dtrain's own shape here, fusion forced off and on, the chain
+    default, tasks, fused = (BY_NAME[n] for n in ("dtrain-default", "dtrain-threads-tasks",
+                                                   "dtrain-threads-fused"))
+    cfg = default.config_for(workloads["iris"], 4, shared_data)
+    assert (cfg.cluster.workers, cfg.cluster.threads_per_worker, cfg.cluster.layout) == \
+        (0, 0, "hybrid")
+    cores = report.cores()
+    assert default.processes(4) == 2 and default.busy(4) == min(cores, 4) + 1
+    assert [c.config_for(workloads["iris"], 4, shared_data).graph.fuse_shards
+            for c in (threads, tasks, fused)] == ["auto", "false", "true"]
+    assert (tasks.processes(4), tasks.busy(4)) == (2, 5)
+    # under mpiexec every worker rank is a worker (the flat layout), as the table says
+    assert BY_NAME["dtrain-mpi-allreduce"].config_for(workloads["P3"], 2, shared_data) \
+        .cluster.layout == "flat"
+    chain, chain_threads = BY_NAME["dask-chain"], BY_NAME["dask-chain-threads"]
+    assert not chain.trains and chain.processes(4) == 5 and chain_threads.processes(4) == 2
+    assert chain.formula_bytes(9, 4, 4, 11) == 2 * 3 * 44 and \
+        chain_threads.formula_bytes(9, 4, 4, 11) == 0
     # pencil-and-paper bytes per step for the others: P = 9 parameters of 4 bytes
     # P = 9 parameters of 4 bytes; dtrain's buffer has P + 2 = 11 numbers
     assert BY_NAME["mpi-allreduce"].formula_bytes(9, 4, 1, 11) == 0
@@ -177,7 +195,8 @@ def test_rows_medians_ratios_scaling_and_targets():
     results = {"meta": {"cores": 2, "repeat": 1, "workers": [1, 2]}, "rows": rows,
                "workloads": {"w": {"title": "t", "epochs": 4, "scaling": "strong", "study": ""}},
                "targets": found, "scaling": []}
-    (_, header, body, foot), (title, theader, tbody, _) = report.tables(results)
+    (_, header, body, foot), (title, theader, tbody, _), *rest = report.tables(results)
+    assert [t[0].split(" (")[0] for t in rest] == ["Layouts side by side", "Layout goal"]
     cell = {(b[0], b[1]): dict(zip(header, b)) for b in body}
     assert cell["2", "dtrain-allreduce"]["bytes/step"] == "2 KiB"
     assert cell["2", "mpi-allreduce"]["bytes/step"] == "~1.5 KiB"
@@ -189,12 +208,49 @@ def test_rows_medians_ratios_scaling_and_targets():
     assert (cell["2", "dtrain-threads"]["procs"], cell["1", "dtrain-threads"]["procs"]) == ("2*", "2")
     assert "(n/c): not comparable" in foot and "bytes/step" in foot
     assert title.startswith("Targets") and theader == \
-        ["workload", "measure", "goal", "dtrain-allreduce", "dtrain-threads",
+        ["workload", "measure", "goal", "dtrain-default", "dtrain-allreduce", "dtrain-threads",
          "dtrain-mpi-allreduce", "dask-floor"]
-    assert tbody == [["w", "dtrain / mpi4py Allreduce", "<= 1.5", "1.25 yes", "1.50 yes", "-",
-                      "1.00 yes"],
-                     ["w", "ms per step", "<= 10", "250.00 NO", "300.00 NO", "-", "200.00 NO"]]
+    assert tbody == [["w", "dtrain / mpi4py Allreduce", "<= 1.5", "-", "1.25 yes", "1.50 yes",
+                      "-", "1.00 yes"],
+                     ["w", "ms per step", "<= 10", "-", "250.00 NO", "300.00 NO", "-",
+                      "200.00 NO"]]
     assert cell["2", "dask-floor"]["params vs serial"] == "-"
+
+
+def test_layout_tables_put_hybrid_beside_flat_mpi_and_the_chain():
+    """The side-by-side table per shard count (ratios to mpi4py and to the chain of the same
+    width), and the 16-shard goal: the default layout >= 5 times faster than flat."""
+    from benchmarks import layouts
+
+    runs = [_run("iris", 16, "dtrain-allreduce", [1.0, 1.0], processes=17,
+                 overhead_ms=90.0, tasks_per_step=33.0, transfers_per_step=31.0),
+            _run("iris", 16, "dtrain-default", [1.0, 0.15], processes=2, busy=3,
+                 overhead_ms=14.0, tasks_per_step=1.0, transfers_per_step=0.0),
+            _run("iris", 16, "dtrain-threads", [1.0, 0.25], processes=2, busy=17),
+            _run("iris", 16, "mpi-allreduce", [1.0, 0.05], processes=16),
+            _run("iris", 16, "dask-chain", [1.0, 0.5], processes=17, tasks_per_step=32.0),
+            _run("iris", 2, "dtrain-allreduce", [1.0, 0.2]),
+            _run("iris", 2, "dtrain-default", [1.0, 0.1])]
+    rows = report.aggregate(runs, n_cores=2)
+    results = {"meta": {"cores": 2, "repeat": 1, "workers": [2, 16]}, "rows": rows,
+               "workloads": {"iris": {"title": "t", "epochs": 2, "scaling": "strong",
+                                      "study": ""}}, "targets": [], "scaling": []}
+    (t1, h1, b1, _), (t2, h2, b2, _) = layouts.tables(results)
+    cell = {(b[1], b[2]): dict(zip(h1, b)) for b in b1}
+    assert cell["16", "dtrain-allreduce"]["ms/step"] == "100.00"     # 1 s / 10 steps
+    assert cell["16", "dtrain-allreduce"]["overhead ms/step"] == "90.00"
+    assert cell["16", "dtrain-allreduce"]["tasks/step"] == "33.00"
+    assert cell["16", "dtrain-default"]["x MPI"] == "3.00"
+    assert cell["16", "dtrain-allreduce"]["x chain"] == "2.00"
+    assert cell["16", "dtrain-allreduce"]["procs"] == "17*"
+    assert [b[2] for b in b1 if b[1] == "16"] == ["dtrain-default", "dtrain-threads",
+                                                   "dtrain-allreduce", "mpi-allreduce",
+                                                   "dask-chain"]
+    goal = {b[1]: dict(zip(h2, b)) for b in b2}
+    assert goal["16"]["flat / default"] == "6.67" and goal["16"]["goal"] == ">= 5: yes"
+    assert goal["16"]["flat / hybrid"] == "4.00" and goal["2"]["goal"] == "-"
+    checks = layouts.goal_checks(rows)
+    assert [(c["shards"], c["met"]) for c in checks] == [(2, None), (16, True)]
 
 
 def test_params_delta_is_relative_to_the_reference(tmp_path):
@@ -265,7 +321,7 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
             assert measured >= predicted, (name, r["workers"], predicted, measured)
             assert (measured > 0) == (predicted > 0), (name, r["workers"], measured)
         elif name != "serial":                  # pencil and paper; a lone allreduce rank: 0
-            moves = r["workers"] > 1 or name == "mpi-ps"
+            moves = (r["workers"] > 1 and not BY_NAME[name].threads) or name == "mpi-ps"
             assert r["bytes_source"] == "formula" and (r["bytes_per_step"] > 0) == moves
         assert r["busy"] >= r["processes"]
         assert r["oversubscribed"] == (r["busy"] > report.cores())
@@ -287,8 +343,13 @@ def test_quick_benchmark_runs_every_contender_with_the_same_maths(tmp_path, mnis
         assert f"| {r['workers']} | {r['contender']} | {r['processes']}" in table
     assert "### Strong scaling (same data)" in table
     assert "| bytes/step |" in table and " (n/c) |" in table
-    assert "| workload | measure | goal | dtrain-allreduce | dtrain-threads | " \
+    assert "| workload | measure | goal | dtrain-default | dtrain-allreduce | dtrain-threads | " \
            "dtrain-mpi-allreduce | dask-floor |" in table
+    # the layout study: python -m dtrain's own shape is one process here; the chain's tasks
+    assert "### Layouts side by side (issue 22)" in table and "### Layout goal" in table
+    assert at[2, "dtrain-default"]["processes"] == 2 and at[2, "dtrain-default"]["tasks_per_step"]
+    assert at[2, "dask-chain"]["tasks_per_step"] == 4 and at[2, "dtrain-threads-tasks"][
+        "tasks_per_step"] > at[2, "dtrain-threads-fused"]["tasks_per_step"]
     assert (out / "results.md").read_text().strip() in table
     page = (out / "results.html").read_text()
     assert "Bokeh" in page and "P3 (strong scaling): speedup" in page
@@ -336,18 +397,75 @@ def test_the_performance_model_adds_up():
 
 @pytest.mark.slow
 def test_the_performance_model_runs_and_checks_itself():
-    """`python -m benchmarks.model` measures its constants, predicts, trains to compare and
-    extrapolates; an unknown workload is a one-line error."""
+    """`python -m benchmarks.model` measures its constants, predicts, trains to compare
+    (at 1 and 2 workers, and the layout model in both layouts), and predicts 64 to 1,024
+    cores, marked as predictions; an unknown workload is a one-line error."""
     proc = subprocess.run([sys.executable, "-m", "benchmarks.model", "--workloads", "iris",
-                           "--epochs", "2"], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+                           "--epochs", "2", "--widths", "1,2", "--check-models", "tiny"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| iris |")]
     measured = [row for row in rows if len(row) == 10]          # W, ..., measured / predicted
     assert [row[2].strip() for row in measured] == ["1", "2"]
     assert all(float(row[8]) > 0 for row in measured)
-    assert [row[2].strip() for row in rows if len(row) == 7] == ["8", "64", "512"]
+    checks = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| tiny |")
+              and "prediction" not in line]
+    assert [(r[2].strip(), r[3].strip()) for r in checks] == \
+        [("hybrid", "1"), ("hybrid", "2"), ("flat", "1"), ("flat", "2")]
+    # the graph's tasks per step (a long run's) and the run's (its 80 steps' edges): close
+    assert all(abs(float(r[4]) - float(r[5])) <= 0.05 for r in checks), checks
+    assert all(float(r[9]) > 0 for r in checks)                 # measured / predicted
+    scale = [row for row in rows if len(row) == 13]
+    assert {row[3].strip() for row in scale} == {"64", "256", "1024"}
+    assert {row[5].strip() for row in scale} == {"hybrid", "flat"}
+    assert all("(prediction)" in row[8] for row in scale)
     bad = subprocess.run([sys.executable, "-m", "benchmarks.model", "--workloads", "P9"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("benchmarks.model: error: unknown")
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("layout, strategy, tasks, transfers", [
+    ((1, 16, True), "allreduce", 1 + 1 / 8, 0.0),       # one fused task a step, a kept state
+    ((1, 2, False), "allreduce", 2 + 2 / 8, 2.0),        # a task per worker, partials swapped
+    ((4, 16, True), "allreduce", 4 + 2 + 4 / 8, 8.0),    # 4 nodes: a task each, 2 sums
+    ((1, 16, True), "local-sgd", 2 / 8, 0.0),            # a fused round of 8 + its average
+    ((1, 16, False), "local-sgd", (16 + 14 + 1) / 8, (15 + 15) / 8),   # the tree's root
+    # is the average; the state goes out to 15 workers, 15 partial sums cross
+    ((4, 16, True), "parameter-server", 65.0, 68.0),     # one flat level: nothing fuses
+])
+def test_the_layout_model_counts_tasks_and_transfers_per_step(layout, strategy, tasks,
+                                                              transfers):
+    """Counted on dtrain's own graph for the layout (a shard per core; hybrid: a worker per
+    node): the fused step of a node's shards is what makes hybrid cheap."""
+    from benchmarks.costmodel import Layout, count
+
+    step = count((16, 16, 2), 8, Layout(*layout), strategy)
+    assert (step.tasks, step.transfers) == (pytest.approx(tasks), pytest.approx(transfers))
+    assert step.fused == (layout[2] and strategy != "parameter-server")
+
+
+def test_the_layout_model_adds_up():
+    """T = max(critical path + compute, scheduler CPU, all CPU / cores); the path of a
+    hybrid step on one node is a hop a step, a flat one's a hop and a fetch per tree level."""
+    from benchmarks.costmodel import Layout, count, predict, rows_for_negligible
+
+    c = {"hop": 1e-3, "fetch": 2e-3, "bandwidth": 1e12, "task": 1e-4, "transfer": 1e-4,
+         "task_cpu": 4e-3, "transfer_cpu": 1e-3}
+    hybrid, flat = Layout(1, 16, True), Layout(1, 16, False)
+    one, many = count((16, 16, 2), 8, hybrid), count((16, 16, 2), 8, flat)
+    assert one.path(c, c) == pytest.approx(1e-3)              # hop
+    # 16 workers, fan-in 2: the leaves, 3 levels of sums (16 -> 2 partials), each step's
+    # leaves read the partials: 4 hops and 4 fetches a step
+    assert many.path(c, c) == pytest.approx(4 * (1e-3 + 2e-3))
+    params = 16 * 16 + 16 + 16 * 2 + 2
+    p1 = predict(c, one, hybrid, params, 8, 1e9, 0.0, cores=16)
+    fb = 6 * 8 * params / 1e9                                   # tiny: in turn, one thread
+    assert p1["compute"] == pytest.approx(16 * fb)
+    assert p1["sched"] == pytest.approx(one.tasks * 1e-4)
+    assert p1["cpu"] == pytest.approx((one.tasks * 4e-3 + 16 * fb) / 16)
+    assert p1["seconds"] == max(p1["path"], p1["sched"], p1["cpu"])
+    p2 = predict(c, many, flat, params, 8, 1e9, 0.0, cores=2)  # 16 processes on 2 cores
+    assert p2["bound"] == "cpu" and p2["seconds"] > 10 * p1["seconds"]
+    need = rows_for_negligible(p1, params, 1e9, 8)
+    assert 6 * need * params / 1e9 == pytest.approx(9 * p1["overhead"])   # 10 %: 9x compute

@@ -99,3 +99,27 @@ def test_missing_and_broken_files(tmp_path):
 
 def test_parse_override_keeps_equals_in_value():
     assert parse_override("data.path=/a=b") == ("data", "path", "/a=b")
+
+
+def test_fuse_shards_takes_auto_and_the_old_booleans(tmp_path):
+    """graph.fuse_shards is 'auto' by default; TOML true/false (older config.toml files) and
+    --set words give 'true'/'false'; anything else is refused by name."""
+    assert load_config().graph.fuse_shards == "auto"
+    path = tmp_path / "old.toml"
+    path.write_text("[graph]\nfuse_shards = false\n")
+    assert load_config(path).graph.fuse_shards == "false"
+    assert load_config({"graph": {"fuse_shards": True}}).graph.fuse_shards == "true"
+    assert load_config(None, ["graph.fuse_shards=false"]).graph.fuse_shards == "false"
+    with pytest.raises(ConfigError, match="graph.fuse_shards = 'maybe' .* one of 'auto'"):
+        load_config(None, ["graph.fuse_shards=maybe"])
+    with pytest.raises(ConfigError, match="data.dataset = True .* expected a string"):
+        load_config({"data": {"dataset": True}})     # other string keys: as before
+
+
+def test_cluster_shape_keys_default_to_the_layout():
+    c = load_config({}).cluster
+    assert (c.workers, c.threads_per_worker, c.layout) == (0, 0, "hybrid")
+    with pytest.raises(ConfigError, match="cluster.layout = 'wide' .* one of 'hybrid', 'flat'"):
+        load_config({}, ["cluster.layout=wide"])
+    with pytest.raises(ConfigError, match="cluster.workers = -1 .* must be >= 0"):
+        load_config({}, ["cluster.workers=-1"])

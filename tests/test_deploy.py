@@ -11,7 +11,7 @@ from conftest import run_cli
 from dtrain.cli.train import prepare
 from dtrain.core.config import ClusterConfig, ConfigError
 from dtrain.core.errors import UserError
-from dtrain.deploy import mpi, rankgpus
+from dtrain.deploy import layout, mpi, rankgpus
 from dtrain.deploy.connect import connect
 from dtrain.deploy.options import security_for
 
@@ -53,7 +53,9 @@ def test_local_cluster_over_tls_trains_and_refuses_other_certificates():
         result = dtrain.train(cfg, client=client, echo=None)
         with pytest.raises(OSError):
             Client(address, security=Security.temporary(), timeout=3)
-    assert result.summary["workers"] == 2 and result.summary["test_accuracy"] is not None
+    # the default (hybrid) layout: one worker process, a thread per core (at most a shard each)
+    assert result.summary["workers"] == 1 and result.summary["test_accuracy"] is not None
+    assert result.summary["threads"] == min(layout.machine_cores(), 4)
 
 
 def test_command_line_mistakes_are_one_line(tmp_path):
@@ -81,3 +83,73 @@ def test_gpus_are_dealt_round_robin_to_the_worker_ranks_of_a_node(monkeypatch):
     assert rankgpus.pin_gpu("cpu", 1) is None
     assert rankgpus.pin_gpu("gpu", 1) == "5"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"     # monkeypatch restores it
+
+
+# --- cluster.layout: what workers = 0 and threads_per_worker = 0 mean ------------------------
+
+def _cluster(*sets: str) -> ClusterConfig:
+    return dtrain.load_config({}, list(sets)).cluster
+
+
+@pytest.mark.parametrize("sets, min_workers, leaves, shape", [
+    ((), 1, 0, (1, 16)),                                       # hybrid: one process, 16 threads
+    ((), 1, 4, (1, 4)),                                        # no more threads than shards
+    ((), 2, 64, (2, 8)),                                       # a parameter server: 2 workers
+    (("cluster.workers=4",), 1, 64, (4, 4)),                   # explicit processes share cores
+    (("cluster.threads_per_worker=3",), 1, 2, (1, 3)),         # explicit threads are kept
+    (("cluster.layout=flat",), 1, 0, (16, 1)),                 # flat: a process per core
+    (("cluster.layout=flat",), 1, 4, (4, 1)),                  # ... at most one per shard
+    (("cluster.layout=flat",), 2, 1, (2, 1)),
+    (("cluster.layout=flat", "cluster.workers=3", "cluster.threads_per_worker=2"), 1, 8, (3, 2)),
+])
+def test_local_shape_follows_the_layout_unless_told(sets, min_workers, leaves, shape):
+    got = layout.local_shape(_cluster(*sets), min_workers, leaves, cores=16)
+    assert (got.workers, got.threads) == shape
+
+
+@pytest.mark.parametrize("sets, min_workers, leaves, jobs, shape", [
+    ((), 1, 64, 1, (1, 16)),                                   # hybrid: a worker per job
+    ((), 2, 64, 2, (1, 16)),
+    (("cluster.workers=3",), 1, 6, 3, (1, 2)),                 # 6 shards over 3 jobs
+    (("cluster.layout=flat",), 1, 64, 1, (16, 1)),             # flat: a worker per core
+    (("cluster.layout=flat", "cluster.threads_per_worker=4"), 1, 64, 1, (4, 4)),
+])
+def test_batch_jobs_follow_the_layout(sets, min_workers, leaves, jobs, shape):
+    count, got = layout.job_shape(_cluster(*sets), 16, min_workers, leaves)
+    assert (count, got.workers, got.threads) == (jobs, *shape)
+
+
+def _places(*nodes: int, gpu: tuple[int, ...] = (), cores: int = 4) -> list[layout.RankPlace]:
+    """Worker ranks 1, 2, ... on nodes of ``cores`` cores: ``nodes`` gives each rank's node."""
+    out = []
+    for rank, node in enumerate(nodes, start=1):
+        first = min(r for r, n in enumerate(nodes, start=1) if n == node)
+        cpus = frozenset(range(node * cores, (node + 1) * cores))
+        out.append(layout.RankPlace(rank, f"node{node}", first, cpus, rank in gpu))
+    return out
+
+
+def test_mpi_hybrid_makes_one_worker_rank_per_node_with_its_cores():
+    places = _places(0, 0, 1, 1, 1)                 # ranks 1-2 on node 0, 3-5 on node 1
+    roles = layout.assign(places, _cluster(), leaves=64)
+    assert {r: role.threads for r, role in roles.items()} == {1: 4, 2: 0, 3: 4, 4: 0, 5: 0}
+    assert roles[3].cpus == frozenset(range(4, 8))   # the node's cores, left to it
+    line = layout.describe(roles, places, "hybrid")
+    assert line.startswith("layout: hybrid, 2 Dask worker(s) on 2 node(s) (rank(s) 1, 3), "
+                           "4 thread(s) each; rank(s) 2, 4-5 start no worker")
+    # a strategy that needs more workers than nodes: more ranks serve, sharing their cores
+    roles = layout.assign(places[:2], _cluster(), min_workers=2, leaves=64)
+    assert {r: role.threads for r, role in roles.items()} == {1: 2, 2: 2}
+    assert not roles[1].cpus
+    # no more threads than shards; explicit threads; flat: every rank, one thread
+    assert layout.assign(places, _cluster(), leaves=2)[1].threads == 1
+    assert {role.threads for role in layout.assign(
+        places, _cluster("cluster.threads_per_worker=3")).values()} == {0, 3}
+    assert {role.threads for role in layout.assign(
+        places, _cluster("cluster.layout=flat")).values()} == {1}
+
+
+def test_mpi_gpu_ranks_keep_one_worker_each():
+    places = _places(0, 0, 0, gpu=(1, 2))           # two GPU ranks and a CPU rank on a node
+    roles = layout.assign(places, _cluster(), leaves=64)
+    assert {r: role.threads for r, role in roles.items()} == {1: 1, 2: 1, 3: 4}

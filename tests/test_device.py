@@ -19,6 +19,7 @@ from dtrain.core.errors import UserError
 from dtrain.deploy.devices import require_gpu
 from dtrain.deploy.local import local_gpu_cluster
 from dtrain.observe.console import split_lines
+from dtrain.observe.htmlreport import work_split_table
 from dtrain.taskgraph.dataparallel import window_graph
 from dtrain.taskgraph.placement import Worker, blocks, place
 from dtrain.training.plan import plan
@@ -122,7 +123,8 @@ def test_mixed_cluster_places_by_measured_speed_and_marks_gpu_tasks(tmp_path):
     assert [v["device"] for v in split.values()] == ["gpu", "gpu", "cpu"]
     (line,) = split_lines(r.summary)                   # the console and report.html say it
     assert line.startswith("work split: worker 0 (gpu)") and "worker 2 (cpu)" in line
-    assert line.split("work split: ")[1] in (tmp_path / "mixed" / "report.html").read_text()
+    page = (tmp_path / "mixed" / "report.html").read_text()
+    assert work_split_table(r.summary) in page and ">gpu<" in page and ">cpu<" in page
     assert sum(v["leaves"] for v in split.values()) == 6
     assert all(v["samples_per_second"] > 0 for v in split.values())
     assert restricted and any(res == {"GPU": 1} for _, res in restricted)

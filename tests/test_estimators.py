@@ -450,16 +450,6 @@ def test_import_dtrain_does_not_import_scikit_learn():
 
 # --- the regressor ----------------------------------------------------------------------------
 
-def _regression_ready() -> bool:
-    try:
-        dtrain.load_config({"model": {"loss": "squared-error"}, "data": {"dataset": "parquet"}})
-    except dtrain.UserError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _regression_ready(), reason="model.loss = 'squared-error' is not "
-                    "accepted yet: regression lands with the 'regression' branch")
 def test_regressor_fits_values_and_scores_r2(client):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(400, 3))

@@ -212,6 +212,7 @@ def training(tmp_path_factory):
     port, tmp = _free_port(), tmp_path_factory.mktemp("live")
     log = open(tmp / "stdout.txt", "w")
     proc = subprocess.Popen([sys.executable, "-m", "dtrain", "--set", "train.epochs=5000",
+                             "--workers", "2",      # two workers: a busy bar and a gauge each
                              "--out", str(tmp / "run"), "--dashboard-address",
                              f"127.0.0.1:{port}"], cwd=REPO, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)

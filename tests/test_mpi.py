@@ -15,6 +15,7 @@ from distributed import Client, Security
 import dtrain
 import mpirun
 from dtrain.core import internals
+from dtrain.deploy import layout, mpi
 from dtrain.training import checkpoint
 from conftest import REPO
 
@@ -34,11 +35,20 @@ def _sets(sets: list[str]) -> list[str]:
     return [arg for s in sets for arg in ("--set", s)]
 
 
-@pytest.mark.parametrize("ranks, extra", [(3, []), (4, ["cluster.tls=off"]),
-                                          (3, ["graph.strategy=parameter-server"])],
-                         ids=["3-ranks", "4-ranks-no-tls", "3-ranks-parameter-server"])
-def test_mpi_run_equals_the_localcluster_run(client, tmp_path, ranks, extra):
-    """Same config and shards: params.npz byte for byte equal; N-1 workers; a clean log."""
+CORES = min(layout.machine_cores(), 5)        # a hybrid worker's threads here: cores, <= shards
+
+
+@pytest.mark.parametrize("ranks, extra, workers, threads", [
+    (3, [], 1, CORES),
+    (4, ["cluster.tls=off", "cluster.layout=flat"], 3, 1),
+    (3, ["cluster.layout=flat", "cluster.threads_per_worker=2"], 2, 2),
+    (3, ["graph.strategy=parameter-server"], 2, max(1, layout.machine_cores() // 2))],
+    ids=["3-ranks-hybrid", "4-ranks-flat-no-tls", "3-ranks-2x2", "3-ranks-parameter-server"])
+def test_mpi_run_equals_the_localcluster_run(client, tmp_path, ranks, extra, workers, threads):
+    """Same config and shards: params.npz byte for byte equal to a LocalCluster run of 2
+    processes x 1 thread, for MPI's workers x threads (hybrid: the first worker rank of the
+    node serves with its cores, the other waits; flat: every worker rank serves; a
+    parameter server needs two workers, so two ranks serve); a clean log."""
     job = mpirun.run(ranks, *_sets(QUICK + extra), "--out", str(tmp_path / "mpi"), *QUIET)
     assert job.returncode == 0, job.stdout + job.stderr
     assert _log_noise(job.stderr) == [], job.stderr          # no tracebacks, no shutdown noise
@@ -47,9 +57,13 @@ def test_mpi_run_equals_the_localcluster_run(client, tmp_path, ranks, extra):
     assert (tmp_path / "mpi" / "params.npz").read_bytes() == \
         (tmp_path / "local" / "params.npz").read_bytes()
     summary = json.loads((tmp_path / "mpi" / "summary.json").read_text())
-    assert summary["workers"] == ranks - 1 and local.summary["workers"] == 2
+    assert (summary["workers"], summary["threads"]) == (workers, workers * threads)
+    assert local.summary["workers"] == 2
     protocol = "tcp" if "cluster.tls=off" in extra else "tls"
-    assert f"scheduler: {protocol}://" in job.stdout
+    assert f"scheduler: {protocol}://" in job.stdout and f"{ranks - 1} worker rank(s)" in job.stdout
+    said = [line for line in job.stdout.splitlines() if line.startswith("layout: ")]
+    assert len(said) == 1 and f"{workers} Dask worker(s) on 1 node(s)" in said[0], said
+    assert ("start no worker" in said[0]) == (workers < ranks - 1), said
     assert "dashboard: http://127.0.0.1:" in job.stdout and "epoch 4/4" in job.stdout
 
 
@@ -109,7 +123,7 @@ def test_a_lost_worker_rank_ends_the_job(client, tmp_path, how):
     out = tmp_path / "run"
     # killed: long enough to be killed mid-run, short enough to resume and compare in seconds
     sets = ["train.epochs=60" if how == "killed" else "train.epochs=500", "graph.window=7",
-            "cluster.tls=off"]
+            "cluster.tls=off", "cluster.layout=flat"]         # every worker rank a worker
     proc = subprocess.Popen(mpirun.command(3, *_sets(sets), "--out", str(out), *QUIET),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=mpirun.environment())
@@ -188,6 +202,31 @@ def test_tls_keeps_strangers_out(tmp_path):
     assert proc.returncode == 0, err
     assert err.count("TLS handshake failed") == 2, err   # the scheduler refused both
     assert (out / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_rank_that_starts_no_worker_waits_as_long_as_the_run(tmp_path):
+    """Hybrid layout: rank 2 shares rank 1's node and starts no worker; it waits for the exit
+    code however long the run takes (here paused past the ranks' 10 s shutdown deadline)."""
+    out, resume = tmp_path / "run", tmp_path / "resume"
+    proc = subprocess.Popen(mpirun.command(3, *_sets(["train.epochs=3", "graph.window=7"]),
+                                           "--out", str(out), *QUIET,
+                                           script=(str(FAULT), "pause")),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=mpirun.environment(DTRAIN_RESUME_FILE=str(resume)))
+    try:
+        for line in proc.stdout:
+            if line.startswith("layout: "):
+                assert "rank(s) 2 start no worker" in line, line
+            if line.startswith("epoch"):
+                break
+        time.sleep(mpi.SHUTDOWN_S + 2)
+        resume.touch()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert _log_noise(err) == [] and (out / "summary.json").exists()
 
 
 LOCAL_RANKS = """

@@ -231,6 +231,7 @@ def test_a_diverged_run_is_marked_failed(tmp_path, monkeypatch):
     out = tmp_path / "run"
     cfg = dtrain.load_config(None, ["optim.lr=1e3", "model.activation=relu",
                                     "model.dtype=float32", "graph.strategy=serial",
+                                    "train.max_loss=1e300",    # on to inf: epochs logged first
                                     *_tracked(tmp_path)])
     with pytest.raises(Diverged):
         dtrain.train(cfg, out=out, echo=None)

@@ -27,15 +27,20 @@ def _train(client, sets, out=None):
 
 
 def test_bit_identical_whatever_the_worker_count(client, tmp_path):
-    """Same config and shards: params.npz is byte-for-byte equal on 1, 2 and 3 workers, and
-    whatever the window length or update fusion."""
+    """Same config and shards: params.npz is byte-for-byte equal on any mix of worker
+    processes and threads (processes x threads: 1x1, 3x1, 1x3, 2x2, and the fixture's 2x1),
+    with a worker's shards in one task or in a task each, and whatever the window length or
+    update fusion."""
     blobs, train = {}, {}
-    for n in (1, 3):
-        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+    for procs, threads in ((1, 1), (3, 1), (1, 3), (2, 2)):
+        with LocalCluster(n_workers=procs, threads_per_worker=threads, processes=True,
                           dashboard_address=None) as lc, Client(lc) as c:
-            r = _train(c, QUICK, tmp_path / f"w{n}")
-            blobs[f"{n} workers"] = (tmp_path / f"w{n}" / "params.npz").read_bytes()
-            train[f"{n} workers"] = [(m["train_loss"], m["train_accuracy"]) for m in r.metrics]
+            for fuse in ("true", "false") if threads > 1 else ("auto",):
+                name = f"{procs}x{threads} fuse {fuse}"
+                r = _train(c, QUICK + [f"graph.fuse_shards={fuse}"], tmp_path / name)
+                blobs[name] = (tmp_path / name / "params.npz").read_bytes()
+                train[name] = [(m["train_loss"], m["train_accuracy"]) for m in r.metrics]
+                assert r.summary["workers"] == procs and r.summary["threads"] == procs * threads
     variants = {"2 workers": [], "window 3": ["graph.window=3"],
                 "unfused": ["graph.fuse_update=false"],
                 "one task per shard": ["graph.fuse_shards=false"]}
@@ -317,13 +322,24 @@ def test_local_sgd_with_one_step_rounds_is_allreduce(client, optimizer):
 
 
 def test_local_sgd_is_reproducible_and_learns(client, tmp_path):
+    """The same bytes on 2 processes, on one process with 1 or 2 threads, with a worker's
+    rounds in one task (the shards on its threads) or in a task each."""
     sets = ["train.epochs=30", "graph.strategy=local-sgd", "graph.sync_every=4"]
     a = _train(client, sets, tmp_path / "a")
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
         _train(c, sets + ["graph.window=9"], tmp_path / "b")
-    assert (tmp_path / "a" / "params.npz").read_bytes() == (tmp_path / "b" / "params.npz").read_bytes()
+    tasks = {}
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        for fuse in ("true", "false"):
+            r = _train(c, sets + [f"graph.fuse_shards={fuse}"], tmp_path / fuse)
+            tasks[fuse] = r.summary["tasks_per_step"]
+    blobs = {d: (tmp_path / d / "params.npz").read_bytes() for d in ("a", "b", "true", "false")}
+    assert len(set(blobs.values())) == 1
     assert a.summary["test_accuracy"] >= 0.9
+    # a round of 4 steps: 4 shards and 3 sums (+ the average) unfused, 1 task (+ 1) fused
+    assert tasks["true"] < tasks["false"] / 3
 
 
 @pytest.mark.parametrize("strategy", ["allreduce", "model-parallel", "serial"])

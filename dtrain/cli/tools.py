@@ -29,7 +29,7 @@ def draw(argv: list[str]) -> int:
     parser = Parser(
         prog="python -m dtrain graph",
         description="Draw one training step's task graph, coloured by task type, in a box per "
-                    "worker (cluster.workers fake workers).")
+                    "worker (cluster.workers fake workers; 2 if it is 0).")
     config_options(parser)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--out", metavar="FILE", help=".svg, .png or .pdf (rendered by Graphviz's "

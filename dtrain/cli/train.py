@@ -15,6 +15,7 @@ from dtrain.core.errors import UserError
 from dtrain.core.version import __version__
 from dtrain.deploy import mpi
 from dtrain.deploy.connect import check_address
+from dtrain.deploy.layout import local_shape
 from dtrain.observe import tracking
 from dtrain.taskgraph import strategies
 from dtrain.training import checkpoint, collections
@@ -162,18 +163,19 @@ def prepare(argv: list[str]) -> mpi.Job:
         check_address(config.cluster.scheduler_address)
     if partitioned(config.data):   # read by the workers: what its metadata says, for now
         collections.check_files(config.data, config.model.layers)
-        shards = None
+        planned = None
     else:                          # the data and the model sizes, before anything starts
-        shards = len(plan(config).ranges)
+        planned = plan(config)
     tracking.check(config.track)        # the trackers' packages, too
     strategy = strategies.get(config.graph.strategy)
-    if args.scheduler_rank is None and shards is not None:
-        _warn_layout(config, strategy, shards)
+    if args.scheduler_rank is None and planned is not None:
+        _warn_layout(config, strategy, planned.leaves)
     if args.workers is not None and config.cluster.scheduler_address:
         print(f"dtrain: warning: --workers {args.workers} does nothing with a scheduler "
               f"address: the run uses the workers of {config.cluster.scheduler_address}",
               file=sys.stderr)
-    return mpi.Job(config, job, strategy.ranks, strategy.workers_word)
+    return mpi.Job(config, job, strategy.ranks, strategy.workers_word,
+                   planned.leaves if planned is not None else 0)
 
 
 def _in_new_run_dir(config_path: str | None, run: Callable[[Path], RunResult]) -> RunResult:
@@ -193,14 +195,15 @@ def _in_new_run_dir(config_path: str | None, run: Callable[[Path], RunResult]) -
         raise
 
 
-def _warn_layout(config: Config, strategy: strategies.Strategy, shards: int) -> None:
-    """One line on stderr for each way the embedded cluster's layout wastes time.  (The
-    counts are those :func:`dtrain.deploy.local.local_cluster` starts with.)"""
+def _warn_layout(config: Config, strategy: strategies.Strategy, leaves: int) -> None:
+    """One line on stderr for each way the embedded cluster's layout wastes time (the
+    worker and thread counts :func:`dtrain.deploy.layout.local_shape` starts)."""
     c = config.cluster
     if strategy.in_process or c.kind != "local" or c.scheduler_address or c.device != "cpu":
         return
-    leaves, leaf = (config.graph.slices, "slice") if strategy.leaf == "slice" else (shards, "shard")
-    for line in advice.layout_warnings(c.workers, c.threads_per_worker, leaves, advice.cores(),
+    shape = local_shape(c, strategy.min_workers, leaves)
+    leaf = "slice" if strategy.leaf == "slice" else "shard"
+    for line in advice.layout_warnings(shape.workers, shape.threads, leaves, advice.cores(),
                                        leaf, spare=strategy.min_workers - 1):
         print(f"dtrain: warning: {line}", file=sys.stderr)
 

@@ -170,9 +170,12 @@ class GraphConfig:
     window: int = at_least(0, 0, "steps per submitted graph; 0: about a second's worth, "
                            "100 to 1000 steps")
     fuse_update: bool = free(True, "apply the update inside the root reduce task")
-    fuse_shards: bool = free(True, "one forward-backward task for the shards of a reduce "
-                             "subtree that one worker holds, summed inside it (fewer tasks, "
-                             "the same sums in the same order)")
+    fuse_shards: str = choice("auto", "auto", "true", "false",
+                              doc="one forward-backward task for the shards of a reduce "
+                              "subtree that one worker holds, summed inside it (fewer tasks, "
+                              "the same sums in the same order); auto: where the tasks it "
+                              "saves cost more than a few percent of the step's compute "
+                              "(dtrain.training.engines.fuse_choice), else a task per shard")
     update: str = choice("auto", "auto", "root", "replicated",
                          doc="where the optimizer step runs: on the reduce root, which sends "
                          "the new state to every worker, or on every worker from the reduced "
@@ -190,8 +193,10 @@ class GraphConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    workers: int = at_least(2, 1, "worker processes (LocalCluster) or worker jobs (slurm, pbs)")
-    threads_per_worker: int = at_least(1, 1)
+    workers: int = at_least(0, 0, "worker processes (LocalCluster) or worker jobs (slurm, "
+                            "pbs); 0: as cluster.layout says")
+    threads_per_worker: int = at_least(0, 0, "Dask threads per worker; 0: as cluster.layout "
+                                       "says")
     scheduler_address: str = free("", "use this running Dask scheduler instead")
     dashboard_address: str = free("127.0.0.1:8787", "'' disables the dashboard")
     device: str = choice("cpu", "cpu", "gpu", "auto",
@@ -199,8 +204,10 @@ class ClusterConfig:
     low_latency: bool = free(True, "send Dask's control messages without batching delays")
     timeout: float = positive(10.0, "seconds to wait for a scheduler and its workers")
     layout: str = choice("hybrid", "hybrid", "flat",
-                         doc="hybrid: one worker process per machine (MPI: per node) with a "
-                         "thread per core; flat: a single-thread worker process per core")
+                         doc="what cluster.workers = 0 and cluster.threads_per_worker = 0 "
+                         "mean: hybrid, one worker process per machine (MPI: per node; "
+                         "slurm, pbs: per job) with a thread per core; flat, a "
+                         "single-thread worker process per core (MPI: per rank)")
     kind: str = choice("local", "local", "slurm", "pbs",
                        doc="who starts the workers: a LocalCluster, or dask-jobqueue batch jobs")
     tls: str = choice("auto", "auto", "on", "off",
@@ -311,8 +318,11 @@ def _section(name: str, values: Mapping[str, Any], source: str) -> Any:
             raise ConfigError(f"unknown key '{name}.{key}' in {source}; "
                               f"known keys in [{name}]: {', '.join(fields)}")
         full = f"{name}.{key}"
-        value = _coerce(full, value, hints[key], source)
         meta = fields[key].metadata
+        if isinstance(value, bool) and hints[key] is str and meta["check"]("true") \
+                and meta["check"]("false"):
+            value = "true" if value else "false"     # a switch that also has other settings
+        value = _coerce(full, value, hints[key], source)
         if not meta["check"](value):
             rule = meta["rule"]() if callable(meta["rule"]) else meta["rule"]
             raise ConfigError(f"{full} = {_show(value)} in {source}: must be {rule}")

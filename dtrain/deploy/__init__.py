@@ -2,9 +2,10 @@
 
 Holds the embedded LocalCluster (:mod:`~dtrain.deploy.local`), batch jobs
 through dask-jobqueue (:mod:`~dtrain.deploy.jobqueue`), a running scheduler
-and the choice between them (:mod:`~dtrain.deploy.connect`), the MPI ranks'
-roles and lifecycle (:mod:`~dtrain.deploy.mpi`) with one GPU per worker rank
-(:mod:`~dtrain.deploy.rankgpus`), GPU workers (:mod:`~dtrain.deploy.devices`),
+and the choice between them (:mod:`~dtrain.deploy.connect`), how many workers
+each starts and with how many threads (:mod:`~dtrain.deploy.layout`), the MPI
+ranks' roles and lifecycle (:mod:`~dtrain.deploy.mpi`) with one GPU per worker
+rank (:mod:`~dtrain.deploy.rankgpus`), GPU workers (:mod:`~dtrain.deploy.devices`),
 the workers a client sees (:mod:`~dtrain.deploy.workers`), TLS and the
 dashboard link (:mod:`~dtrain.deploy.options`), latency and allocator tuning
 (:mod:`~dtrain.deploy.tuning`) and the log filters (:mod:`~dtrain.deploy.logs`).

@@ -18,6 +18,7 @@ from dtrain.core.config import ClusterConfig
 from dtrain.core.errors import UserError
 from dtrain.deploy import jobqueue, mainguard
 from dtrain.deploy.devices import require_gpu
+from dtrain.deploy.layout import local_shape
 from dtrain.deploy.local import local_cluster, local_gpu_cluster
 from dtrain.deploy.options import security_for
 from dtrain.deploy.workers import wait_for_workers
@@ -91,8 +92,10 @@ def _client(address: str, timeout: float) -> Client:
 
 
 @contextlib.contextmanager
-def connect(cfg: ClusterConfig) -> Iterator[Client]:
-    """A client on ``cfg.scheduler_address``, or on a LocalCluster of worker processes.
+def connect(cfg: ClusterConfig, min_workers: int = 1, leaves: int = 0) -> Iterator[Client]:
+    """A client on ``cfg.scheduler_address``, or on a cluster dtrain starts (a LocalCluster, or
+    batch jobs) shaped by ``cfg.layout`` for a run that needs ``min_workers`` workers and
+    computes ``leaves`` shards or slices (0: unknown; see :mod:`dtrain.deploy.layout`).
 
     Closes what it started on exit.  An unreachable scheduler is a
     :class:`~dtrain.core.errors.UserError` after ``cfg.timeout`` seconds.
@@ -103,17 +106,20 @@ def connect(cfg: ClusterConfig) -> Iterator[Client]:
             yield client
         return
     if cfg.kind != "local":
-        with jobqueue.connect(cfg, security_for(cfg, deployed=True)) as client:
+        with jobqueue.connect(cfg, security_for(cfg, deployed=True), min_workers,
+                              leaves) as client:
             yield client
         return
     security = security_for(cfg, deployed=False)
     gpus = gpu_count() if cfg.device != "cpu" else 0
     if cfg.device == "gpu":
         require_gpu("cluster.device = 'gpu'")
+    shape = local_shape(cfg, min_workers, leaves)
     with mainguard.watch(), warnings.catch_warnings():
         # a busy dashboard port: distributed takes another and says so in four lines; the
         # dashboard line the run prints gives the port it got
         warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
-        cluster = local_gpu_cluster(cfg, gpus, security) if gpus else local_cluster(cfg, security)
+        cluster = local_gpu_cluster(cfg, gpus, security, shape) if gpus else \
+            local_cluster(cfg, security, shape)
     with cluster, Client(cluster, security=security) as client:
         yield client

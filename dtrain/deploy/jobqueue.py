@@ -2,16 +2,19 @@
 
 The scheduler and the driver run where the command runs (a login node, or a
 job of their own); every Dask worker is one batch job.  The site's settings
-(queue, account, memory, walltime, what a job loads) come from a jobqueue
-YAML file, ``jobqueue/jobqueue.yaml`` unless ``cluster.jobqueue_file`` names
-another, loaded into ``dask.config`` for the cluster's life.  The run config
-adds what belongs to the run: one worker process per job with
-``cluster.threads_per_worker`` threads, ``cluster.workers`` jobs,
-``cluster.interface``, the dashboard address and the per-run TLS certificate.
+(queue, account, memory, walltime, cores booked, what a job loads) come from a
+jobqueue YAML file, ``jobqueue/jobqueue.yaml`` unless ``cluster.jobqueue_file``
+names another, loaded into ``dask.config`` for the cluster's life.  The run
+config adds what belongs to the run: the layout of a job (hybrid: one worker
+process with a thread per booked core; flat: a single-thread worker process
+per booked core; see :mod:`dtrain.deploy.layout`), ``cluster.workers`` jobs,
+``cluster.interface``, the dashboard address, one BLAS thread per worker and
+the per-run TLS certificate.
 """
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,12 +27,16 @@ from distributed import Client, Security
 from dtrain.core.config import ClusterConfig
 from dtrain.core.errors import UserError
 from dtrain.core.files import shipped
+from dtrain.deploy.layout import job_shape
 from dtrain.deploy.options import dashboard_link_config
 from dtrain.deploy.tuning import ALLOCATOR_ENV
 from dtrain.deploy.workers import wait_for_workers
 
 JOBQUEUE_DIR = shipped("jobqueue")
 DEFAULT_FILE = JOBQUEUE_DIR / "jobqueue.yaml"
+
+# one BLAS thread per worker: result bits depend on BLAS's thread count (dtrain.deploy.layout)
+ONE_BLAS_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 CLUSTERS = {"slurm": ("SLURMCluster", "sbatch"), "pbs": ("PBSCluster", "qsub")}
 
@@ -76,10 +83,24 @@ def settings(cfg: ClusterConfig) -> Iterator[None]:
         yield
 
 
-def make_cluster(cfg: ClusterConfig, security: Security | None) -> Any:
+def booked_cores(kind: str) -> int:
+    """Cores a worker job books, from the jobqueue settings in force: ``job-cpu`` (SLURM) or
+    ``ncpus`` in ``resource-spec`` (PBS), else ``cores``."""
+    if kind == "slurm" and dask.config.get("jobqueue.slurm.job-cpu", None):
+        return int(dask.config.get("jobqueue.slurm.job-cpu"))
+    spec = dask.config.get(f"jobqueue.{kind}.resource-spec", None) or ""
+    found = re.search(r"ncpus=(\d+)", str(spec))
+    if found:
+        return int(found.group(1))
+    return int(dask.config.get(f"jobqueue.{kind}.cores", None) or 1)
+
+
+def make_cluster(cfg: ClusterConfig, security: Security | None, min_workers: int = 1,
+                 leaves: int = 0) -> Any:
     """A SLURMCluster or PBSCluster with no jobs yet; call inside :func:`settings`.
 
-    Its ``job_script()`` is the script each worker job runs.
+    Its ``job_script()`` is the script each worker job runs (one worker, or with the flat
+    layout one per booked core).
     """
     options = dict(dask.config.get(f"jobqueue.{cfg.kind}.scheduler-options", None) or {})
     if cfg.dashboard_address:
@@ -88,8 +109,10 @@ def make_cluster(cfg: ClusterConfig, security: Security | None) -> Any:
         options["dashboard"] = False
     # the workers' allocator settings first, so that a site's own prologue lines can override
     prologue = dask.config.get(f"jobqueue.{cfg.kind}.job-script-prologue", None) or []
-    exports = "export " + " ".join(f"{k}={v}" for k, v in ALLOCATOR_ENV.items())
-    kwargs: dict[str, Any] = {"processes": 1, "cores": cfg.threads_per_worker,
+    exports = "export " + " ".join(f"{k}={v}" for k, v in {**ALLOCATOR_ENV,
+                                                           **ONE_BLAS_THREAD}.items())
+    _, shape = job_shape(cfg, booked_cores(cfg.kind), min_workers, leaves)
+    kwargs: dict[str, Any] = {"processes": shape.workers, "cores": shape.workers * shape.threads,
                               "security": security, "scheduler_options": options,
                               "job_script_prologue": [exports, *prologue]}
     if cfg.interface:
@@ -98,15 +121,18 @@ def make_cluster(cfg: ClusterConfig, security: Security | None) -> Any:
 
 
 @contextlib.contextmanager
-def connect(cfg: ClusterConfig, security: Security | None) -> Iterator[Client]:
-    """A client on ``cfg.workers`` worker jobs; cancels the jobs on exit."""
+def connect(cfg: ClusterConfig, security: Security | None, min_workers: int = 1,
+            leaves: int = 0) -> Iterator[Client]:
+    """A client on the run's worker jobs (``cfg.workers``, or as the layout says); cancels the
+    jobs on exit."""
     submit = CLUSTERS[cfg.kind][1]
     if shutil.which(submit) is None:
         raise UserError(f"--cluster {cfg.kind} submits worker jobs with {submit}, which is not on "
                         f"PATH; run dtrain on a {cfg.kind.upper()} login node, or use mpirun "
                         f"inside an allocation (jobqueue/{cfg.kind}.sh)")
-    with settings(cfg), make_cluster(cfg, security) as jobs, \
+    with settings(cfg), make_cluster(cfg, security, min_workers, leaves) as jobs, \
             Client(jobs, security=security) as client:
-        jobs.scale(jobs=cfg.workers)
-        wait_for_workers(client, cfg.workers, cfg.timeout)
+        count, shape = job_shape(cfg, booked_cores(cfg.kind), min_workers, leaves)
+        jobs.scale(jobs=count)
+        wait_for_workers(client, count * shape.workers, cfg.timeout)
         yield client

@@ -1,21 +1,29 @@
 """MPI deployment: ``mpirun -n N python -m dtrain --scheduler-rank R``.
 
 Rank ``R`` is the *head*: it checks the run, runs the Dask scheduler and the
-training driver.  Every other rank is one Dask worker, named by its rank.  The
-ranks speak MPI only around the cluster's life, in three broadcasts from the
-head and one report to it:
+training driver.  The other ranks are the *worker ranks*.  With
+``cluster.layout = "hybrid"`` (the default) the first worker rank of each node
+(found with an MPI shared-memory split) is one Dask worker, named by its rank,
+whose threads are the node's cores, and the node's other worker ranks start
+none (GPU ranks are one worker each; more ranks serve where a strategy needs
+more workers than there are nodes); with ``"flat"`` every worker rank is a
+single-thread worker (:mod:`dtrain.deploy.layout`).  The ranks speak MPI only
+around the cluster's life, in three broadcasts from the head and one report to
+it:
 
 1. **go or stop.**  The head parses the command line, loads the config and
    plans the run (data files, layer sizes, ranks needed, a resumable run
    directory) before anything starts, then sends either the config and the
    run's TLS certificate, or an exit code.  On a mistake only the head prints
    its one line.
-2. **GPUs.**  Each worker rank takes its GPU (if the config asks for GPUs) and
-   reports what it has; with ``cluster.device = "gpu"`` and no worker rank
-   that can compute on a GPU, the head stops the job here, before the
-   cluster starts, naming what each rank lacks.
-3. **address.**  The scheduler's address, or None if it could not start (an
-   exit code if the GPU check stopped the job).
+2. **GPUs and nodes.**  Each worker rank takes its GPU (if the config asks for
+   GPUs) and reports what it has, its node and its cores; with
+   ``cluster.device = "gpu"`` and no worker rank that can compute on a GPU,
+   the head stops the job here, before the cluster starts, naming what each
+   rank lacks.
+3. **address and roles.**  The scheduler's address and which worker ranks
+   start a Dask worker with how many threads, or None if the scheduler could
+   not start (an exit code if the GPU check stopped the job).
 4. **exit code.**  Sent after the head has closed the workers and then the
    scheduler, so a successful run ends with a clean log on every rank.
 
@@ -45,6 +53,7 @@ from dtrain.core import internals
 from dtrain.core.config import ClusterConfig, Config
 from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, Stopped, UserError, exit_code
 from dtrain.deploy.devices import GPU
+from dtrain.deploy.layout import Role, assign, describe, one_blas_thread, pin_cpus, rank_place
 from dtrain.deploy.logs import CLOSING_OP, CutByClose, quiet_logs
 from dtrain.deploy.options import dashboard_link_config, security_for
 from dtrain.deploy.signals import ignore_stop_signals
@@ -61,13 +70,15 @@ ABORT_GRACE_S = 0.2      # lets mpiexec pass on the last words before MPI_Abort 
 @dataclass(frozen=True)
 class Job:
     """What the head runs: a checked ``config``, ``run(client)`` that trains (or resumes) on
-    the cluster, and the MPI ranks the run needs (``ranks``, the head included; ``ranks_why``
-    says who they are)."""
+    the cluster, the MPI ranks the run needs (``ranks``, the head included; ``ranks_why``
+    says who they are), and the leaves (shards or slices) it computes, which bound a
+    worker's useful threads (0: unknown)."""
 
     config: Config
     run: Callable[[Client], Any]
     ranks: int
     ranks_why: str
+    leaves: int = 0
 
 
 Prepare = Callable[[], Job]     # parses and checks everything on the head, before any start
@@ -155,6 +166,12 @@ class _Stop:
     code: int
 
 
+@dataclass(frozen=True)
+class _Start:
+    address: str
+    roles: dict[int, Role]  # worker rank -> its Role (threads 0: it starts no Dask worker)
+
+
 def _arrive(comm: Any, late: str) -> None:
     """Return once every rank is here; waiting ranks sleep between polls.
 
@@ -211,22 +228,28 @@ def _head(comm: Any, size: int, prepare: Prepare) -> int:
         raise
     _bcast(comm, _Go(config, security), rank)
     local_worker_index(comm, is_worker=False)
+    rank_place(comm, is_worker=False, gpu=False)
     reports = [r for r in _gather(comm, None, rank) if r is not None]
-    problem = gpu_problem(config, reports, uses_workers=job.ranks > 1)
+    gpus, places = [g for g, _ in reports], [p for _, p in reports]
+    problem = gpu_problem(config, gpus, uses_workers=job.ranks > 1)
     if problem:
         _bcast(comm, _Stop(2), rank)            # in place of the address: nothing started
         raise UserError(problem)
+    roles = assign(places, config.cluster, job.ranks - 1, job.leaves)
     scheduler = SchedulerThread(config.cluster, security, lambda msg: _abort(comm, msg, 1))
     try:
         address = scheduler.start()
     except BaseException:
         _bcast(comm, None, rank)
         raise
-    _bcast(comm, address, rank)
+    _bcast(comm, _Start(address, roles), rank)
     print(f"scheduler: {address} on rank {rank}"
           f"{' (TLS, per-run certificate)' if security else ' (no TLS)'}, {size - 1} worker "
           f"rank(s)")
-    error = _drive(comm, config, job.run, address, security, size - 1)
+    if places:
+        print(describe(roles, places, config.cluster.layout))
+    serving = sum(1 for role in roles.values() if role.threads)
+    error = _drive(comm, config, job.run, address, security, serving)
     code = exit_code(error) if error else 0
     if not scheduler.close_workers(SHUTDOWN_S):
         _abort(comm, f"the worker ranks did not close within {SHUTDOWN_S:g} s", 1)
@@ -369,16 +392,23 @@ def _worker(comm: Any, rank: int, head: int) -> int:
         return go.code
     index = local_worker_index(comm, is_worker=True)
     report = gpu_report(go.config.cluster.device, rank, pin_gpu(go.config.cluster.device, index))
-    _gather(comm, report, head)
+    place = rank_place(comm, is_worker=True, gpu=report.gpu is not None)
+    _gather(comm, (report, place), head)
     gpu = report.gpu
-    address = _bcast(comm, None, head)
-    if isinstance(address, _Stop):
-        return address.code
-    if address is None:
+    start = _bcast(comm, None, head)
+    if isinstance(start, _Stop):
+        return start.code
+    if start is None:
         return 1
+    role = start.roles[rank]
+    if not role.threads:             # its node's cores are another rank's threads: wait, as
+        return _bcast(comm, None, head)      # long as the run takes, for the exit code
+    pin_cpus(role.cpus)
+    one_blas_thread()                # the same bits as any other layout's workers
     keep_freed_memory()              # before the worker starts its task threads
     try:
-        asyncio.run(_serve_worker(address, go.config.cluster, go.security, rank, gpu is not None))
+        asyncio.run(_serve_worker(start.address, go.config.cluster, go.security, rank,
+                                  gpu is not None, role.threads))
     except (OSError, TimeoutError) as exc:        # e.g. the scheduler is unreachable
         _abort(comm, f"MPI rank {rank}: the Dask worker stopped: {type(exc).__name__}: {exc}", 1)
     except KeyboardInterrupt:                     # the head reports it
@@ -390,9 +420,10 @@ def _worker(comm: Any, rank: int, head: int) -> int:
 
 
 async def _serve_worker(address: str, cfg: ClusterConfig, security: Any, rank: int,
-                        gpu: bool) -> None:
-    """One Dask worker named by its rank; a rank given a GPU advertises it."""
-    async with Worker(address, name=rank, nthreads=cfg.threads_per_worker, security=security,
+                        gpu: bool, threads: int) -> None:
+    """One Dask worker of ``threads`` threads named by its rank; a rank given a GPU
+    advertises it."""
+    async with Worker(address, name=rank, nthreads=threads, security=security,
                       interface=cfg.interface or None, death_timeout=cfg.timeout,
                       resources={GPU: 1} if gpu else None) as worker:
         log = logging.getLogger("distributed.worker")

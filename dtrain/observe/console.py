@@ -51,7 +51,8 @@ def progress_line(msg: dict[str, Any], steps: int, epochs: int, rate: float | No
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The final console summary."""
     return [
-        f"done: {summary['strategy']} on {summary['workers']} worker(s), "
+        f"done: {summary['strategy']} on {summary['workers']} worker(s)"
+        f"{_threads(summary)}, "
         f"{summary['shards']} shards, {_epochs(summary)}, "
         f"{summary.get('steps_run', summary['steps'])} steps "
         f"in {summary['seconds']:.2f} s ({_fmt(summary['samples_per_second'], ',.0f')} samples/s)",
@@ -61,7 +62,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         + f"test_loss {_fmt(summary['test_loss'], '.4f')}  "
         f"on {summary['test_samples']} test samples",
         f"efficiency {_fmt(summary.get('efficiency'), '.1%')} (time in forward-backward / wall "
-        f"time, over workers)  step {_ms(summary.get('step_seconds'))}  overhead "
+        f"time, over worker threads)  step {_ms(summary.get('step_seconds'))}  overhead "
         f"{_ms(summary.get('overhead_per_step'))} per step",
     ] + ([f"bytes between workers per step {summary['comm_bytes_per_step']:,.0f} (from the "
           f"graph), {_fmt(summary.get('comm_bytes_measured_per_step'), ',.0f')} (measured)"]
@@ -77,6 +78,12 @@ def _epochs(summary: dict[str, Any]) -> str:
     kept = ", its parameters kept" if summary.get("params_from_epoch") else ""
     return (f"{stopped} of {summary['epochs']} epochs (stopped early; best "
             f"{summary['monitor']} at epoch {summary['best_epoch']}{kept})")
+
+
+def _threads(summary: dict[str, Any]) -> str:
+    """`` (2 threads)``: the Dask threads of the workers in all, where there are workers."""
+    threads = summary.get("threads")
+    return f" ({threads} thread{'s' if threads != 1 else ''})" if threads else ""
 
 
 def split_lines(summary: dict[str, Any]) -> list[str]:

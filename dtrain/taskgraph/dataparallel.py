@@ -17,9 +17,10 @@ its own ``update-<step>-<first shard>`` from the root level's partial sums,
 and the next step's ``forward-backward`` tasks apply the same update first
 instead of waiting for it.  With ``fuse_shards`` a reduce group whose shards
 all sit on one worker is one ``forward-backward`` task (named by its first
-shard) that sums them as the reduce would.  Local SGD replaces each step by a
+shard) that sums them as the reduce would (``auto``: where that is worth it,
+:func:`fuse_choice`).  Local SGD replaces each step by a
 round: ``local-sgd-<step>-<shard>`` leaves that run ``sync_every`` steps
-alone, averaged by the tree.
+alone, averaged by the tree (a worker's group of them fused the same way).
 
 The tree itself is :mod:`~dtrain.taskgraph.reduction`, where tasks run
 :mod:`~dtrain.taskgraph.placement`, what they compute
@@ -29,6 +30,7 @@ The tree itself is :mod:`~dtrain.taskgraph.reduction`, where tasks run
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -50,14 +52,44 @@ from dtrain.taskgraph.window import DataItem, Window
 
 HeldOut = TaskRef | tuple[tuple[TaskRef, str], ...] | None   # one shard, or parts where they are
 TINY_FLOPS = 2e6    # a shard's forward-backward this small (~1 ms of NumPy) is not worth a thread
+# graph.fuse_shards = "auto" fuses a worker's shards where a shard's forward-backward is at most
+# this many FLOP per task that fusing saves.  A task costs the scheduler and its worker about
+# 1 ms of CPU (benchmarks/model.py: 0.6 ms of scheduler CPU, plus the worker's own), and one
+# thread computes 50-180 GFLOP/s of float32 forward-backward, so below this line the saved
+# tasks are worth more than ~5 % of a step's compute (benchmarks/README.md, "Shards in one
+# task or one each", measures the line)
+FUSE_FLOPS_PER_TASK = 1e9
 
 
 def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, recipe: Recipe,
-          run: str, readers: Sequence[str] = (), fusable: bool = True
+          run: str, readers: Sequence[str] = ()
           ) -> tuple[list[Leaf], dict[str, bool], dict[str, Spec]]:
     return tree(win, str(index), leaves, placement.root, recipe.fan_in,
                 recipe.fuse_update or bool(readers), recipe.leaf_bytes, run, readers,
-                fusable=recipe.fuse_shards and fusable)
+                fusable=recipe.fuse_shards == "true")
+
+
+def fuse_choice(recipe: Recipe, placement: Placement, rows: int) -> tuple[bool, str]:
+    """Whether a worker's shards share one ``forward-backward`` task (``graph.fuse_shards``),
+    and why, for shards of about ``rows`` rows a step.
+
+    ``auto`` fuses where a worker holds ``w > 1`` shards and a shard's forward-backward is at
+    most ``FUSE_FLOPS_PER_TASK * (w - 1)`` FLOP: the ``w - 1`` tasks saved per worker and
+    step then cost more than a few percent of its compute.  Elsewhere a task per shard
+    costs nothing measurable, and the dashboard shows every shard.
+    """
+    width = max(Counter(placement.leaves).values(), default=1)
+    if recipe.fuse_shards != "auto":
+        return recipe.fuse_shards == "true", f"graph.fuse_shards = {recipe.fuse_shards}"
+    if width < 2:
+        return False, "auto: one shard per worker, nothing to fuse"
+    flops = recipe.net.flops(rows)
+    fused = flops <= FUSE_FLOPS_PER_TASK * (width - 1)
+    what = (f"auto: up to {width} shards per worker of {flops / 1e6:.3g} MFLOP each ({rows} "
+            f"rows a task)")
+    return fused, what + (f": one task saves {width - 1} per worker and step, worth more "
+                          f"than a few percent of the compute" if fused else
+                          f": a task per shard costs a few percent of the compute at most")
 
 
 def _group(spec: Spec, step: Step, worker: str, placement: Placement, recipe: Recipe) -> Group:
@@ -202,10 +234,11 @@ def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[T
     """Add one local SGD round: each shard runs ``steps`` alone, then the tree averages."""
     last = steps[-1].index
     leaves = _leaves(keys.LOCAL_SGD, steps[0].index, shards, placement, run)
-    root, crosses, _ = _tree(win, last, leaves, placement, recipe, run, fusable=False)
-    for name, i, worker in leaves:
-        task = LocalSteps(recipe.opt, recipe.shuffle_seed, tuple(steps), i, crosses[name])
-        win.add(Task(name, local_steps, task, TaskRef(state), shards[i]), worker,
+    root, crosses, spec = _tree(win, last, leaves, placement, recipe, run)
+    for name, i, worker, group, refs in _leaf_tasks(leaves, spec, steps[0], shards, placement,
+                                                     recipe):
+        task = LocalSteps(recipe.opt, recipe.shuffle_seed, tuple(steps), group, crosses[name])
+        win.add(Task(name, local_steps, task, TaskRef(state), *refs), worker,
                 recipe.leaf_bytes)
     # the round is reported as its last step (its epoch sums restart with its first)
     task = Average(recipe.opt, dataclasses.replace(steps[0], index=last), host,
@@ -239,19 +272,31 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
     on the validation shard ``val`` (without a validation split it reports the
     epoch's train loss only: it still marks the epoch's end).
     """
-    win = Window()
+    win = Window()      # a local SGD round computes sync_every steps' rows
+    fuse, why = fuse_choice(recipe, placement, max(map(shard_rows, steps)) * recipe.sync_every)
+    recipe = dataclasses.replace(recipe, fuse_shards="true" if fuse else "false")
     state = win.add(DataNode(keys.make(keys.STATE, steps[0].index, run=run), start),
                     placement.root, recipe.state_bytes)
-    if recipe.replicated:
-        return _replicated_window(win, steps, state, shards, val, placement, recipe, run)
     todo = units(steps, recipe)
-    for n, group in enumerate(todo):
-        host = n == len(todo) - 1 or _state_leaves_root(placement)   # the driver takes the last
-        state = unit(win, group, state, shards, placement, recipe, run, host)
-        if group[-1].last:
-            _evaluate(win, group[-1].epoch, state, val, placement, recipe, run)
-    win.ends = [state]
+    if recipe.replicated:
+        _replicated_window(win, steps, state, shards, val, placement, recipe, run)
+    else:
+        for n, group in enumerate(todo):
+            host = n == len(todo) - 1 or _state_leaves_root(placement)   # the driver takes it
+            state = unit(win, group, state, shards, placement, recipe, run, host)
+            if group[-1].last:
+                _evaluate(win, group[-1].epoch, state, val, placement, recipe, run)
+        win.ends = [state]
+    leaves = sum(keys.kind_of(k) in keys.LEAVES for k in win.dsk)
+    done = leaves < len(todo) * len(shards)             # some task sums several shards
+    win.fused = (done, why if done or not fuse else
+                 why + "; but no reduce group lies on one worker (fan-in, placement)")
     return win
+
+
+def shard_rows(step: Step) -> int:
+    """The most rows a shard computes in ``step``."""
+    return max(hi - lo for lo, hi in step.bounds)
 
 
 def _evaluate(win: Window, epoch: int, state: str, val: HeldOut, placement: Placement,

@@ -30,7 +30,8 @@ class Recipe:
     step_events: int = 0           # send a step event every this many steps (0: never)
     replicated: bool = False       # every worker applies each update
     state_every: int = 1           # replicated: steps between the tasks keeping each state
-    fuse_shards: bool = True       # a worker's reduce subtree in one leaf task (see tree)
+    fuse_shards: str = "true"      # a worker's reduce subtree in one leaf task: "true",
+                                   # "false", "auto" (see dataparallel.fuse_choice)
     step_event_gap: float = 0.0    # step events: at most one per this many seconds per worker
     keep_states: bool = False      # evaluations return their epoch's state (early stopping)
 

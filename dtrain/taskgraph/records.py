@@ -97,13 +97,14 @@ class Update:
 
 @dataclass(frozen=True)
 class LocalSteps:
-    """``local-sgd-<step>-<shard>``: shard ``shard`` runs ``steps`` alone from the state.
-    Inputs: the state, the shard."""
+    """``local-sgd-<step>-<shard>``: each shard of ``group`` runs ``steps`` alone from the
+    state; a group of several is summed as its reduce subtree would (``group.rows`` are
+    unused: each step has its own).  Inputs: the state, the group's shards in order."""
 
     opt: Optimizer
     shuffle_seed: int | None
     steps: tuple[Step, ...]
-    shard: int
+    group: Group
     host: bool
 
 

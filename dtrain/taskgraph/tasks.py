@@ -11,6 +11,7 @@ import operator
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,8 +23,8 @@ from dtrain.data.shards import Shard
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, Step, TrainState, average, local_sgd, update
 from dtrain.maths.scores import TargetSums
-from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, LocalSteps, Reduce,
-                                      Update, Updates)
+from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
+                                      Reduce, Update, Updates)
 
 
 def _one_shard(net: Network, shuffle_seed: int | None, epoch: int, rows: tuple[int, int],
@@ -69,21 +70,25 @@ def _nested_sum(tree: int | tuple, bufs: list) -> Any:
     return sum_in_order(*(_nested_sum(t, bufs) for t in tree))
 
 
-def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
-    """Each shard of the group, summed as its reduce subtree would sum them: the same
-    buffer, bit for bit, in one task instead of several."""
-    group = task.group
-
+def _summed(group: Group, one: Callable[[int], Any]) -> Any:
+    """``one(p)`` for each position ``p`` of the group, on up to ``group.threads`` of the
+    worker's threads, summed as the group's reduce subtree would sum them: the same buffer,
+    bit for bit, in one task instead of several."""
     def run(positions: range) -> list:
-        return [_one_shard(task.net, task.shuffle_seed, task.epoch, group.rows[p], state,
-                           shards[p]) for p in positions]
+        return [one(p) for p in positions]
 
-    n = len(shards)
+    n = len(group.shards)
     ways = min(group.threads, n, _worker_threads()) if group.threads > 1 else 1
     parts = [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
     helpers = [_helpers().submit(run, part) for part in parts[1:]]
     bufs = run(parts[0]) + [b for f in helpers for b in f.result()]
     return _nested_sum(group.tree, bufs)
+
+
+def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
+    """Each shard of the task's group, summed in its subtree's order (:func:`_summed`)."""
+    return _summed(task.group, lambda p: _one_shard(task.net, task.shuffle_seed, task.epoch,
+                                                    task.group.rows[p], state, shards[p]))
 
 
 # --- replicated updates: each computed once per worker --------------------------------------
@@ -168,11 +173,17 @@ def update_state(task: Update, state: TrainState, *grads) -> TrainState:
     return new
 
 
-def local_steps(task: LocalSteps, state: TrainState, shard: Shard) -> Any:
-    """Local SGD leaf: the shard runs ``steps`` alone from ``state``, where it lives."""
-    local = TrainState(like(state.vector, shard.x))
-    out = local_sgd(task.opt, task.steps, local,
-                    lambda s: shard.batch(s.epoch, *s.bounds[task.shard], task.shuffle_seed))
+def local_steps(task: LocalSteps, *inputs) -> Any:
+    """Local SGD leaf: each shard of the group runs ``steps`` alone from the state, where
+    it lives; a group's buffers summed in its subtree's order (:func:`_summed`)."""
+    state, shards = inputs[0], inputs[1:]
+
+    def one(p: int) -> Any:
+        shard, i = shards[p], task.group.shards[p]
+        return local_sgd(task.opt, task.steps, TrainState(like(state.vector, shard.x)),
+                         lambda s: shard.batch(s.epoch, *s.bounds[i], task.shuffle_seed))
+
+    out = _summed(task.group, one)
     return to_host(out) if task.host else out
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from dask.task_spec import DataNode, Task
 from dask.tokenize import normalize_token
 
+from dtrain.core import keys
 from dtrain.maths.optim import TrainState
 
 
@@ -62,6 +63,11 @@ class Window:
     ends: list[str] = field(default_factory=list)
     join: Callable[[list[Any]], TrainState] = lambda values: values[0]
     evals: dict[int, str] = field(default_factory=dict)     # epoch -> evaluate key
+    fused: tuple[bool, str] | None = None   # whether a worker's shards share a task, and why
+
+    def step_tasks(self) -> int:
+        """Tasks of the training steps: every task but the starting state and evaluations."""
+        return sum(keys.kind_of(name) not in (keys.STATE, keys.EVALUATE) for name in self.dsk)
 
     def add(self, node: Task | DataNode, worker: str, nbytes: int = 0) -> str:
         self.dsk[node.key] = node

@@ -34,13 +34,14 @@ from dtrain.deploy import tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import wait_for_workers, worker_addresses, workers
+from dtrain.deploy.workers import wait_for_workers, workers
 from dtrain.core.arrays import gpu_problem
 from dtrain.maths.optim import TrainState, update
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
 from dtrain.data import partitions
-from dtrain.taskgraph.dataparallel import TINY_FLOPS, HeldOut, add_evaluation
+from dtrain.taskgraph.dataparallel import (TINY_FLOPS, HeldOut, add_evaluation, fuse_choice,
+                                           shard_rows)
 from dtrain.taskgraph.placement import Placement, Worker
 from dtrain.taskgraph.records import Evaluate
 from dtrain.taskgraph.tasks import calibrate, evaluate
@@ -69,11 +70,18 @@ def inline_kinds(plan: Plan, placement: Placement | None = None,
     if plan.recipe.state_bytes > INLINE_MAX_BYTES:
         return ()
     shared = max(Counter(placement.leaves).values()) \
-        if placement and placement.leaves and plan.recipe.fuse_shards else 1
+        if placement and placement.leaves and fused(plan, placement)[0] else 1
     rows = plan.config.train.batch_size / max(len(plan.ranges), 1) * shared   # per task, step
     limit = INLINE_ALONE_FLOPS if threads == 1 else INLINE_MAX_FLOPS
     short = plan.net.flops(rows) <= limit
     return (keys.UPDATE, keys.REDUCE, *((keys.FORWARD_BACKWARD,) if short else ()))
+
+
+def fused(plan: Plan, placement: Placement) -> tuple[bool, str]:
+    """Whether a worker's shards share one forward-backward task on ``placement``, and why
+    (:func:`~dtrain.taskgraph.dataparallel.fuse_choice`, for a full step's shards)."""
+    return fuse_choice(plan.recipe, placement,
+                       shard_rows(plan.schedule[0]) * plan.recipe.sync_every)
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,7 @@ class Outcome:
     comm: dict[str, int] = field(default_factory=dict)         # bytes between workers
     split: dict[str, dict[str, Any]] = field(default_factory=dict)   # work per worker
     moved: dict[str, Any] = field(default_factory=dict)        # partitions moved, and why
+    graph: dict[str, Any] = field(default_factory=dict)   # tasks, transfers, fused shards
 
 
 def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float, first: int) -> dict[str, Any]:
@@ -247,6 +256,9 @@ class DaskEngine:
         self.items: list[tuple[str, Future]] = []   # (worker, loading-task future)
         self.loads = 0
         self.predicted_bytes = 0                    # what the graphs say crosses workers
+        self.predicted_transfers = 0                # ... in how many values
+        self.step_tasks = 0                         # the graphs' tasks of training steps
+        self.fused: tuple[bool, str] | None = None  # the last window's fuse_choice
         self.speed: dict[str, float] = {}           # calibrated samples/s, by worker address
         self.cuda: dict[str, str] = {}              # GPU workers: why CuPy fails there ("": ok)
         self.placement: Placement | None = None
@@ -425,7 +437,8 @@ class DaskEngine:
         for a in [a for a in info if pl and a in pl.workers]:
             mine = [i for i, w in enumerate(pl.leaves) if w == a]
             out[names.get(a, a)] = {
-                "device": "gpu" if a in pl.gpus else "cpu", "leaves": len(mine),
+                "device": "gpu" if a in pl.gpus else "cpu", "threads": info[a].get("nthreads"),
+                "leaves": len(mine),
                 "samples": sum(self.plan.ranges[i][1] - self.plan.ranges[i][0] for i in mine)
                 if self.plan.strategy.leaf == "shard" else None,
                 "samples_per_second": round(self.speed[a], 1) if a in self.speed else None}
@@ -465,7 +478,11 @@ class DaskEngine:
             win = p.builder.window([p.schedule[t] for t in window], state, self.refs,
                                    self.held_refs(val), placement, self.run_id)
             located = {f.key: w for w, f in self.items} | _located(val, placement.root)
-            self.predicted_bytes += win.transfer_bytes(located)
+            moves = win.transfers(located)
+            self.predicted_bytes += sum(win.nbytes.get(k, 0) for k, _, _ in moves)
+            self.predicted_transfers += len(moves)
+            self.step_tasks += win.step_tasks()
+            self.fused = win.fused or self.fused
             futures = self._submit(win)
             ends, evals = futures[:len(win.ends)], futures[len(win.ends):]
             self.live = futures + [f for _, f in book.pending]
@@ -497,13 +514,17 @@ class DaskEngine:
             result = self._test(final, test, placement)
         moved = metrics.transfers(self.client, self.run_id)
         trained = book.steps_done(done)
-        return Outcome(book.rows, final, last, self.normalization, result,
-                       len(worker_addresses(self.client)), seconds, book.began - t0,
-                       trained - start.step, p.schedule.samples(start.step, trained),
+        threads = [i.get("nthreads", 1) for i in workers(self.client).values()]
+        return Outcome(book.rows, final, last, self.normalization, result, len(threads),
+                       seconds, book.began - t0, trained - start.step,
+                       p.schedule.samples(start.step, trained),
                        metrics.task_times(self.client, self.run_id) or {},
                        metrics.worker_peak_rss_mb(self.client),
                        {"predicted": self.predicted_bytes, "measured": moved["bytes"],
-                        "transfers": moved["transfers"]}, self.split(), moved_summary(self.moved))
+                        "transfers": moved["transfers"],
+                        "predicted_transfers": self.predicted_transfers}, self.split(),
+                       moved_summary(self.moved),
+                       {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads)})
 
 
 def moved_summary(moved: list[tuple[int, str, str, int]]) -> dict[str, Any]:

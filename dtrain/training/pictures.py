@@ -1,7 +1,7 @@
 """Pictures of what a config would run: one step's task graph, and the gallery in ``graphs/``.
 
 :func:`step_picture` builds the graph the trainer would submit for step 0
-(with the loading tasks it refers to) for ``cluster.workers`` fake workers,
+(with the loading tasks it refers to) for ``cluster.workers`` fake workers (2 if 0),
 as a :class:`~dtrain.observe.drawing.Picture`; the gallery is every
 strategy's own pictures (:attr:`dtrain.taskgraph.strategies.Strategy.pictures`).
 """
@@ -22,12 +22,13 @@ from dtrain.taskgraph.strategies import STRATEGIES
 from dtrain.training.plan import plan
 
 GALLERY_BASE = ("data.shards=8", "cluster.workers=4")
+PICTURE_WORKERS = 2              # fake workers where cluster.workers is 0 (as the layout says)
 RUN = "picture"                  # the run id in the pictured keys (not shown)
 
 
 def step_picture(config: Config) -> Picture:
     """One training step's task graph for ``config`` (a local SGD round: one round), placed on
-    ``cluster.workers`` workers."""
+    ``cluster.workers`` workers (:data:`PICTURE_WORKERS` if 0), one thread each."""
     cfg = config
     # replicated updates keep each state every graph.state_every steps; the picture keeps
     # step 0's, to show where it would be kept
@@ -35,7 +36,7 @@ def step_picture(config: Config) -> Picture:
     if p.builder is None:
         raise UserError(f"graph.strategy = '{p.strategy.name}' runs without a task graph; "
                         f"picture another strategy, e.g. 'allreduce' or 'parameter-server'")
-    workers = [f"worker-{i}" for i in range(cfg.cluster.workers)]
+    workers = [f"worker-{i}" for i in range(cfg.cluster.workers or PICTURE_WORKERS)]
     if len(workers) < p.builder.min_workers:
         raise UserError(f"graph.strategy = '{p.strategy.name}' needs {p.builder.min_workers} "
                         f"workers ({p.strategy.workers_word.removeprefix('the head + ')}); use "

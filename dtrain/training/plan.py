@@ -119,6 +119,11 @@ class Plan:
                        self.norm)
 
     @property
+    def leaves(self) -> int:
+        """The leaves of its reduce tree: shards, or a model-parallel net's slices."""
+        return self.config.graph.slices if self.strategy.leaf == "slice" else len(self.ranges)
+
+    @property
     def train_samples(self) -> int:
         return self.ranges[-1][1]
 

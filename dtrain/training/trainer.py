@@ -241,13 +241,13 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
 
 @contextlib.contextmanager
 def _discarded_if_unused(recorder: Recorder) -> Iterator[None]:
-    """A new run that fails before its first epoch or checkpoint (no cluster, data broken on
-    a worker...) leaves no run directory behind; one stopped by a signal stays, resumable."""
+    """A new run that bad input stops before its first epoch or checkpoint (no cluster, data
+    broken on a worker...) leaves no run directory behind.  Any other end keeps it: a
+    signal's (resumable), a divergence's (its metrics and trackers say what happened), a
+    bug's (to look at)."""
     try:
         yield
-    except (Stopped, KeyboardInterrupt):
-        raise
-    except BaseException:
+    except UserError:
         if recorder.run_dir is not None:
             recorder.run_dir.discard_unused()
         raise
@@ -263,24 +263,25 @@ def _engine(plan: Plan, client: Client | None,
         with recorder.attached(client):
             yield DaskEngine(plan, client)
     else:
-        with _cluster(cfg, None) as own, recorder.attached(own):
+        with _cluster(cfg, None, plan.leaves) as own, recorder.attached(own):
             yield DaskEngine(plan, own)
 
 
 @contextlib.contextmanager
-def _cluster(cfg: Config, client: Client | None) -> Iterator[Client]:
-    """``client``, or a cluster of our own (closed after) with the workers the strategy
-    needs."""
+def _cluster(cfg: Config, client: Client | None, leaves: int = 0) -> Iterator[Client]:
+    """``client``, or a cluster of our own (closed after), shaped by ``cluster.layout`` for
+    the workers the strategy needs and the ``leaves`` it computes (0: not known yet)."""
     if client is not None:
         yield client
         return
     strategy = strategies.get(cfg.graph.strategy)
-    needed = strategy.min_workers
-    if not cfg.cluster.scheduler_address and cfg.cluster.workers < needed:
+    needed, c = strategy.min_workers, cfg.cluster
+    one_each = c.kind == "local" or c.layout == "hybrid"   # a worker per count (not per job)
+    if not c.scheduler_address and one_each and 0 < c.workers < needed:
         raise UserError(f"graph.strategy = '{strategy.name}' needs {needed} workers "
                         f"({strategy.workers_word.removeprefix('the head + ')}), found "
-                        f"{cfg.cluster.workers}; use --workers {needed}")
-    with connect(cfg.cluster) as own:
+                        f"{c.workers}; use --workers {needed}")
+    with connect(c, needed, leaves) as own:
         yield own
 
 
@@ -312,6 +313,8 @@ def _summary(plan: Plan, outcome: Outcome, watch: Watch) -> dict[str, Any]:
         "dataset": plan.info.name,
         "strategy": cfg.graph.strategy,
         "workers": outcome.workers,
+        "threads": outcome.graph.get("threads", 0),
+        "layout": cfg.cluster.layout,
         "shards": len(plan.ranges),
         "fan_in": plan.recipe.fan_in,
         "epochs": cfg.train.epochs,
@@ -337,6 +340,7 @@ def _summary(plan: Plan, outcome: Outcome, watch: Watch) -> dict[str, Any]:
         **_regression(plan, outcome),
         **_timing(outcome),
         **_comm(outcome),
+        **_graph(outcome),
         "work_split": outcome.split,
         **({"data_moved": outcome.moved} if outcome.moved else {}),
         "driver_peak_rss_mb": round(peak_rss_mb(), 1),
@@ -362,6 +366,19 @@ def _comm(outcome: Outcome) -> dict[str, Any]:
             "comm_transfers": outcome.comm["transfers"]}
 
 
+def _graph(outcome: Outcome) -> dict[str, Any]:
+    """Tasks and transfers per step (the graphs' count; Dask's transfer records), and whether
+    a worker's shards shared a task."""
+    g, steps = outcome.graph, outcome.steps
+    if not g or not steps:
+        return {"tasks_per_step": None, "transfers_per_step": None}
+    fused = g.get("fused")
+    return {"tasks_per_step": g["tasks"] / steps,
+            "transfers_per_step": outcome.comm["predicted_transfers"] / steps,
+            "transfers_measured_per_step": outcome.comm["transfers"] / steps,
+            "fused_shards": None if fused is None else {"fused": fused[0], "why": fused[1]}}
+
+
 def _timing(outcome: Outcome) -> dict[str, Any]:
     """Efficiency (time in forward-backward / wall time, over workers) and per-step overhead
     (wall time per step minus the compute on the step's critical path)."""
@@ -369,7 +386,8 @@ def _timing(outcome: Outcome) -> dict[str, Any]:
     if not steps or not outcome.seconds or not c:
         return {"efficiency": None, "step_seconds": None, "overhead_per_step": None}
     step = outcome.seconds / steps
-    return {"efficiency": c["forward_backward_seconds"] / (outcome.seconds * max(outcome.workers, 1)),
+    lanes = max(outcome.graph.get("threads", 0), outcome.workers, 1)   # tasks side by side
+    return {"efficiency": c["forward_backward_seconds"] / (outcome.seconds * lanes),
             "step_seconds": step, "compute_per_step": c["critical_seconds"] / steps,
             "overhead_per_step": step - c["critical_seconds"] / steps,
             "task_seconds": {k.removesuffix("_seconds"): v for k, v in c.items()
