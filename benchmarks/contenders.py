@@ -216,7 +216,7 @@ class Contender:
                     "-m", "benchmarks.mpi_trainers", str(run_dir)]
         return [*tools.mpi_command(ranks), PYTHON, "-m", "benchmarks.rank_rss", str(run_dir),
                 "dtrain", "--scheduler-rank", "0", "--config", str(run_dir / "config.toml"),
-                "--out", str(run_dir)]
+                "--out", str(run_dir), "--force"]     # the run directory holds its config
 
 
 CONTENDERS = [

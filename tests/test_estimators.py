@@ -30,6 +30,8 @@ import dask.dataframe as dd
 import dtrain
 from conftest import REPO, run_cli
 from dtrain.core import keys
+from dtrain.core.config import ClusterConfig
+from dtrain.deploy.layout import local_shape
 
 SPECIES = np.array(["setosa", "versicolor", "virginica"])
 FEATURES = ["sepal length", "sepal width", "petal length", "petal width"]
@@ -433,7 +435,9 @@ def test_numpy_without_a_client_runs_on_one_shared_embedded_cluster():
     embedded = cluster.embedded()
     second = dtrain.MLPClassifier(max_iter=5).fit(x, y)
     assert cluster.embedded() is embedded and _same_bytes(first, second)
-    assert second.summary_["workers"] == 2
+    shape = local_shape(ClusterConfig())             # the command line's embedded cluster
+    assert (second.summary_["workers"], second.summary_["threads"]) == \
+        (shape.workers, shape.workers * shape.threads)
     try:
         current = default_client()
     except ValueError:

@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -339,10 +340,16 @@ class SchedulerThread:
         self._loop = asyncio.get_running_loop()
         try:
             dash = self.cfg.dashboard_address
+            # a busy dashboard port: distributed takes another and says so in four lines; the
+            # dashboard line the head prints gives the port it got
+            warnings.filterwarnings("ignore", message="Port .* is already in use",
+                                    category=UserWarning)
             self._scheduler = await Scheduler(
                 protocol="tls" if self.security else "tcp", security=self.security,
                 interface=self.cfg.interface or None, port=0, dashboard=bool(dash),
-                dashboard_address=dash or None, plugins=[self.plugin])
+                # without a dashboard the scheduler still serves /health and /metrics: on
+                # any free port, not on 8787, which another run may hold
+                dashboard_address=dash or ":0", plugins=[self.plugin])
         except BaseException as exc:
             self._error = exc
             return

@@ -241,13 +241,12 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
 
 @contextlib.contextmanager
 def _discarded_if_unused(recorder: Recorder) -> Iterator[None]:
-    """A new run that bad input stops before its first epoch or checkpoint (no cluster, data
-    broken on a worker...) leaves no run directory behind.  Any other end keeps it: a
-    signal's (resumable), a divergence's (its metrics and trackers say what happened), a
-    bug's (to look at)."""
+    """A new run that bad input (or a loss that explodes at once) stops before its first
+    epoch or checkpoint leaves no run directory behind; one that recorded anything keeps
+    it.  A run stopped by a signal keeps it (resumable), and so does a bug (to look at)."""
     try:
         yield
-    except UserError:
+    except (UserError, Diverged):
         if recorder.run_dir is not None:
             recorder.run_dir.discard_unused()
         raise
