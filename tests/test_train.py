@@ -16,7 +16,8 @@ from dtrain.deploy import tuning
 from dtrain.deploy.local import local_cluster
 from dtrain.deploy.workers import worker_addresses
 from dtrain.taskgraph.placement import place
-from dtrain.training.engines import DaskEngine, inline_kinds, window_steps, windows
+from dtrain.training.course import window_steps, windows
+from dtrain.training.engines import DaskEngine, inline_kinds
 from dtrain.training.plan import plan
 
 QUICK = ["train.epochs=4", "optim.name=momentum", "data.shards=5", "graph.fan_in=2"]

@@ -65,6 +65,7 @@ class Recorder:
         self.feed: LiveFeed | None = None
         self.timeline: dict[str, Any] | None = None
         self.saved: tuple[int, Path] | None = None     # the last checkpoint: step, file
+        self.phases: dict[str, float] = {}             # seconds of the run's fixed costs
         self.tracker = Tracker(config, self.path, resume_epochs is not None, self.say)
 
     def __enter__(self) -> Recorder:

@@ -16,7 +16,7 @@ import numpy as np
 class Worker:
     """A worker as placement sees it: its address, whether it computes on a GPU, and its
     relative speed (measured when CPU and GPU workers mix; else 1); and its task threads
-    (which tasks may skip the thread pool: :func:`dtrain.training.engines.inline_prefixes`)."""
+    (which tasks may skip the thread pool: :func:`dtrain.training.engines.inline_kinds`)."""
 
     address: str
     gpu: bool = False

@@ -1,24 +1,20 @@
-"""The engines that run a planned training: in one process, or as Dask task graphs.
+"""The Dask engine: a planned training run as task graphs on a cluster.
 
-* :class:`SerialEngine`: the reference; no Dask, each global minibatch in one piece.
-* :class:`DaskEngine`: data on the workers, built by loading tasks; one task
-  graph per window of steps, from the plan's graph builder
-  (:mod:`dtrain.taskgraph`); the driver waits only at window edges, for the
-  state it needs to start the next window; evaluations come back on their
-  own.
-
-Both run the same :class:`~dtrain.training.plan.Schedule` from a
-:class:`Start`, save checkpoints through a
-:class:`~dtrain.training.checkpoint.Checkpoints` and report to a
-:class:`~dtrain.observe.recorder.Recorder`.
+Data lives on the workers, built by loading tasks (or already there, a Dask
+collection's partitions); one task graph per window of steps comes from the
+plan's graph builder (:mod:`dtrain.taskgraph`); the driver waits only at window
+edges, for the state it needs to start the next window; evaluations come back
+on their own.  It runs the plan's :class:`~dtrain.training.plan.Schedule` from a
+:class:`~dtrain.training.course.Start`, saves checkpoints through a
+:class:`~dtrain.training.checkpoint.Checkpoints` and reports to a
+:class:`~dtrain.observe.recorder.Recorder`, as the reference
+(:mod:`dtrain.training.serial`) does in one process.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import dask
@@ -26,29 +22,32 @@ from dask.task_spec import DataNode, TaskRef
 from distributed import Client, Future, wait
 
 from dtrain.core import keys
-from dtrain.core.errors import Stopped, UserError
+from dtrain.core.arrays import gpu_problem
+from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
+from dtrain.data import partitions
 from dtrain.data.prepare import clear_cache, normalization
-from dtrain.data.shards import load_part, load_shard, minibatch
+from dtrain.data.shards import load_part
 from dtrain.deploy import tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
 from dtrain.deploy.workers import wait_for_workers, workers
-from dtrain.core.arrays import gpu_problem
-from dtrain.maths.optim import TrainState, update
+from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
-from dtrain.data import partitions
 from dtrain.taskgraph.dataparallel import (TINY_FLOPS, HeldOut, add_evaluation, fuse_choice,
                                            shard_rows)
 from dtrain.taskgraph.placement import Placement, Worker
 from dtrain.taskgraph.records import Evaluate
-from dtrain.taskgraph.tasks import calibrate, evaluate
+from dtrain.taskgraph.tasks import calibrate
 from dtrain.taskgraph.window import Window
 from dtrain.training.checkpoint import Checkpoint, Checkpoints
+from dtrain.training.course import (Book, Outcome, Start, Stop, chosen, moved_line,
+                                    moved_summary, stop_here, windows)
 from dtrain.training.plan import Plan
 from dtrain.training.stopping import Watch
+
 
 INLINE_MAX_BYTES = 1 << 20    # states up to this size are reduced and updated in the event loop
 INLINE_MAX_FLOPS = TINY_FLOPS  # forward-backward tasks up to this are too
@@ -82,155 +81,6 @@ def fused(plan: Plan, placement: Placement) -> tuple[bool, str]:
     (:func:`~dtrain.taskgraph.dataparallel.fuse_choice`, for a full step's shards)."""
     return fuse_choice(plan.recipe, placement,
                        shard_rows(plan.schedule[0]) * plan.recipe.sync_every)
-
-
-@dataclass(frozen=True)
-class Start:
-    """Where an engine begins: step 0, or a checkpoint's step."""
-
-    state: TrainState
-    step: int = 0
-    epochs_done: int = 0
-
-
-@dataclass
-class Outcome:
-    metrics: list[dict[str, Any]]
-    state: TrainState                                           # what params.npz is made of
-    last: TrainState                                            # the last step's (to go on)
-    normalization: Normalization
-    test: dict[str, float] | None
-    workers: int
-    seconds: float
-    setup_seconds: float
-    steps: int                                                  # steps run by this engine
-    samples: int                                                # samples they trained
-    compute: dict[str, float] = field(default_factory=dict)    # see observe.metrics.StepTimer
-    worker_rss: dict[str, float] = field(default_factory=dict)
-    comm: dict[str, int] = field(default_factory=dict)         # bytes between workers
-    split: dict[str, dict[str, Any]] = field(default_factory=dict)   # work per worker
-    moved: dict[str, Any] = field(default_factory=dict)        # partitions moved, and why
-    graph: dict[str, Any] = field(default_factory=dict)   # tasks, transfers, fused shards
-
-
-def _epoch_row(plan: Plan, ev: dict[str, float], seconds: float, first: int) -> dict[str, Any]:
-    """An epoch's ``metrics.jsonl`` row; its throughput counts the samples of this epoch's
-    steps from ``first`` on (a resumed run trained only those here)."""
-    epoch, per = ev["epoch"], plan.schedule.steps_per_epoch
-    samples = plan.schedule.samples(max(first, (epoch - 1) * per), epoch * per)
-    return {"epoch": epoch, "train_loss": ev.get("train_loss"),
-            "train_accuracy": ev.get("train_accuracy"),
-            "val_loss": ev["loss"] if plan.info.val else None,
-            "val_accuracy": ev["accuracy"] if plan.info.val else None,
-            "seconds": seconds, "samples_per_second": samples / seconds if seconds else None,
-            "lr": plan.schedule.rates[epoch - 1], "steps": per}
-
-
-class Stop:
-    """What asks a run to stop at its next step boundary: :attr:`requested` names the signal
-    (see :class:`dtrain.deploy.signals.StopSignals`); None: carry on."""
-
-    requested: str | None = None
-
-
-def _chosen(watch: Watch, last: TrainState) -> TrainState:
-    """The state params.npz is made of: the best epoch's with ``keep_best`` (once there is
-    one), else the last one trained (the epoch where early stopping stopped)."""
-    return watch.best_state if watch.cfg.keep_best and watch.best_state is not None else last
-
-
-def _stop_here(stop: Stop, plan: Plan, step: int, checkpoints: Checkpoints) -> None:
-    """After the checkpoint of ``step``: raise :class:`Stopped` if a stop was asked for and
-    steps remain."""
-    if stop.requested and step < len(plan.schedule):
-        raise Stopped(stop.requested, step, len(plan.schedule),
-                      step if checkpoints.run_dir is not None else None, checkpoints.run_dir)
-
-
-WINDOW_SECONDS = 1.0              # graph.window = 0: windows of about this long ...
-WINDOW_STEPS = (100, 1000)        # ... and this many steps (the first window: the fewest)
-
-
-def window_steps(plan: Plan, seconds_per_step: float | None) -> int:
-    """Steps in the next window: ``graph.window``, or with 0 (auto) as many as take about
-    ``WINDOW_SECONDS`` at the rate measured so far, within ``WINDOW_STEPS``.
-
-    Each window edge is a pause of some 10-30 ms (the driver waits for the
-    window's end state, then submits the next graph): long windows of short steps
-    hide it, short windows of long steps keep checkpoints frequent.
-    """
-    fixed, (low, high) = plan.config.graph.window, WINDOW_STEPS
-    if fixed or not seconds_per_step:
-        return fixed or low
-    return max(low, min(high, round(WINDOW_SECONDS / seconds_per_step)))
-
-
-def windows(plan: Plan, start: int,
-             seconds_per_step: Callable[[], float | None] = lambda: None) -> Iterator[range]:
-    """Step ranges of the windows from ``start``: the driver syncs and checkpoints at each edge.
-
-    A window ends after :func:`window_steps` steps (``seconds_per_step`` is asked at
-    each edge), or later at the end of a local SGD round.
-    """
-    total = len(plan.schedule)
-    first = start
-    while first < total:
-        stop = min(first + window_steps(plan, seconds_per_step()), total)
-        while stop < total and not plan.recipe.unit_starts(plan.schedule[stop]):
-            stop += 1
-        yield range(first, stop)
-        first = stop
-
-
-class SerialEngine:
-    """The reference: one process, NumPy, every global minibatch in one piece."""
-
-    def __init__(self, plan: Plan):
-        self.plan = plan
-
-    def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
-            stop: Stop = Stop(), watch: Watch | None = None) -> Outcome:
-        p, cfg = self.plan, self.plan.config
-        watch = watch or Watch(cfg.train)
-        t0 = time.perf_counter()
-        shards = [load_shard(src) for src in p.sources]
-        val = load_part(cfg.data, "val", cfg.model.dtype, norm=p.norm)
-        test = load_part(cfg.data, "test", cfg.model.dtype, norm=p.norm)
-        norm = normalization(cfg.data, p.norm)
-        state, rows = start.state, list(recorder.metrics)
-        began = last = time.perf_counter()
-        fb = upd = 0.0
-        done = start.step
-        for window in windows(p, start.step):
-            for t in window:
-                step = p.schedule[t]
-                x, y = minibatch(shards, step.epoch, step.bounds, p.recipe.shuffle_seed)
-                t1 = time.perf_counter()
-                grad = p.net.loss_and_grad(p.opt.params(state), x, y)
-                t2 = time.perf_counter()
-                state = update(p.opt, step, True, state, grad)
-                fb, upd, done = fb + t2 - t1, upd + time.perf_counter() - t2, t + 1
-                if step.last:
-                    now = time.perf_counter()
-                    row = _epoch_row(p, evaluate(Evaluate(p.net, step.epoch), state, val),
-                                     now - last, start.step)
-                    last = now
-                    rows.append(row)
-                    recorder.epoch(row)
-                    if watch.see(row, state):
-                        break
-            if watch.stopped:
-                break
-            checkpoints.save(Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch,
-                                        state, watch.best_state))
-            _stop_here(stop, p, window.stop, checkpoints)
-        seconds = time.perf_counter() - began
-        final = _chosen(watch, state)
-        result = evaluate(Evaluate(p.net, -1), final, test) if p.info.test else None
-        compute = {"forward_backward_seconds": fb, "reduce_seconds": 0.0, "update_seconds": upd,
-                   "critical_seconds": fb + upd}
-        return Outcome(rows, final, state, norm, result, 0, seconds, began - t0,
-                       done - start.step, p.schedule.samples(start.step, done), compute)
 
 
 class DaskEngine:
@@ -465,7 +315,7 @@ class DaskEngine:
         if self.moved:
             recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
         val, test = self.load_held_out(placement)
-        book = _Book(self.plan, recorder, watch, start.step, list(recorder.metrics))
+        book = Book(self.plan, recorder, watch, start.step, list(recorder.metrics))
         state, done = start.state, None
 
         def rate() -> float | None:                 # seconds per step so far
@@ -502,13 +352,13 @@ class DaskEngine:
                 if book.drain():
                     break
                 checkpoints.save(dataclasses.replace(done, best=watch.best_state))
-                _stop_here(stop, p, window.stop, checkpoints)
+                stop_here(stop, p, window.stop, checkpoints)
         else:
             if not book.drain() and done is not None:
                 checkpoints.save(dataclasses.replace(done, best=watch.best_state))
         seconds = time.perf_counter() - book.began
         last = book.last_state if watch.stopped else state
-        final = _chosen(watch, last)
+        final = chosen(watch, last)
         result = None
         if test is not None:
             result = self._test(final, test, placement)
@@ -527,66 +377,8 @@ class DaskEngine:
                        {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads)})
 
 
-def moved_summary(moved: list[tuple[int, str, str, int]]) -> dict[str, Any]:
-    """``summary.json``'s account of the partitions that moved between workers."""
-    if not moved:
-        return {}
-    return {"partitions": len(moved), "bytes": sum(b for *_, b in moved),
-            "why": "balance: a worker held more than its share of the rows (or left)",
-            "moves": [{"partition": i, "from": a, "to": b, "bytes": n} for i, a, b, n in moved]}
-
-
-def moved_line(moved: list[tuple[int, str, str, int]], sizes: tuple[int, ...]) -> str:
-    """The console line saying what moved, how much, and why."""
-    froms = {a for _, a, _, _ in moved}
-    return (f"moved {len(moved)} partition{'s' if len(moved) > 1 else ''} "
-            f"({sum(b for *_, b in moved) / 1e6:,.1f} MB) off "
-            f"{', '.join(sorted(froms))} to balance the workers: "
-            f"{sum(sizes[i] for i, *_ in moved):,} of {sum(sizes):,} training rows")
-
-
 def _located(held: Any, root: str) -> dict[Any, str]:
     """Where held-out data sits: on the root, or each part beside its partition."""
     if isinstance(held, list):
         return {f.key: w for f, w in held}
     return {held.key: root} if held is not None else {}
-
-
-@dataclass
-class _Book:
-    """The driver's book of a Dask run: evaluations in flight and when they arrived, the
-    epoch rows recorded, and what early stopping decided."""
-
-    plan: Plan
-    recorder: Recorder
-    watch: Watch
-    first: int                                  # the step this engine started at
-    rows: list[dict[str, Any]]
-    pending: list[tuple[int, Future]] = field(default_factory=list)
-    arrived: dict[int, float] = field(default_factory=dict)     # epoch -> its evaluation's
-    began: float = field(default_factory=time.perf_counter)
-    last_state: TrainState | None = None        # the newest recorded epoch's (if kept)
-
-    def drain(self) -> bool:
-        """Turn finished evaluations into epoch rows, in epoch order; True once early
-        stopping has stopped the run (no row after its epoch is recorded)."""
-        pending, self.pending = self.pending, []
-        for epoch, fut in pending:
-            if self.watch.stopped:
-                break
-            ev = fut.result()
-            end = self.arrived.get(epoch) or time.perf_counter()
-            row = _epoch_row(self.plan, ev, end - self.arrived.get(epoch - 1, self.began),
-                             self.first)
-            self.rows.append(row)
-            self.recorder.epoch(row)
-            self.last_state = ev.get("state")
-            self.watch.see(row, self.last_state)
-        return self.watch.stopped is not None
-
-    def steps_done(self, done: Checkpoint | None) -> int:
-        """Steps trained: to the end of the epoch early stopping stopped after, else to the
-        last window's end."""
-        if self.watch.stopped is not None:
-            return self.watch.stopped * self.plan.schedule.steps_per_epoch
-        return done.step if done is not None else self.first

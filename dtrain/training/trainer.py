@@ -9,6 +9,7 @@ as Dask task graphs for every other strategy) and write the run directory.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +34,10 @@ from dtrain.taskgraph import strategies
 from dtrain.training import checkpoint, collections
 from dtrain.training.checkpoint import Checkpoints
 from dtrain.training.collections import Collection
-from dtrain.training.engines import DaskEngine, Outcome, SerialEngine, Start
+from dtrain.training.course import Outcome, Start
+from dtrain.training.engines import DaskEngine
 from dtrain.training.plan import Plan, part_spec, partitioned, plan, plan_on
+from dtrain.training.serial import SerialEngine
 from dtrain.training.stopping import Watch
 
 
@@ -233,7 +236,7 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
             raise Stopped("SIGINT", None, len(the_plan.schedule), saved, recorder.path) \
                 from None
         params = the_plan.net.named(the_plan.opt.params(outcome.state))
-        summary = _summary(the_plan, outcome, watch)
+        summary = _summary(the_plan, outcome, watch, recorder.phases)
         spec = model_spec(the_plan, outcome, watch)
         recorder.finish(params, summary, spec, keep_checkpoint=watch.stopped is None)
     return RunResult(outcome.metrics, summary, params, recorder.path, spec, outcome.last)
@@ -262,7 +265,9 @@ def _engine(plan: Plan, client: Client | None,
         with recorder.attached(client):
             yield DaskEngine(plan, client)
     else:
+        began = time.perf_counter()
         with _cluster(cfg, None, plan.leaves) as own, recorder.attached(own):
+            recorder.phases["cluster_seconds"] = round(time.perf_counter() - began, 3)
             yield DaskEngine(plan, own)
 
 
@@ -304,7 +309,8 @@ def model_spec(plan: Plan, outcome: Outcome, watch: Watch) -> ModelSpec:
                      tuple(map(str, plan.info.labels)) if values else ())
 
 
-def _summary(plan: Plan, outcome: Outcome, watch: Watch) -> dict[str, Any]:
+def _summary(plan: Plan, outcome: Outcome, watch: Watch, phases: dict[str, float]
+             ) -> dict[str, Any]:
     """What ``summary.json`` says about a finished run."""
     cfg, net = plan.config, plan.net
     last = outcome.metrics[-1] if outcome.metrics else {}
@@ -329,6 +335,7 @@ def _summary(plan: Plan, outcome: Outcome, watch: Watch) -> dict[str, Any]:
         "test_samples": plan.info.test,
         "seconds": outcome.seconds,
         "setup_seconds": outcome.setup_seconds,
+        "phases": phases,
         "samples_per_second": outcome.samples / outcome.seconds
         if outcome.seconds else None,
         "final_train_loss": last.get("train_loss"),

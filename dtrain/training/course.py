@@ -1,0 +1,175 @@
+"""The course of a run, shared by its engines: where it starts, its windows of steps, its
+epoch rows, signals asking it to stop, early stopping's choice, and what it ends with.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from distributed import Future
+
+from dtrain.core.errors import Stopped
+from dtrain.core.modelfile import Normalization
+from dtrain.maths.optim import TrainState
+from dtrain.observe.recorder import Recorder
+from dtrain.training.checkpoint import Checkpoint, Checkpoints
+from dtrain.training.plan import Plan
+from dtrain.training.stopping import Watch
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where an engine begins: step 0, or a checkpoint's step."""
+
+    state: TrainState
+    step: int = 0
+    epochs_done: int = 0
+
+
+@dataclass
+class Outcome:
+    metrics: list[dict[str, Any]]
+    state: TrainState                                           # what params.npz is made of
+    last: TrainState                                            # the last step's (to go on)
+    normalization: Normalization
+    test: dict[str, float] | None
+    workers: int
+    seconds: float
+    setup_seconds: float
+    steps: int                                                  # steps run by this engine
+    samples: int                                                # samples they trained
+    compute: dict[str, float] = field(default_factory=dict)    # see observe.metrics.StepTimer
+    worker_rss: dict[str, float] = field(default_factory=dict)
+    comm: dict[str, int] = field(default_factory=dict)         # bytes between workers
+    split: dict[str, dict[str, Any]] = field(default_factory=dict)   # work per worker
+    moved: dict[str, Any] = field(default_factory=dict)        # partitions moved, and why
+    graph: dict[str, Any] = field(default_factory=dict)   # tasks, transfers, fused shards
+
+
+def epoch_row(plan: Plan, ev: dict[str, float], seconds: float, first: int) -> dict[str, Any]:
+    """An epoch's ``metrics.jsonl`` row; its throughput counts the samples of this epoch's
+    steps from ``first`` on (a resumed run trained only those here)."""
+    epoch, per = ev["epoch"], plan.schedule.steps_per_epoch
+    samples = plan.schedule.samples(max(first, (epoch - 1) * per), epoch * per)
+    return {"epoch": epoch, "train_loss": ev.get("train_loss"),
+            "train_accuracy": ev.get("train_accuracy"),
+            "val_loss": ev["loss"] if plan.info.val else None,
+            "val_accuracy": ev["accuracy"] if plan.info.val else None,
+            "seconds": seconds, "samples_per_second": samples / seconds if seconds else None,
+            "lr": plan.schedule.rates[epoch - 1], "steps": per}
+
+
+class Stop:
+    """What asks a run to stop at its next step boundary: :attr:`requested` names the signal
+    (see :class:`dtrain.deploy.signals.StopSignals`); None: carry on."""
+
+    requested: str | None = None
+
+
+def chosen(watch: Watch, last: TrainState) -> TrainState:
+    """The state params.npz is made of: the best epoch's with ``keep_best`` (once there is
+    one), else the last one trained (the epoch where early stopping stopped)."""
+    return watch.best_state if watch.cfg.keep_best and watch.best_state is not None else last
+
+
+def stop_here(stop: Stop, plan: Plan, step: int, checkpoints: Checkpoints) -> None:
+    """After the checkpoint of ``step``: raise :class:`Stopped` if a stop was asked for and
+    steps remain."""
+    if stop.requested and step < len(plan.schedule):
+        raise Stopped(stop.requested, step, len(plan.schedule),
+                      step if checkpoints.run_dir is not None else None, checkpoints.run_dir)
+
+
+WINDOW_SECONDS = 1.0              # graph.window = 0: windows of about this long ...
+WINDOW_STEPS = (100, 1000)        # ... and this many steps (the first window: the fewest)
+
+
+def window_steps(plan: Plan, seconds_per_step: float | None) -> int:
+    """Steps in the next window: ``graph.window``, or with 0 (auto) as many as take about
+    ``WINDOW_SECONDS`` at the rate measured so far, within ``WINDOW_STEPS``.
+
+    Each window edge is a pause of some 10-30 ms (the driver waits for the
+    window's end state, then submits the next graph): long windows of short steps
+    hide it, short windows of long steps keep checkpoints frequent.
+    """
+    fixed, (low, high) = plan.config.graph.window, WINDOW_STEPS
+    if fixed or not seconds_per_step:
+        return fixed or low
+    return max(low, min(high, round(WINDOW_SECONDS / seconds_per_step)))
+
+
+def windows(plan: Plan, start: int,
+             seconds_per_step: Callable[[], float | None] = lambda: None) -> Iterator[range]:
+    """Step ranges of the windows from ``start``: the driver syncs and checkpoints at each edge.
+
+    A window ends after :func:`window_steps` steps (``seconds_per_step`` is asked at
+    each edge), or later at the end of a local SGD round.
+    """
+    total = len(plan.schedule)
+    first = start
+    while first < total:
+        stop = min(first + window_steps(plan, seconds_per_step()), total)
+        while stop < total and not plan.recipe.unit_starts(plan.schedule[stop]):
+            stop += 1
+        yield range(first, stop)
+        first = stop
+
+
+def moved_summary(moved: list[tuple[int, str, str, int]]) -> dict[str, Any]:
+    """``summary.json``'s account of the partitions that moved between workers."""
+    if not moved:
+        return {}
+    return {"partitions": len(moved), "bytes": sum(b for *_, b in moved),
+            "why": "balance: a worker held more than its share of the rows (or left)",
+            "moves": [{"partition": i, "from": a, "to": b, "bytes": n} for i, a, b, n in moved]}
+
+
+def moved_line(moved: list[tuple[int, str, str, int]], sizes: tuple[int, ...]) -> str:
+    """The console line saying what moved, how much, and why."""
+    froms = {a for _, a, _, _ in moved}
+    return (f"moved {len(moved)} partition{'s' if len(moved) > 1 else ''} "
+            f"({sum(b for *_, b in moved) / 1e6:,.1f} MB) off "
+            f"{', '.join(sorted(froms))} to balance the workers: "
+            f"{sum(sizes[i] for i, *_ in moved):,} of {sum(sizes):,} training rows")
+
+
+@dataclass
+class Book:
+    """The driver's book of a Dask run: evaluations in flight and when they arrived, the
+    epoch rows recorded, and what early stopping decided."""
+
+    plan: Plan
+    recorder: Recorder
+    watch: Watch
+    first: int                                  # the step this engine started at
+    rows: list[dict[str, Any]]
+    pending: list[tuple[int, Future]] = field(default_factory=list)
+    arrived: dict[int, float] = field(default_factory=dict)     # epoch -> its evaluation's
+    began: float = field(default_factory=time.perf_counter)
+    last_state: TrainState | None = None        # the newest recorded epoch's (if kept)
+
+    def drain(self) -> bool:
+        """Turn finished evaluations into epoch rows, in epoch order; True once early
+        stopping has stopped the run (no row after its epoch is recorded)."""
+        pending, self.pending = self.pending, []
+        for epoch, fut in pending:
+            if self.watch.stopped:
+                break
+            ev = fut.result()
+            end = self.arrived.get(epoch) or time.perf_counter()
+            row = epoch_row(self.plan, ev, end - self.arrived.get(epoch - 1, self.began),
+                             self.first)
+            self.rows.append(row)
+            self.recorder.epoch(row)
+            self.last_state = ev.get("state")
+            self.watch.see(row, self.last_state)
+        return self.watch.stopped is not None
+
+    def steps_done(self, done: Checkpoint | None) -> int:
+        """Steps trained: to the end of the epoch early stopping stopped after, else to the
+        last window's end."""
+        if self.watch.stopped is not None:
+            return self.watch.stopped * self.plan.schedule.steps_per_epoch
+        return done.step if done is not None else self.first
