@@ -47,6 +47,11 @@ def _images(tmp: Path, broken: bool = False, empty: bool = False) -> list[str]:
             "--set", "data.image_size=[4, 4]", "--set", "model.layers=[16, 3]"]
 
 
+def _csv(tmp: Path, text: str) -> list[str]:
+    (tmp / "data.csv").write_text(text)
+    return ["--set", "data.dataset=csv", "--set", f"data.path={tmp / 'data.csv'}"]
+
+
 def _bad_toml(tmp: Path) -> list[str]:
     (tmp / "bad.toml").write_text("[train]\nepochs = = 3\n")
     return ["--config", str(tmp / "bad.toml")]
@@ -160,6 +165,8 @@ TABLE = [
                      importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")),
     ("resume a finished run, under mpirun", Mpiexec(3, _finished),
      "already finished its 1 epoch; to train it longer: --resume"),
+    ("CSV of one column", lambda t: _csv(t, "5.1 3.5 1.4 0.2 setosa\n4.9 3.0 1.4 0.2 setosa\n"),
+     "parses to one column with delimiter ',': set data.delimiter to the file's separator"),
     ("model-parallel, no hidden layer", lambda t: ["--set", "graph.strategy=model-parallel",
                                                    "--set", "model.layers=[4, 3]"],
      "splits hidden layers, but model.layers = [4, 3] has none"),

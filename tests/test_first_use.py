@@ -14,13 +14,15 @@ import numpy as np
 import psutil
 import pytest
 
+import dtrain
 from conftest import REPO, run_cli
 from dtrain.core.config import OptimConfig
 from dtrain.core.errors import Diverged, exit_code
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, Step, TrainState, update
 
-GUARD_LINE = ('put the code that calls dtrain.train() under if __name__ == "__main__":')
+GUARD_LINE = ("put the code that calls dtrain.train() or an estimator's fit() under "
+              'if __name__ == "__main__":')
 
 
 def _readme_example() -> str:
@@ -88,6 +90,21 @@ def test_a_script_without_the_main_guard_gets_one_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_estimator_fit_without_the_main_guard_gets_one_line(tmp_path):
+    script = tmp_path / "fit.py"
+    script.write_text("import dtrain\nfrom sklearn.datasets import load_iris\n"
+                      "x, y = load_iris(return_X_y=True)\n"
+                      "print(dtrain.MLPClassifier(max_iter=2).fit(x, y).score(x, y))\n")
+    tag = uuid.uuid4().hex
+    proc = _run_script(script, tag, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("dtrain: error: the worker processes re-ran fit.py")
+    assert line.endswith(GUARD_LINE)
+    _no_stray_processes(tag)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["allreduce", "local-sgd", "model-parallel",
                                       "parameter-server", "serial"])
 def test_an_exploding_loss_diverges_at_its_step(tmp_path, strategy):
@@ -128,3 +145,18 @@ def test_max_loss_is_a_bound_on_the_mean_loss_per_sample():
     assert exit_code(exc) == 3
     assert "the mean loss per sample is 10.25, above train.max_loss = 10" in str(exc)
     assert "the loss is nan" in str(Diverged(4, 1, float("nan")))
+
+
+def test_the_default_jobs_workers_import_no_bokeh_and_no_scikit_learn(tmp_path):
+    """Most of the default job's fixed cost was its workers importing the whole package
+    (the reports, Bokeh) to run a task, and scikit-learn to read iris: now a task imports
+    the part it runs, and iris is read from scikit-learn's file without importing it."""
+    from distributed import Client, LocalCluster
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        dtrain.train(dtrain.load_config(None, ["train.epochs=1"]), client=c, echo=None,
+                     out=tmp_path / "run")
+        loaded = c.run(lambda: sorted(m for m in ("bokeh", "sklearn", "dtrain.training",
+                                                  "dtrain.observe.htmlreport")
+                                      if m in sys.modules))
+    assert list(loaded.values()) == [[]], loaded

@@ -57,6 +57,27 @@ def test_worker_sigkill_on_a_local_cluster(client, tmp_path):
     assert (tmp_path / "killed" / "params.npz").read_bytes() == reference
 
 
+@pytest.mark.slow
+def test_workers_retired_by_their_lifetime_are_a_lost_worker_with_no_loss(client, tmp_path):
+    """What dask-jobqueue's ``--lifetime`` does to a batch job's worker: it closes
+    gracefully after its time (here 2 s, staggered) and its nanny starts a new one, every
+    worker in turn, mid-run; the run goes on on the workers there and ends with the bytes of
+    an undisturbed run."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None, lifetime="2s", lifetime_stagger="0.5s",
+                      lifetime_restart=True) as lc, Client(lc) as c:
+        c.wait_for_workers(2)
+        first = set(worker_addresses(c))
+        result = dtrain.train(dtrain.load_config(None, [*LONG, "train.epochs=30"]), client=c,
+                              out=tmp_path / "retired", echo=None)
+        assert not first & set(worker_addresses(c))     # every first worker was retired
+    straight = dtrain.train(dtrain.load_config(None, [*LONG, "train.epochs=30"]), client=client,
+                            out=tmp_path / "straight", echo=None)
+    assert result.summary["epochs_run"] == straight.summary["epochs_run"] == 30
+    assert (tmp_path / "retired" / "params.npz").read_bytes() == \
+        (tmp_path / "straight" / "params.npz").read_bytes()
+
+
 def test_worker_lists_are_asked_fresh_not_read_from_the_clients_cache(client):
     """The client's cached scheduler identity is refreshed every
     ``scheduler-info-interval`` with one that lists no workers; placement once read it

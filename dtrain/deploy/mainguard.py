@@ -53,8 +53,9 @@ def _script() -> str:
 def unguarded_message() -> str:
     """What the parent says when its spawned children stopped."""
     return (f"dtrain: error: the worker processes re-ran {_script()} as they started "
-            f"(multiprocessing 'spawn' imports the main script again) and called dtrain.train() "
-            f'there; put the code that calls dtrain.train() under if __name__ == "__main__":')
+            f"(multiprocessing 'spawn' imports the main script again) and started dtrain "
+            f"there; put the code that calls dtrain.train() or an estimator's fit() under "
+            f'if __name__ == "__main__":')
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import threading
 from distributed import Client, LocalCluster
 
 from dtrain.core.config import ClusterConfig
+from dtrain.deploy import mainguard
 from dtrain.deploy.local import local_cluster
 from dtrain.deploy.options import security_for
 
@@ -34,9 +35,11 @@ def embedded() -> Client:
         if _embedded and _embedded[0][1].status in ("running", "connecting", "newly-created"):
             return _embedded[0][1]
         _close()
+        mainguard.stop_if_bootstrapping()   # a script without its __main__ guard: one line
         cfg = ClusterConfig(dashboard_address="")
         security = security_for(cfg, deployed=False)
-        cluster = local_cluster(cfg, security)
+        with mainguard.watch():
+            cluster = local_cluster(cfg, security)
         try:
             client = Client(cluster, security=security, set_as_default=False)
         except BaseException:

@@ -142,7 +142,8 @@ def _planned(config: Config, client: Client | None,
     data = data or (lambda c: collections.from_files(c, config.data))
     with _cluster(config, client) as c:
         coll = data(c)
-        collections.describe(c, coll, part_spec(config, coll), config.graph.fan_in)
+        if coll.stats is None:          # (an estimator describes its data before its config)
+            collections.describe(c, coll, part_spec(config, coll), config.graph.fan_in)
         yield plan_on(config, coll), c
 
 def resume(run_dir: str | Path, *, config: Config | None = None, client: Client | None = None,
