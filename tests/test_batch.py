@@ -143,6 +143,7 @@ def test_pbs_script_asks_for_one_rank_per_node_plus_the_head():
     assert ranks == nodes + 1
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("system", ["slurm", "pbs"])
 def test_batch_script_runs_the_mpirun_form(tmp_path, system):

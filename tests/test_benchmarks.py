@@ -116,6 +116,7 @@ def test_every_dtrain_strategy_has_a_contender_with_its_own_config(shared_data):
     assert cfg == BY_NAME["dtrain-allreduce"].config_for(workloads["P3"], 2, shared_data)
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_one_line_and_exit_2():
     for args, words in ((["--workloads", "P9"], "unknown workload P9"),
                         (["--workers", "0,2"], "--workers"),

@@ -98,6 +98,7 @@ def test_the_same_partitions_give_the_same_bytes_on_one_two_and_three_workers(tm
     assert shas[1][0] == shas[1][1]          # a frame and arrays of the same blocks: the same
 
 
+@pytest.mark.slow
 def test_parquet_files_read_by_the_workers_match_the_same_partitions_in_python(client,
                                                                                tmp_path):
     """The CLI on Parquet files and train_on on the dataframe they were written from: the
@@ -128,7 +129,7 @@ def test_partitions_all_on_one_worker_are_balanced_and_the_move_is_reported(clie
     assert moved["partitions"] == 2 and moved["bytes"] > 0
     assert {m["from"] for m in moved["moves"]} == {first} and "balance" in moved["why"]
     line = next(s for s in seen if s.startswith("moved "))
-    assert line.startswith(f"moved 2 partitions (") and f"off {first} to balance" in line
+    assert line.startswith("moved 2 partitions (") and f"off {first} to balance" in line
 
 
 @pytest.mark.parametrize("case, message", [
@@ -174,6 +175,7 @@ def test_files_are_checked_before_anything_starts(tmp_path, capfd):
         assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_a_regression_trains_on_dask_arrays_where_they_sit(client, tmp_path):
     """Real-valued targets through the same pipeline: y float (rows,) blocks beside X."""
     rng = np.random.default_rng(0)

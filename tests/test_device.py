@@ -100,6 +100,7 @@ def test_no_gpu_is_one_clear_error():
                                "model": {"dtype": "float64"}}).model.dtype == "float64"
 
 
+@pytest.mark.slow
 def test_mixed_cluster_places_by_measured_speed_and_marks_gpu_tasks(tmp_path):
     """Two workers that say they have a GPU and one that does not: the run calibrates, gives
     the 'GPU' workers their share, restricts their maths to the GPU resource, reports the

@@ -116,6 +116,7 @@ def test_graph_command_writes_dot_without_graphviz(tmp_path):
     (["--set", "graph.fan_in=1", "--out", "x.svg"], "graph.fan_in = 1"),
     (["--out", "no/such/dir/x.dot"], "cannot write no/such/dir/x.dot: No such file"),
 ])
+@pytest.mark.slow
 def test_graph_command_bad_input(tmp_path, args, message):
     proc = run_cli("graph", *args, cwd=tmp_path)
     assert proc.returncode == 2

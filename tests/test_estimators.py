@@ -309,6 +309,7 @@ def test_warm_start_goes_on_from_the_last_state(client, tmp_path):
     assert cold.fit(x, y).n_iter_ == 2                   # warm_start=False starts afresh
 
 
+@pytest.mark.slow
 def test_early_stopping_on_the_validation_or_the_training_loss(client):
     x, y = _iris()
     early = _clf(client, early_stopping=True, n_iter_no_change=2, tol=5.0, max_iter=50)

@@ -79,8 +79,8 @@ def pinned_hashes(workers: int) -> dict[str, str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("workers", [pytest.param(1, marks=pytest.mark.slow),
-                                     pytest.param(2, marks=pytest.mark.slow), 3])
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2, 3])
 def test_params_bytes_are_locked(workers):
     locked = json.loads(LOCK.read_text())
     assert set(locked) == {f"{n}/{d}" for n in RUNS for d in DTYPES}

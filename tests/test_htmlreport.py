@@ -112,6 +112,7 @@ def short_run(client, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_default_iris_report_renders_without_errors(iris_page):
     assert iris_page["errors"] == []
     drawn = {f["name"] for f in iris_page["sizes"] if f["width"] > 100 and f["height"] > 100}
@@ -119,6 +120,7 @@ def test_default_iris_report_renders_without_errors(iris_page):
     assert (ARTIFACTS / "report-iris.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_legends_sit_outside_the_plot_frames(iris_page):
     models = _by_name(iris_page["models"])
     for name in ("report-loss", "report-accuracy", "report-step-time", "report-timeline"):
@@ -140,6 +142,7 @@ def test_shared_figures_put_their_legends_below():
         assert [m for m in fig.below if isinstance(m, Legend)]
 
 
+@pytest.mark.slow
 def test_throughput_is_the_size_of_its_neighbours(iris_page):
     sizes = {f["name"]: f for f in iris_page["sizes"]}
     loss = sizes["report-loss"]
@@ -221,6 +224,7 @@ def long_run(short_run, tmp_path_factory):
     return run, _look(run / "report.html", shot="report-long.png"), took
 
 
+@pytest.mark.slow
 def test_a_slow_step_does_not_flatten_the_step_time_chart(long_run):
     """The y axis ends above the usual steps and below the 600 ms one, which is marked at
     the top (though every 4th step's bar is drawn, and it is step 1,001), and says so."""
@@ -234,6 +238,7 @@ def test_a_slow_step_does_not_flatten_the_step_time_chart(long_run):
     assert step["rows"][2:] == [1]                      # the spike's mark
 
 
+@pytest.mark.slow
 def test_long_series_are_thinned_and_say_so(long_run):
     """Every 3rd epoch's point (and the last), every 4th step's bar, the last 1,000 task
     intervals, and the page saying so."""

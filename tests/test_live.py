@@ -256,6 +256,7 @@ def test_prometheus_gauges_next_to_dask_metrics(training):
     assert re.search(r'^dtrain_worker_busy_fraction\{run="\w+",worker="1"\} ', later, re.M)
 
 
+@pytest.mark.slow
 def test_live_page_renders_and_updates_in_chromium(training):
     with open_browser() as browser:
         browser.get(f"{training}/dtrain")

@@ -38,12 +38,18 @@ def _sets(sets: list[str]) -> list[str]:
 CORES = min(layout.machine_cores(), 5)        # a hybrid worker's threads here: cores, <= shards
 
 
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("ranks, extra, workers, threads", [
-    (3, [], 1, CORES),
-    (4, ["cluster.tls=off", "cluster.layout=flat"], 3, 1),
-    (3, ["cluster.layout=flat", "cluster.threads_per_worker=2"], 2, 2),
-    (3, ["graph.strategy=parameter-server"], 2, max(1, layout.machine_cores() // 2))],
-    ids=["3-ranks-hybrid", "4-ranks-flat-no-tls", "3-ranks-2x2", "3-ranks-parameter-server"])
+    pytest.param(3, [], 1, CORES, id="3-ranks-hybrid"),
+    pytest.param(4, ["cluster.tls=off", "cluster.layout=flat"], 3, 1,
+                 id="4-ranks-flat-no-tls", marks=SLOW),
+    pytest.param(3, ["cluster.layout=flat", "cluster.threads_per_worker=2"], 2, 2,
+                 id="3-ranks-2x2", marks=SLOW),
+    pytest.param(3, ["graph.strategy=parameter-server"], 2,
+                 max(1, layout.machine_cores() // 2), id="3-ranks-parameter-server",
+                 marks=SLOW)])
 def test_mpi_run_equals_the_localcluster_run(client, tmp_path, ranks, extra, workers, threads):
     """Same config and shards: params.npz byte for byte equal to a LocalCluster run of 2
     processes x 1 thread, for MPI's workers x threads (hybrid: the first worker rank of the
@@ -80,9 +86,9 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("ranks, args, message", BAD,
-                         ids=["bad-config", "missing-data", "bad-head-rank", "workers-flag",
-                              "unknown-flag"])
+@pytest.mark.parametrize("ranks, args, message", [
+    pytest.param(*row, id=name, marks=() if name == "bad-config" else SLOW) for row, name in
+    zip(BAD, ["bad-config", "missing-data", "bad-head-rank", "workers-flag", "unknown-flag"])])
 def test_bad_input_stops_every_rank_with_one_line(tmp_path, ranks, args, message):
     job = mpirun.run(ranks, *args, "--out", str(tmp_path / "run"), *QUIET, timeout=60)
     assert job.returncode == 2, job.stdout + job.stderr
@@ -167,6 +173,7 @@ def test_a_lost_worker_rank_ends_the_job(client, tmp_path, how):
     assert not mpirun.leftovers(str(out))
 
 
+@pytest.mark.slow
 def test_tls_keeps_strangers_out(tmp_path):
     """While a run is paused at epoch 2, a plain client and a TLS client with another
     certificate cannot attach to its scheduler, and the dashboard answers on 127.0.0.1 only."""

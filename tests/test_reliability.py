@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dask
 import pytest
-from distributed import Client, LocalCluster, get_task_stream
+from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, get_task_stream
 
 import dtrain
 from dtrain.core.errors import UserError
@@ -58,24 +58,46 @@ def test_worker_sigkill_on_a_local_cluster(client, tmp_path):
 
 
 @pytest.mark.slow
-def test_workers_retired_by_their_lifetime_are_a_lost_worker_with_no_loss(client, tmp_path):
+def test_a_worker_retired_by_its_lifetime_is_a_lost_worker_with_no_loss(client, tmp_path):
     """What dask-jobqueue's ``--lifetime`` does to a batch job's worker: it closes
-    gracefully after its time (here 2 s, staggered) and its nanny starts a new one, every
-    worker in turn, mid-run; the run goes on on the workers there and ends with the bytes of
-    an undisturbed run."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=None, lifetime="2s", lifetime_stagger="0.5s",
-                      lifetime_restart=True) as lc, Client(lc) as c:
+    gracefully after its time (here 3 s) and its nanny starts a new one, again and again,
+    mid-run; the run goes on on the workers there and ends with the bytes of an undisturbed
+    run."""
+    spec = {"0": {"cls": Nanny, "options": {"nthreads": 1}},
+            "1": {"cls": Nanny, "options": {"nthreads": 1, "lifetime": "3s",
+                                            "lifetime_restart": True}}}
+    overrides = [*LONG, "train.epochs=30"]
+    with SpecCluster(workers=spec, scheduler={"cls": Scheduler, "options": {
+            "dashboard_address": None}}) as lc, Client(lc) as c:
         c.wait_for_workers(2)
         first = set(worker_addresses(c))
-        result = dtrain.train(dtrain.load_config(None, [*LONG, "train.epochs=30"]), client=c,
+        result = dtrain.train(dtrain.load_config(None, overrides), client=c,
                               out=tmp_path / "retired", echo=None)
-        assert not first & set(worker_addresses(c))     # every first worker was retired
-    straight = dtrain.train(dtrain.load_config(None, [*LONG, "train.epochs=30"]), client=client,
+        assert len(first - set(worker_addresses(c))) == 1     # the mortal one was retired
+    straight = dtrain.train(dtrain.load_config(None, overrides), client=client,
                             out=tmp_path / "straight", echo=None)
     assert result.summary["epochs_run"] == straight.summary["epochs_run"] == 30
     assert (tmp_path / "retired" / "params.npz").read_bytes() == \
         (tmp_path / "straight" / "params.npz").read_bytes()
+
+
+@pytest.mark.slow
+def test_a_cluster_whose_workers_all_retire_ends_the_run_with_one_line(tmp_path):
+    """Every worker retires for good mid-run (a batch job's ``--lifetime`` without a
+    successor): the scheduler would hold the tasks until a worker comes; dtrain waits
+    ``cluster.timeout`` and stops with one line, keeping the checkpoint it saved."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None, lifetime="4s", lifetime_stagger="0s") as lc, \
+            Client(lc) as c:
+        c.wait_for_workers(2)
+        began = time.monotonic()
+        with pytest.raises(UserError, match=r"every Dask worker left the cluster and none "
+                           r"joined within 2 s \(cluster.timeout\)"):
+            dtrain.train(dtrain.load_config(None, [*LONG, "train.epochs=2000",
+                                                   "cluster.timeout=2"]),
+                         client=c, out=tmp_path / "orphaned", echo=None)
+        assert time.monotonic() - began < 60
+    assert (tmp_path / "orphaned").is_dir()
 
 
 def test_worker_lists_are_asked_fresh_not_read_from_the_clients_cache(client):
@@ -101,6 +123,7 @@ def _spawn(*args: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
+@pytest.mark.slow
 def test_external_cluster_loses_a_worker_and_gains_one(client, tmp_path):
     """`dask scheduler` + `dask worker` processes without nannies: one worker is SIGKILLed
     for good; the run goes on with the other; a worker that joins later takes shards."""
@@ -148,6 +171,7 @@ def test_external_cluster_loses_a_worker_and_gains_one(client, tmp_path):
             p.wait(10)
 
 
+@pytest.mark.slow
 def test_resume_after_the_whole_job_is_killed(client, tmp_path):
     """SIGKILL the driver and its workers (as a batch system would), then --resume: the final
     params.npz is byte-for-byte that of an uninterrupted run."""
@@ -181,6 +205,7 @@ def test_resume_after_the_whole_job_is_killed(client, tmp_path):
     assert final.epochs_done == 12 and final.step == 12 * rows[-1]["steps"]
 
 
+@pytest.mark.slow
 def test_resume_refuses_finished_runs_and_changed_configs(tmp_path):
     out = tmp_path / "run"
     assert run_cli("--set", "train.epochs=2", "--set", "graph.strategy=serial",
@@ -295,6 +320,9 @@ def _median(values: list[float]) -> float:
 LONG_SOAK = ["train.batch_size=4", "graph.window=50", "optim.lr=0.01", "data.shards=4"]
 
 
+SHORT_RUNS = 15
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_soak_many_short_runs_and_long_runs(client, capsys):
@@ -305,11 +333,11 @@ def test_soak_many_short_runs_and_long_runs(client, capsys):
     during the first runs, so every figure is taken after a warm-up; per-step growth is the
     median over three repeats, each comparing a run of L steps with one of 3L steps."""
     short = dtrain.load_config(None, ["train.epochs=2", "graph.window=5"])
-    for _ in range(10):                                    # imports, caches, full logs
+    for _ in range(6):                                     # imports, caches, full logs
         dtrain.train(short, client=client, echo=None)
     _, _, rss0, objects0, _ = before = _settled(client)
     per_run = []
-    for _ in range(25):
+    for _ in range(SHORT_RUNS):
         dtrain.train(short, client=client, echo=None)
         tasks, held, rss, objects, _ = after = _settled(client)
         assert (tasks, held) == (0, 0)                     # every future released
@@ -349,9 +377,9 @@ def test_soak_many_short_runs_and_long_runs(client, capsys):
         rss_a, obj_a, heap_a = rss_c, obj_c, heap_c
     mb, obj, heap_mb = _median(rss), _median(objects), _median(heap) if heap else None
     with capsys.disabled():
-        print(f"\n[soak] 25 short runs: worker RSS {runs_growth:+.1f} MB, {runs_objects:+d} "
-              f"objects (median {_median(per_run):+d} per run); long runs of {steps} and "
-              f"{3 * steps} steps, median of 3: RSS {mb:+.3f} MB, heap in use "
+        print(f"\n[soak] {SHORT_RUNS} short runs: worker RSS {runs_growth:+.1f} MB, "
+              f"{runs_objects:+d} objects (median {_median(per_run):+d} per run); long runs "
+              f"of {steps} and {3 * steps} steps, median of 3: RSS {mb:+.3f} MB, heap in use "
               f"{'n/a' if heap_mb is None else f'{heap_mb:+.3f} MB'}, {obj:+.0f} objects per "
               f"1000 steps (each repeat: RSS {', '.join(f'{x:+.2f}' for x in rss)}; objects "
               f"{', '.join(f'{x:+.0f}' for x in objects)}); at most "
@@ -360,6 +388,6 @@ def test_soak_many_short_runs_and_long_runs(client, capsys):
     # bounded by the windows: the one running, the next one, the tail of the one before
     assert max(s[0] for s in samples) <= 3 * per_window
     assert max(s[1] for s in samples) <= per_window + 10
-    assert runs_growth < 10 and _median(per_run) < 100 and runs_objects < 25 * 150
+    assert runs_growth < 10 and _median(per_run) < 100 and runs_objects < SHORT_RUNS * 150
     assert abs(obj) < 500 and abs(mb) < 2.0
     assert heap_mb is None or abs(heap_mb) < 0.5      # a leaked state (1 KB) per step: 1 MB

@@ -61,6 +61,7 @@ def test_report_renders_in_chromium(run_dir):
     assert drawn["report-loss"]["rows"][0] == 3          # three epochs on the loss curve
 
 
+@pytest.mark.slow
 def test_report_command_rebuilds_and_overlays(run_dir, tmp_path):
     serial = tmp_path / "serial"
     dtrain.train(dtrain.load_config(None, QUICK + ["graph.strategy=serial"]), out=serial,
@@ -166,6 +167,7 @@ def test_progress_bar_labels_val_accuracy_with_its_epoch():
         bar.close()
 
 
+@pytest.mark.slow
 def test_console_on_a_terminal_shows_a_progress_bar(tmp_path):
     """Under a real pseudo-terminal: a tqdm bar over the steps, with epoch, loss, val_acc
     and samples/s, under the epoch lines."""

@@ -62,6 +62,7 @@ def _stop(proc: subprocess.Popen, sig: signal.Signals, group: bool = False) -> t
     return proc.returncode, err
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_says_two_lines_and_resumes_to_the_same_bytes(
         tmp_path, reference):
     out = tmp_path / "run"
@@ -112,6 +113,7 @@ def test_sigterm_and_sigusr1_stop_again_and_again_with_no_loss(tmp_path, referen
     assert (out / "params.npz").read_bytes() == reference
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_and_quietly(tmp_path):
     out = tmp_path / "run"
     proc = _start(*LONG, "--out", str(out), "--set", "graph.window=2000")   # one long window

@@ -29,6 +29,7 @@ def _train(client, sets: list[str], out: Path) -> dtrain.RunResult:
     return dtrain.train(dtrain.load_config(None, sets), client=client, out=out, echo=None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", [
     "allreduce",
     pytest.param("parameter-server", marks=pytest.mark.slow),
@@ -55,6 +56,7 @@ def test_keep_best_gives_the_best_epochs_bytes_on_every_strategy(strategy, clien
             tmp_path / "early" / "config.toml", ["train.epochs=200"]))
 
 
+@pytest.mark.slow
 def test_without_keep_best_the_stop_epochs_parameters_are_kept(client, tmp_path):
     sets = [s for s in EARLY if "keep_best" not in s] + ["train.monitor=train_loss",
                                                         "train.min_delta=0.01"]
@@ -107,6 +109,7 @@ def test_a_run_killed_inside_its_patience_window_resumes_to_the_same_bytes(clien
     assert (out / "params.npz").read_bytes() == (tmp_path / "whole" / "params.npz").read_bytes()
 
 
+@pytest.mark.slow
 def test_a_finished_run_goes_on_to_the_bytes_of_a_straight_run(client, tmp_path, capfd):
     sets = ["optim.name=adam", "optim.lr=0.01", "optim.schedule=step", "optim.decay_every=3",
             "cluster.dashboard_address="]

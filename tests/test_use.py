@@ -196,6 +196,7 @@ def test_a_dask_array_in_gives_a_lazy_dask_array_out(iris_run):
     np.testing.assert_array_equal(proba.compute(scheduler="sync"), model.predict_proba(x))
 
 
+@pytest.mark.slow
 def test_digits_as_idx_files_and_an_image_folder(tmp_path, client, capfd):
     """The image formats: a model trained on IDX files predicts an IDX file (labels from its
     labels file), one trained on an image folder predicts the folder's images."""

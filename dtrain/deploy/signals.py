@@ -56,8 +56,11 @@ class StopSignals:
 
 def quiet_shutdown() -> None:
     """Keep a cut-short run's shutdown off the console: distributed and asyncio log the
-    connections and gathers it cuts, with tracebacks, although nothing is wrong."""
-    for name in ("distributed", "asyncio", "tornado"):
+    connections and gathers it cuts, with tracebacks, although nothing is wrong (and
+    distributed's ``sync``, cut before its call began, a NameError in its ``cancel``).
+    ``tornado.application`` is named too: distributed's logging config gives it a level of
+    its own."""
+    for name in ("distributed", "asyncio", "tornado", "tornado.application"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 

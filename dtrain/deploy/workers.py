@@ -1,7 +1,9 @@
 """The workers a client sees: waiting for them, and listing them in a fixed order."""
 from __future__ import annotations
 
-from distributed import Client
+import time
+
+from distributed import Client, Future, wait
 
 from dtrain.core import internals
 from dtrain.core.errors import UserError
@@ -15,6 +17,26 @@ def wait_for_workers(client: Client, n: int, timeout: float) -> None:
         found = len(internals.scheduler_workers(client))
         raise UserError(f"needs {n} Dask worker(s), found {found} after {timeout:g} s; start more "
                         f"workers or lower the count") from None
+
+
+def gather(client: Client, futures: list[Future], timeout: float, after: str = "") -> list:
+    """``client.gather(futures)``, except that a cluster left with no worker for ``timeout``
+    seconds raises a UserError (``after`` ends its message) instead of waiting for ever:
+    the scheduler keeps tasks that no worker can run until one comes, and none may."""
+    alone: float | None = None                      # since when no worker has been there
+    while True:
+        try:
+            with client.as_current():               # distributed.wait asks the default client
+                wait(futures, timeout=min(timeout, 1.0))
+            return client.gather(futures)
+        except TimeoutError:
+            if internals.scheduler_workers(client):
+                alone = None
+            elif alone is None:
+                alone = time.monotonic()
+            elif time.monotonic() - alone >= timeout:
+                raise UserError(f"every Dask worker left the cluster and none joined within "
+                                f"{timeout:g} s (cluster.timeout){after}") from None
 
 
 def _natural(name: object) -> tuple:

@@ -195,7 +195,7 @@ class Model:
         try:
             t = np.asarray(y, dtype=np.float64)
         except (TypeError, ValueError):
-            raise UserError(f"the targets are not all numbers; a regression model takes "
+            raise UserError("the targets are not all numbers; a regression model takes "
                             f"real-valued targets") from None
         if t.ndim == 1 and targets == 1:
             t = t[:, None]

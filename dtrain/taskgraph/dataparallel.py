@@ -89,7 +89,7 @@ def fuse_choice(recipe: Recipe, placement: Placement, rows: int) -> tuple[bool, 
             f"rows a task)")
     return fused, what + (f": one task saves {width - 1} per worker and step, worth more "
                           f"than a few percent of the compute" if fused else
-                          f": a task per shard costs a few percent of the compute at most")
+                          ": a task per shard costs a few percent of the compute at most")
 
 
 def _group(spec: Spec, step: Step, worker: str, placement: Placement, recipe: Recipe) -> Group:

@@ -32,7 +32,7 @@ from dtrain.deploy import tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import wait_for_workers, workers
+from dtrain.deploy.workers import gather, wait_for_workers, workers
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
@@ -345,7 +345,8 @@ class DaskEngine:
             if done is not None:            # its epochs are recorded: safe to resume from
                 checkpoints.save(dataclasses.replace(done, best=watch.best_state))
             book.pending = list(zip(win.evals, evals))
-            state = win.join(self.client.gather(ends))   # the one wait per window
+            state = win.join(gather(self.client, ends, p.config.cluster.timeout,
+                                    _lost_note(recorder)))   # the one wait per window
             done = Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch, state)
             del ends
             if stop.requested and window.stop < len(p.schedule):   # no window is in flight
@@ -382,3 +383,11 @@ def _located(held: Any, root: str) -> dict[Any, str]:
     if isinstance(held, list):
         return {f.key: w for f, w in held}
     return {held.key: root} if held is not None else {}
+
+
+def _lost_note(recorder: Recorder) -> str:
+    """What a run that lost every worker says of its checkpoint."""
+    if recorder.saved is None:
+        return "; no checkpoint was saved yet"
+    return (f"{recorder.checkpoint_note()}: resume it with python -m dtrain --resume "
+            f"{recorder.path} once workers are back")
