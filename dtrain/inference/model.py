@@ -196,7 +196,7 @@ class Model:
             t = np.asarray(y, dtype=np.float64)
         except (TypeError, ValueError):
             raise UserError("the targets are not all numbers; a regression model takes "
-                            f"real-valued targets") from None
+                            "real-valued targets") from None
         if t.ndim == 1 and targets == 1:
             t = t[:, None]
         if t.ndim != 2 or t.shape[1] != targets or (rows is not None and t.shape[0] != rows):
