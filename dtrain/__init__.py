@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from dtrain.core.config import STRATEGIES_MODULE
 from dtrain.core.errors import Diverged, UserError
 from dtrain.core.version import __version__
 
@@ -41,7 +42,7 @@ def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'dtrain' has no attribute {name!r}")
     # the strategies register themselves with the config's check of graph.strategy
-    importlib.import_module("dtrain.taskgraph.strategies")
+    importlib.import_module(STRATEGIES_MODULE)
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value

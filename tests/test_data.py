@@ -193,3 +193,22 @@ def test_synthetic_rows_are_generated_consistently():
     np.testing.assert_array_equal(x, whole.x[rows])
     np.testing.assert_array_equal(y, whole.y[rows])
     assert len(np.unique(whole.y)) == 4
+
+
+def test_threads_loading_side_by_side_read_and_prepare_the_dataset_once():
+    """A hybrid worker's threads load their shards at once: each asks for the whole prepared
+    dataset, and all of them get the one copy (``functools.lru_cache`` alone computed one per
+    thread: 16 threads, 16 copies of the data in the worker's memory)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cfg = load_config(None, ["data.dataset=synthetic", "data.samples=20000",
+                             "data.features=200", "data.classes=3",
+                             "model.layers=[200, 3]"]).data
+    prepare.clear_cache()
+    with ThreadPoolExecutor(8) as pool:
+        raws = list(pool.map(lambda _: readers.read_raw(cfg), range(8)))
+        parts = list(pool.map(lambda _: prepare.prepared(cfg), range(8)))
+    assert all(r is raws[0] for r in raws) and all(p is parts[0] for p in parts)
+    assert readers.read_raw.cache_info().misses == 1 and prepare.prepared.cache_info().misses == 1
+    prepare.clear_cache()
+    assert readers.read_raw.cache_info().currsize == 0

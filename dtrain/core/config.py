@@ -7,13 +7,15 @@ place.  Anything wrong is reported as one :class:`~dtrain.core.errors.UserError`
 line that names the key, the bad value and what would be accepted.
 
 ``graph.strategy`` is checked against :data:`STRATEGIES`, which the strategy
-objects fill (:mod:`dtrain.taskgraph.strategies`, imported with ``dtrain``):
+objects fill (:mod:`dtrain.taskgraph.strategies`, imported with ``dtrain``'s public names,
+or by :func:`load_config` where nothing has imported it yet):
 each strategy's own rules, such as "model-parallel runs on CPU workers", are
 its ``check``, called here, so the config layer names no strategy itself.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import tomllib
 import typing
@@ -42,8 +44,10 @@ class StrategyRules(Protocol):
         """Raise :class:`ConfigError` for a config this strategy cannot run."""
 
 
-# graph.strategy -> its rules; filled once, in order, by dtrain.taskgraph.strategies
+# graph.strategy -> its rules; filled once, in order, by the module that defines the strategy
+# objects (a plug-in point: this layer names the module, never imports its code statically)
 STRATEGIES: dict[str, StrategyRules] = {}
+STRATEGIES_MODULE = "dtrain.taskgraph.strategies"
 
 
 # --- field helpers: a default plus the rule its value must follow ---------------------
@@ -474,6 +478,8 @@ def load_config(path: str | Path | Mapping[str, Any] | None = None,
         the same files, and ``track.mlflow_uri`` a ``file:`` URI of an
         absolute path when it names a local directory.
     """
+    if not STRATEGIES:      # imported alone, not through dtrain's public names: register them
+        importlib.import_module(STRATEGIES_MODULE)
     if path is None:
         path = DEFAULT_CONFIG
     if isinstance(path, Mapping):

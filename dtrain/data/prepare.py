@@ -7,7 +7,6 @@ headers where it can), for the driver.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +14,9 @@ import numpy as np
 
 from dtrain.core.config import DataConfig
 from dtrain.core.modelfile import Normalization
-from dtrain.data.readers import (DIGITS, DIGITS_NAMES, IRIS_LABELS, IRIS_NAMES, idx_count,
-                                 idx_files, image_classes, read_raw, synthetic_names)
+from dtrain.data.readers import (DIGITS, DIGITS_NAMES, IRIS_LABELS, IRIS_NAMES, computed_once,
+                                 idx_count, idx_files, image_classes, read_raw,
+                                 synthetic_names)
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def fit_normalization(x: np.ndarray, kind: str) -> Normalization:
     return Normalization(kind, shift, np.where(scale > 0, scale, 1.0))
 
 
-@functools.lru_cache(maxsize=2)
+@computed_once(maxsize=2)
 def prepared(cfg: DataConfig, norm: Normalization | None = None
              ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], Normalization]:
     """``{"train"|"val"|"test": (x, y)}`` normalized with training-split statistics (or with

@@ -12,8 +12,11 @@ from __future__ import annotations
 import functools
 import gzip
 import struct
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -312,7 +315,37 @@ def synthetic_names(cfg: DataConfig) -> tuple[str | int, ...]:
     return ("y",) if cfg.targets == 1 else tuple(f"y{j}" for j in range(cfg.targets))
 
 
-@functools.lru_cache(maxsize=2)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def computed_once(maxsize: int) -> Callable[[F], F]:
+    """``functools.lru_cache(maxsize)``, except that threads asking for the same arguments at
+    once compute them once: the others wait for the first.  (``lru_cache`` lets each compute
+    its own copy: a worker's threads loading their shards side by side read the dataset once
+    per thread, a thread per core times its size in memory.)"""
+    def wrap(fn: F) -> F:
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+        guard, locks = threading.Lock(), {}
+
+        @functools.wraps(fn)
+        def once(*args: Any) -> Any:
+            with guard:
+                lock = locks.setdefault(args, threading.Lock())
+            with lock:
+                return cached(*args)
+
+        def cache_clear() -> None:
+            with guard:
+                cached.cache_clear()
+                locks.clear()
+
+        once.cache_clear = cache_clear            # type: ignore[attr-defined]
+        once.cache_info = cached.cache_info       # type: ignore[attr-defined]
+        return once                               # type: ignore[return-value]
+    return wrap
+
+
+@computed_once(maxsize=2)
 def read_raw(cfg: DataConfig) -> Raw:
     """All samples of the configured dataset, as read from disk (cached per process)."""
     if cfg.dataset == "collection":
