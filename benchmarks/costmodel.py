@@ -115,13 +115,15 @@ class Step:
 def config(layers: tuple[int, ...], rows: int, shards: int, strategy: str = "allreduce",
            sync_every: int = LOCAL_SGD_EVERY, steps: int = 16, fan_in: int = 2) -> Any:
     """A dtrain config of ``shards`` shards of ``rows`` rows a step (synthetic data, enough
-    for ``steps`` steps in one epoch), float32, as the benchmark workloads."""
+    for ``steps`` steps in one epoch, not normalized: 16 flat workers would each read the
+    whole set to normalize it), float32, as the benchmark workloads."""
     import dtrain
 
     batch = rows * shards
     return dtrain.load_config({
         "data": {"dataset": "synthetic", "samples": batch * steps, "features": layers[0],
-                 "classes": layers[-1], "split": [1.0, 0.0, 0.0], "shards": shards},
+                 "classes": layers[-1], "split": [1.0, 0.0, 0.0], "shards": shards,
+                 "normalize": "none"},   # each worker draws its own rows, not the whole set
         "model": {"layers": list(layers), "dtype": "float32", "activation": "sigmoid"},
         "train": {"epochs": 1, "batch_size": batch},
         "graph": {"strategy": strategy, "fan_in": fan_in, "sync_every": sync_every}})
