@@ -198,3 +198,15 @@ def test_console_on_a_terminal_shows_a_progress_bar(tmp_path):
         assert part in bar, bar
     assert re.search(r"val_acc [\d.]+ \(ep 4\)", bar), bar
     assert "epoch 4/4  train_loss" in screen and "test_accuracy" in screen
+
+
+def test_peak_memory_is_the_processs_own_not_its_parents():
+    """A driver started by a big process (a benchmark, a notebook) reports its own peak:
+    ``ru_maxrss`` kept the forked copy of the parent's 400 MB across ``exec``."""
+    import numpy as np
+
+    ballast = np.ones(400 << 17)                                     # 400 MB, touched
+    out = subprocess.run([sys.executable, "-c", "from dtrain.observe.metrics import "
+                          "peak_rss_mb; print(peak_rss_mb())"], capture_output=True, text=True)
+    assert ballast.sum() > 0 and out.returncode == 0, out.stderr
+    assert 10 < float(out.stdout) < 300, out.stdout
