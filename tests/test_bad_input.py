@@ -52,6 +52,18 @@ def _csv(tmp: Path, text: str) -> list[str]:
     return ["--set", "data.dataset=csv", "--set", f"data.path={tmp / 'data.csv'}"]
 
 
+def _stray_parquet(tmp: Path) -> list[str]:
+    """Two Parquet files of a dataset and a stray one of another in the same glob."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"a": [1.0, 2.0], "b": [3.0, 4.0], "label": [0, 1]})
+    frame.to_parquet(tmp / "part-0.parquet")
+    frame.to_parquet(tmp / "part-1.parquet")
+    frame.rename(columns={"b": "c"}).to_parquet(tmp / "part-2.parquet")
+    return ["--set", "data.dataset=parquet", "--set", f"data.path={tmp}/part-*.parquet",
+            "--set", "model.layers=[2, 3]"]
+
+
 def _bad_toml(tmp: Path) -> list[str]:
     (tmp / "bad.toml").write_text("[train]\nepochs = = 3\n")
     return ["--config", str(tmp / "bad.toml")]
@@ -167,6 +179,9 @@ TABLE = [
      "already finished its 1 epoch; to train it longer: --resume"),
     ("CSV of one column", lambda t: _csv(t, "5.1 3.5 1.4 0.2 setosa\n4.9 3.0 1.4 0.2 setosa\n"),
      "parses to one column with delimiter ',': set data.delimiter to the file's separator"),
+    ("Parquet files of different columns", _stray_parquet,
+     "part-2.parquet lacks columns 'b' that {t}/part-0.parquet has; every file of the glob "
+     "must have the same columns"),
     ("model-parallel, no hidden layer", lambda t: ["--set", "graph.strategy=model-parallel",
                                                    "--set", "model.layers=[4, 3]"],
      "splits hidden layers, but model.layers = [4, 3] has none"),

@@ -216,6 +216,7 @@ def check_files(cfg: DataConfig, layers: tuple[int, ...]) -> None:
         layout = tables.sniff(Path(paths[0]), cfg.delimiter)
         names = list(layout.header or map(str, range(layout.width)))
         numeric = {n: True for n in names}         # the sample's types are found by dask
+    _same_columns(cfg, paths, names)
     label = cfg.label or names[-1]
     if label not in names:
         raise DataError(f"data.label = {label!r} is not a column of {paths[0]}; its columns "
@@ -231,3 +232,36 @@ def check_files(cfg: DataConfig, layers: tuple[int, ...]) -> None:
         raise DataError(f"model.layers[0] = {layers[0]} but {paths[0]} has {len(features)} "
                         f"feature columns ({label!r} is the label); set model.layers = "
                         f"[{len(features)}, ...]")
+
+
+def _columns(cfg: DataConfig, path: str) -> list[str]:
+    """A file's column names: its Parquet schema (the footer only), or its CSV header."""
+    if cfg.dataset == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            names = pq.read_schema(path).names
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"cannot read {path} as Parquet: {exc}") from None
+        return [n for n in names if not n.startswith("__index_level_")]
+    layout = tables.sniff(Path(path), cfg.delimiter)
+    return list(layout.header or map(str, range(layout.width)))
+
+
+def _same_columns(cfg: DataConfig, paths: list[str], names: list[str]) -> None:
+    """Every file of the glob has the first one's columns (a stray file of another dataset
+    would otherwise fail on a worker, mid-read, with pandas' KeyError)."""
+    for path in paths[1:]:
+        other = _columns(cfg, path)
+        if other != names:
+            missing = [n for n in names if n not in other]
+            extra = [n for n in other if n not in names]
+            shown = ", ".join(map(repr, (missing or extra)[:5])) + \
+                (", ..." if len(missing or extra) > 5 else "")
+            what = (f"lacks columns {shown} that {paths[0]} has" if missing else
+                    f"has columns {shown} that {paths[0]} lacks" if extra else
+                    f"has the columns of {paths[0]} in another order")
+            raise DataError(f"data.path = {cfg.path!r}: {path} {what}; every file of the glob "
+                            f"must have the same columns: narrow the glob or move the stray "
+                            f"files")
