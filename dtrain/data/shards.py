@@ -134,6 +134,17 @@ def minibatch(shards: Sequence[Shard], epoch: int, bounds: Sequence[tuple[int, i
     return np.concatenate([r[0] for r in rows]), np.concatenate([r[1] for r in rows])  # (B, D), (B,)
 
 
+def _keys_at_most(n: np.ndarray, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """How many of each shard's keys ``(2 r + 1) / (2 n)`` are at most ``p / q``, in
+    integers (exact): ``(T, S)`` for ``n`` (S,) and ``p``, ``q`` (T, 1)."""
+    return np.clip((2 * n * p // q - 1) // 2 + 1, 0, n)
+
+
+def _keys_below(n: np.ndarray, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """As :func:`_keys_at_most`, for the keys strictly below ``p / q``."""
+    return np.clip(((2 * n * p - 1) // q - 1) // 2 + 1, 0, n)
+
+
 def epoch_bounds(sizes: list[int], batch_size: int) -> np.ndarray:
     """Which rows of each shard make up each minibatch of an epoch.
 
@@ -143,17 +154,30 @@ def epoch_bounds(sizes: list[int], batch_size: int) -> np.ndarray:
     ``n`` sits at position ``(r + 1/2) / n``, ties by shard id), so every
     minibatch has exactly ``batch_size`` samples (the last one the rest) and
     draws evenly from all shards, whatever their sizes.
+
+    Computed without a row of memory per sample (the driver plans runs of any
+    size): for each cut ``k``, the ``k``-th smallest key is found by a binary
+    search in each shard, in exact integer arithmetic (rows per shard below about
+    10**9); the rows below it count, and then its ties in shard order.
     """
-    sizes = np.asarray(sizes)
-    total = int(sizes.sum())
-    shard = np.repeat(np.arange(sizes.size), sizes)                    # (N,)
-    rank = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-    key = (2 * rank + 1) / (2 * sizes[shard])                          # (N,)
-    order = shard[np.lexsort((shard, key))]                            # shard id at each position
-    by_shard = np.argsort(order, kind="stable")                        # positions, grouped by shard
+    n = np.asarray(sizes, dtype=np.int64)                                  # (S,)
+    total = int(n.sum())
     steps = -(-total // batch_size)
-    cuts = np.minimum(np.arange(steps + 1) * batch_size, total)        # (steps + 1,)
-    counts = np.empty((steps + 1, sizes.size), dtype=np.int64)
-    for i, start in enumerate(np.cumsum(sizes) - sizes):
-        counts[:, i] = np.searchsorted(by_shard[start:start + sizes[i]], cuts)
+    cuts = np.minimum(np.arange(steps + 1, dtype=np.int64) * batch_size, total)   # (T,)
+    k = cuts[:, None]                                                      # (T, 1)
+    p, q = np.ones_like(k), np.zeros_like(k)               # the k-th key, p / q (q = 0: none)
+    for j in np.flatnonzero(n):
+        lo, hi = np.zeros_like(k), np.full_like(k, n[j])   # shard j's first key with k at most it
+        while (lo < hi).any():
+            mid = (lo + hi) // 2
+            enough = _keys_at_most(n, 2 * mid + 1, 2 * n[j]).sum(axis=1, keepdims=True) >= k
+            hi, lo = np.where(enough, mid, hi), np.where(enough, lo, mid + 1)
+        pj, qj = 2 * lo + 1, np.full_like(k, 2 * n[j])
+        smaller = (lo < n[j]) & ((q == 0) | (pj * q < p * qj))
+        p, q = np.where(smaller, pj, p), np.where(smaller, qj, q)
+    q = np.where(q == 0, 1, q)                                             # only where k = 0
+    below = _keys_below(n, p, q)                                           # (T, S)
+    ties = _keys_at_most(n, p, q) - below                                  # (T, S): 0 or 1
+    counts = below + ties * (np.cumsum(ties, axis=1) <= k - below.sum(axis=1, keepdims=True))
+    counts[cuts == 0] = 0
     return counts
