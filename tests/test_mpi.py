@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from distributed import Client, Security
@@ -173,16 +174,22 @@ def test_a_lost_worker_rank_ends_the_job(client, tmp_path, how):
     assert not mpirun.leftovers(str(out))
 
 
-@pytest.mark.slow
-def test_tls_keeps_strangers_out(tmp_path):
-    """While a run is paused at epoch 2, a plain client and a TLS client with another
-    certificate cannot attach to its scheduler, and the dashboard answers on 127.0.0.1 only."""
+def _paused_job(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """A 3-rank job that pauses at epoch 2 until the file ``resume`` appears."""
     out, resume = tmp_path / "run", tmp_path / "resume"
     proc = subprocess.Popen(mpirun.command(3, *_sets(["train.epochs=3", "graph.window=7"]),
                                            "--out", str(out), *QUIET,
                                            script=(str(FAULT), "pause")),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=mpirun.environment(DTRAIN_RESUME_FILE=str(resume)))
+    return proc, out, resume
+
+
+@pytest.mark.slow
+def test_tls_keeps_strangers_out(tmp_path):
+    """While a run is paused at epoch 2, a plain client and a TLS client with another
+    certificate cannot attach to its scheduler, and the dashboard answers on 127.0.0.1 only."""
+    proc, out, resume = _paused_job(tmp_path)
     try:
         said = {}
         for line in proc.stdout:
@@ -215,12 +222,7 @@ def test_tls_keeps_strangers_out(tmp_path):
 def test_a_rank_that_starts_no_worker_waits_as_long_as_the_run(tmp_path):
     """Hybrid layout: rank 2 shares rank 1's node and starts no worker; it waits for the exit
     code however long the run takes (here paused past the ranks' 10 s shutdown deadline)."""
-    out, resume = tmp_path / "run", tmp_path / "resume"
-    proc = subprocess.Popen(mpirun.command(3, *_sets(["train.epochs=3", "graph.window=7"]),
-                                           "--out", str(out), *QUIET,
-                                           script=(str(FAULT), "pause")),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=mpirun.environment(DTRAIN_RESUME_FILE=str(resume)))
+    proc, out, resume = _paused_job(tmp_path)
     try:
         for line in proc.stdout:
             if line.startswith("layout: "):
