@@ -153,3 +153,27 @@ def test_mpi_gpu_ranks_keep_one_worker_each():
     places = _places(0, 0, 0, gpu=(1, 2))           # two GPU ranks and a CPU rank on a node
     roles = layout.assign(places, _cluster(), leaves=64)
     assert {r: role.threads for r, role in roles.items()} == {1: 1, 2: 1, 3: 4}
+
+
+def _heartbeat_cut_shows() -> bool:
+    """On a worker: would its log show a heartbeat cut by the scheduler's close?"""
+    import logging
+
+    log = logging.getLogger("distributed.worker")
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0,
+                            "Failed to communicate with scheduler during heartbeat.", (), None)
+    return all(f.filter(record) for f in log.filters)
+
+
+def test_an_embedded_clusters_workers_keep_its_close_off_the_console():
+    """A run stopped by SIGUSR1 closed its LocalCluster while a worker's heartbeat was in
+    flight, and the worker printed the cut comm with a traceback (32 lines instead of 2).
+    The workers of a cluster dtrain starts drop those errors once it is closing, and only
+    then: the same error mid-run still shows."""
+    from dtrain.deploy.logs import mark_closing
+
+    cfg = dtrain.load_config(None, ["cluster.workers=1", "cluster.threads_per_worker=1"]).cluster
+    with connect(cfg) as client:
+        assert list(client.run(_heartbeat_cut_shows).values()) == [True]
+        client.run(mark_closing)
+        assert list(client.run(_heartbeat_cut_shows).values()) == [False]

@@ -20,6 +20,7 @@ from dtrain.deploy import jobqueue, mainguard
 from dtrain.deploy.devices import require_gpu
 from dtrain.deploy.layout import local_shape
 from dtrain.deploy.local import local_cluster, local_gpu_cluster
+from dtrain.deploy.logs import QuietClose, mark_closing
 from dtrain.deploy.options import security_for
 from dtrain.deploy.workers import wait_for_workers
 
@@ -122,4 +123,10 @@ def connect(cfg: ClusterConfig, min_workers: int = 1, leaves: int = 0) -> Iterat
         cluster = local_gpu_cluster(cfg, gpus, security, shape) if gpus else \
             local_cluster(cfg, security, shape)
     with cluster, Client(cluster, security=security) as client:
-        yield client
+        client.register_plugin(QuietClose())
+        try:
+            yield client
+        finally:
+            # its workers' heartbeats and fetches that the close cuts are not errors
+            with contextlib.suppress(Exception):
+                client.run(mark_closing)

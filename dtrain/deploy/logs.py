@@ -65,6 +65,27 @@ class CutByClose(logging.Filter):
         return not (closing and str(record.msg).startswith(self.CUT))
 
 
+class QuietClose(WorkerPlugin):
+    """Installs :class:`CutByClose` on every worker of a cluster dtrain started and will close
+    (restarted workers included); :func:`mark_closing`, run on them just before the close,
+    arms it."""
+
+    name = "dtrain-quiet-close"
+    idempotent = True
+
+    def setup(self, worker) -> None:
+        log = logging.getLogger("distributed.worker")
+        if not any(isinstance(f, CutByClose) for f in log.filters):
+            log.addFilter(CutByClose(worker))
+
+
+def mark_closing() -> None:
+    """On a worker (``client.run``): its :class:`CutByClose` filters start dropping."""
+    for f in logging.getLogger("distributed.worker").filters:
+        if isinstance(f, CutByClose):
+            f.mark_closing()
+
+
 def quiet_logs() -> None:
     """Keep distributed's start-up chatter (INFO) off the job's log; warnings still show."""
     logging.getLogger("distributed").setLevel(logging.WARNING)
