@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import math
 import tomllib
-import typing
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +27,7 @@ import tomli_w
 
 from dtrain.core.arrays import gpu_count
 from dtrain.core.errors import ConfigError
+from dtrain.core.fields import at_least, build, choice, free, opt, positive, unit_open
 from dtrain.core.files import shipped
 
 CONFIG_DIR = shipped("configs")
@@ -50,34 +49,6 @@ STRATEGIES: dict[str, StrategyRules] = {}
 STRATEGIES_MODULE = "dtrain.taskgraph.strategies"
 
 
-# --- field helpers: a default plus the rule its value must follow ---------------------
-
-def _opt(default: Any, rule: str | Callable[[], str], check: Callable[[Any], bool],
-         doc: str = "") -> Any:
-    return field(default=default, metadata={"rule": rule, "check": check, "doc": doc})
-
-
-def choice(default: str, *options: str, doc: str = "") -> Any:
-    return _opt(default, "one of " + ", ".join(repr(o) for o in options),
-                lambda v: v in options, doc)
-
-
-def at_least(default: int | float, low: int | float, doc: str = "") -> Any:
-    return _opt(default, f">= {low}", lambda v: v >= low, doc)
-
-
-def positive(default: float, doc: str = "") -> Any:
-    return _opt(default, "> 0", lambda v: v > 0 and math.isfinite(v), doc)
-
-
-def unit_open(default: float, doc: str = "") -> Any:
-    return _opt(default, "in [0, 1)", lambda v: 0 <= v < 1, doc)
-
-
-def free(default: Any, doc: str = "") -> Any:
-    return _opt(default, "", lambda v: True, doc)
-
-
 # --- the schema ---------------------------------------------------------------------
 
 DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "parquet", "synthetic",
@@ -96,9 +67,9 @@ class DataConfig:
     target: str = choice("auto", "auto", "class", "value",
                          doc="what a row's label is: a class, or real values (regression); "
                          "auto: value for model.loss = 'squared-error', else class")
-    delimiter: str = _opt("", "'' (detect) or one character, e.g. ';'",
+    delimiter: str = opt("", "'' (detect) or one character, e.g. ';'",
                           lambda v: len(v) <= 1, "csv: the field separator")
-    split: tuple[float, ...] = _opt(
+    split: tuple[float, ...] = opt(
         (0.8, 0.1, 0.1), "three fractions (train, validation, test) >= 0 summing to 1",
         lambda v: len(v) == 3 and min(v) >= 0 and v[0] > 0 and abs(sum(v) - 1) < 1e-9)
     normalize: str = choice("standardize", "standardize", "minmax", "none")
@@ -110,7 +81,7 @@ class DataConfig:
     features: int = at_least(20, 1, "synthetic: input dimension")
     classes: int = at_least(3, 2, "synthetic: number of classes")
     targets: int = at_least(1, 1, "synthetic regression: number of targets")
-    image_size: tuple[int, ...] = _opt(
+    image_size: tuple[int, ...] = opt(
         (), "[] (native size) or [height, width] of positive integers",
         lambda v: len(v) == 0 or (len(v) == 2 and min(v) >= 1))
     grayscale: bool = free(True, "image-folder: convert images to one channel")
@@ -118,7 +89,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    layers: tuple[int, ...] = _opt(
+    layers: tuple[int, ...] = opt(
         (4, 16, 3), "a list of at least two positive sizes, input first",
         lambda v: len(v) >= 2 and min(v) >= 1)
     activation: str = choice("tanh", "sigmoid", "tanh", "relu")
@@ -144,7 +115,7 @@ class OptimConfig:
     eps: float = positive(1e-8)
     schedule: str = choice("constant", "constant", "step", "cosine")
     decay_every: int = at_least(10, 1, "step schedule: epochs between decays")
-    gamma: float = _opt(0.5, "in (0, 1]", lambda v: 0 < v <= 1, "step schedule: factor")
+    gamma: float = opt(0.5, "in (0, 1]", lambda v: 0 < v <= 1, "step schedule: factor")
 
 
 @dataclass(frozen=True)
@@ -165,7 +136,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class GraphConfig:
-    strategy: str = _opt("allreduce", lambda: "one of " + ", ".join(map(repr, STRATEGIES)),
+    strategy: str = opt("allreduce", lambda: "one of " + ", ".join(map(repr, STRATEGIES)),
                          lambda v: v in STRATEGIES, "how the graph is built "
                          "(dtrain.taskgraph.strategies)")
     fan_in: int = at_least(2, 2, "children per reduce task")
@@ -225,11 +196,11 @@ class TrackConfig:
     tensorboard: bool = free(False, "write TensorBoard event files to <run dir>/tensorboard/ "
                              "(pip install 'dtrain[tensorboard]')")
     mlflow: bool = free(False, "log to MLflow (pip install 'dtrain[mlflow]')")
-    mlflow_uri: str = _opt("mlruns", "a tracking URI (file:, sqlite:, http:, ...) or a "
+    mlflow_uri: str = opt("mlruns", "a tracking URI (file:, sqlite:, http:, ...) or a "
                            "directory", lambda v: bool(v.strip()),
                            "where MLflow logs; a directory or relative file: URI is made an "
                            "absolute file: URI (a local file store) at load time")
-    experiment: str = _opt("dtrain", "a non-empty name", lambda v: bool(v.strip()),
+    experiment: str = opt("dtrain", "a non-empty name", lambda v: bool(v.strip()),
                            "the MLflow experiment the run is logged under")
 
 
@@ -282,65 +253,8 @@ class Config:
 
 # --- parsing ------------------------------------------------------------------------
 
-def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
-    """Check the TOML value's type against the field's annotation."""
-    def bad(expected: str) -> ConfigError:
-        return ConfigError(f"{key} = {value!r} in {source}: expected {expected}")
-
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
-        if not isinstance(value, (list, tuple)):
-            raise bad(f"a list of {item.__name__}")
-        return tuple(_coerce(key, v, item, source) for v in value)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("an integer")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad("a number")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise bad("a string")
-        return value
-    raise TypeError(f"unsupported config type {hint!r}")  # a bug in the schema
-
-
 def _section(name: str, values: Mapping[str, Any], source: str) -> Any:
-    cls = SECTIONS[name]
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in values.items():
-        if key not in fields:
-            raise ConfigError(f"unknown key '{name}.{key}' in {source}; "
-                              f"known keys in [{name}]: {', '.join(fields)}")
-        full = f"{name}.{key}"
-        meta = fields[key].metadata
-        if isinstance(value, bool) and hints[key] is str and meta["check"]("true") \
-                and meta["check"]("false"):
-            value = "true" if value else "false"     # a switch that also has other settings
-        value = _coerce(full, value, hints[key], source)
-        if not meta["check"](value):
-            rule = meta["rule"]() if callable(meta["rule"]) else meta["rule"]
-            raise ConfigError(f"{full} = {_show(value)} in {source}: must be {rule}")
-        kwargs[key] = value
-    return cls(**kwargs)
-
-
-def _show(value: Any) -> str:
-    """A value as it would be written in TOML."""
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value) if isinstance(value, str) else str(value)
+    return build(SECTIONS[name], name, values, source)
 
 
 def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
