@@ -122,10 +122,7 @@ def from_files(client: Client, cfg: DataConfig) -> Collection:
     with pyarrow, or CSV with the separator and header found in the first file."""
     import dask.dataframe as dd
 
-    paths = sorted(glob.glob(cfg.path))
-    if not paths:
-        raise DataError(f"data.path = {cfg.path!r} matches no file; give a file or a glob such "
-                        f"as /data/part-*.{'parquet' if cfg.dataset == 'parquet' else 'csv'}")
+    paths = _paths(cfg)
     if cfg.dataset == "parquet":
         frame = dd.read_parquet(paths, engine="pyarrow")
     else:
@@ -197,25 +194,8 @@ def check_files(cfg: DataConfig, layers: tuple[int, ...]) -> None:
     """What can be known of ``data.path``'s files before any worker reads them: that the
     glob matches, that the label column is there, that the features are numeric and as many
     as ``model.layers[0]`` (Parquet: from the first file's schema; CSV: its first lines)."""
-    paths = sorted(glob.glob(cfg.path))
-    if not paths:
-        raise DataError(f"data.path = {cfg.path!r} matches no file; give a file or a glob such "
-                        f"as /data/part-*.{'parquet' if cfg.dataset == 'parquet' else 'csv'}")
-    if cfg.dataset == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            schema = pq.read_schema(paths[0])
-        except (OSError, pa.ArrowException) as exc:
-            raise DataError(f"cannot read {paths[0]} as Parquet: {exc}") from None
-        names = [n for n in schema.names if not n.startswith("__index_level_")]
-        numeric = {n: pa.types.is_integer(schema.field(n).type) or pa.types.is_floating(
-            schema.field(n).type) or pa.types.is_boolean(schema.field(n).type) for n in names}
-    else:
-        layout = tables.sniff(Path(paths[0]), cfg.delimiter)
-        names = list(layout.header or map(str, range(layout.width)))
-        numeric = {n: True for n in names}         # the sample's types are found by dask
+    paths = _paths(cfg)
+    names, numeric = _columns(cfg, paths[0])
     _same_columns(cfg, paths, names)
     label = cfg.label or names[-1]
     if label not in names:
@@ -234,26 +214,40 @@ def check_files(cfg: DataConfig, layers: tuple[int, ...]) -> None:
                         f"[{len(features)}, ...]")
 
 
-def _columns(cfg: DataConfig, path: str) -> list[str]:
-    """A file's column names: its Parquet schema (the footer only), or its CSV header."""
+def _paths(cfg: DataConfig) -> list[str]:
+    """The files ``data.path`` names (a glob), in order; none is a DataError."""
+    paths = sorted(glob.glob(cfg.path))
+    if not paths:
+        raise DataError(f"data.path = {cfg.path!r} matches no file; give a file or a glob such "
+                        f"as /data/part-*.{'parquet' if cfg.dataset == 'parquet' else 'csv'}")
+    return paths
+
+
+def _columns(cfg: DataConfig, path: str) -> tuple[list[str], dict[str, bool]]:
+    """A file's column names and whether each is numeric: from its Parquet schema (the
+    footer only), or its CSV header (numeric: as dask finds the sample's types)."""
     if cfg.dataset == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
-            names = pq.read_schema(path).names
+            schema = pq.read_schema(path)
         except (OSError, pa.ArrowException) as exc:
             raise DataError(f"cannot read {path} as Parquet: {exc}") from None
-        return [n for n in names if not n.startswith("__index_level_")]
+        names = [n for n in schema.names if not n.startswith("__index_level_")]
+        kind = pa.types
+        return names, {n: kind.is_integer(t) or kind.is_floating(t) or kind.is_boolean(t)
+                       for n, t in ((n, schema.field(n).type) for n in names)}
     layout = tables.sniff(Path(path), cfg.delimiter)
-    return list(layout.header or map(str, range(layout.width)))
+    names = list(layout.header or map(str, range(layout.width)))
+    return names, dict.fromkeys(names, True)
 
 
 def _same_columns(cfg: DataConfig, paths: list[str], names: list[str]) -> None:
     """Every file of the glob has the first one's columns (a stray file of another dataset
     would otherwise fail on a worker, mid-read, with pandas' KeyError)."""
     for path in paths[1:]:
-        other = _columns(cfg, path)
+        other, _ = _columns(cfg, path)
         if other != names:
             missing = [n for n in names if n not in other]
             extra = [n for n in other if n not in names]
