@@ -179,18 +179,22 @@ def slurm():
 
 def _wait_for_job(job_id: str, timeout: float = 180) -> str:
     """Poll until the job leaves the queue; its final state.  A requeued job waits for a
-    begin time SLURM sets about two minutes ahead; the test moves it to now, as an admin's
-    `scontrol update` would, rather than wait."""
-    deadline = time.monotonic() + timeout
+    begin time SLURM sets about two minutes ahead; the test moves it, once, to 3 s from now,
+    as an admin's `scontrol update` would, rather than wait (not to now: a batch job started
+    within the second of its requeue is killed, "Job credential revoked")."""
+    deadline, nudged = time.monotonic() + timeout, False
     while time.monotonic() < deadline:
         info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
                               text=True).stdout
         state = re.search(r"JobState=(\w+)", info)
         if state and state.group(1) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
             return state.group(1)
-        if state and state.group(1) == "PENDING" and "Reason=BeginTime" in info:
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+        if state and state.group(1) == "PENDING" and "Reason=BeginTime" in info and not nudged:
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now+3"],
                            capture_output=True)
+            nudged = True
+        elif state and state.group(1) == "RUNNING":
+            nudged = False                      # a later requeue gets its own nudge
         time.sleep(0.5)
     subprocess.run(["scancel", job_id])
     raise AssertionError(f"SLURM job {job_id} did not finish in {timeout} s")
