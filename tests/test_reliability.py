@@ -1,6 +1,7 @@
 """Faults injected for real: SIGKILLed workers and drivers, diverging runs, resumes."""
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -17,7 +18,7 @@ from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, get
 
 import dtrain
 from dtrain.core.errors import UserError
-from dtrain.deploy.workers import wait_for_workers, worker_addresses
+from dtrain.deploy.workers import gather, wait_for_workers, worker_addresses
 from dtrain.deploy.workers import workers as worker_info
 from dtrain.observe.metrics import worker_peak_rss_mb
 from dtrain.training import checkpoint
@@ -313,6 +314,34 @@ def _settled(c, timeout=5.0) -> tuple[int, int, float, int, float | None]:
         time.sleep(0.05)
 
 
+def _sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_a_long_wait_leaves_no_futures_for_the_garbage_collector(client):
+    """A window that takes longer than gather's one-second poll: once the driver drops its
+    futures, the scheduler forgets the tasks at once, with the garbage collector off (a
+    polled ``distributed.wait`` left them in a reference cycle of its TimeoutError, and a
+    CI soak run saw a whole window of tasks outlive the run)."""
+    futures = [client.submit(_sleep, 1.6, pure=False) for _ in range(2)]
+    keys = {f.key for f in futures}
+    gc.disable()
+    try:
+        assert gather(client, futures, timeout=30) == [1.6, 1.6]
+        del futures
+        deadline = time.time() + 5
+        while time.time() < deadline and keys & set(client.run_on_scheduler(_scheduler_keys)):
+            time.sleep(0.05)
+        assert not keys & set(client.run_on_scheduler(_scheduler_keys))
+    finally:
+        gc.enable()
+
+
+def _scheduler_keys(dask_scheduler) -> list:
+    return list(dask_scheduler.tasks)
+
+
 def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
@@ -323,17 +352,31 @@ LONG_SOAK = ["train.batch_size=4", "graph.window=50", "optim.lr=0.01", "data.sha
 SHORT_RUNS = 15
 
 
+@pytest.fixture
+def unlogged_client():
+    """Two workers that keep none of distributed's bounded logs (state-machine, stimulus and
+    transfer logs, 1000 entries each; log records, 10,000): how fast those fill depends on
+    the machine's load (work stealing on a busy machine adds transfers and their events),
+    and until full they read as a few hundred objects of growth per run."""
+    quiet = {"distributed.admin.low-level-log-length": 0, "distributed.admin.log-length": 0}
+    with dask.config.set(quiet), LocalCluster(n_workers=2, threads_per_worker=1,
+                                              processes=True, dashboard_address=None) as lc, \
+            Client(lc) as c:
+        yield c
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_soak_many_short_runs_and_long_runs(client, capsys):
+def test_soak_many_short_runs_and_long_runs(unlogged_client, capsys):
     """Nothing accumulates across runs or across steps: the scheduler forgets finished windows,
     workers hold only the live window's data, and memory does not grow with steps.
 
-    Bounded buffers of distributed (state-machine and transfer logs, 1000 entries each) fill
-    during the first runs, so every figure is taken after a warm-up; per-step growth is the
-    median over three repeats, each comparing a run of L steps with one of 3L steps."""
+    Figures are taken after a warm-up (imports, caches), on workers that keep no logs of
+    distributed's (see ``unlogged_client``); per-step growth is the median over three
+    repeats, each comparing a run of L steps with one of 3L steps."""
+    client = unlogged_client
     short = dtrain.load_config(None, ["train.epochs=2", "graph.window=5"])
-    for _ in range(6):                                     # imports, caches, full logs
+    for _ in range(6):                                     # imports, caches
         dtrain.train(short, client=client, echo=None)
     _, _, rss0, objects0, _ = before = _settled(client)
     per_run = []

@@ -1,42 +1,71 @@
 """The workers a client sees: waiting for them, and listing them in a fixed order."""
 from __future__ import annotations
 
+import threading
 import time
 
-from distributed import Client, Future, wait
+from distributed import Client, Future
 
 from dtrain.core import internals
 from dtrain.core.errors import UserError
 
 
-def wait_for_workers(client: Client, n: int, timeout: float) -> None:
-    """Block until ``n`` workers are connected, or raise a UserError saying how many came."""
+def wait_for_workers(client: Client, n: int, timeout: float, after: str | None = None) -> None:
+    """Block until ``n`` workers are connected, or raise a UserError saying how many came.
+
+    ``after`` (mid-run: what becomes of the checkpoint) ends the message; a run left with
+    no worker at all says so as ``gather`` does."""
     try:
         client.wait_for_workers(n, timeout=timeout)
     except TimeoutError:
         found = len(internals.scheduler_workers(client))
+        if after is not None and not found:
+            raise _none_left(timeout, after) from None
         raise UserError(f"needs {n} Dask worker(s), found {found} after {timeout:g} s; start more "
-                        f"workers or lower the count") from None
+                        f"workers or lower the count{after or ''}") from None
+
+
+def _none_left(timeout: float, after: str) -> UserError:
+    return UserError(f"every Dask worker left the cluster and none joined within {timeout:g} s "
+                     f"(cluster.timeout){after}")
 
 
 def gather(client: Client, futures: list[Future], timeout: float, after: str = "") -> list:
     """``client.gather(futures)``, except that a cluster left with no worker for ``timeout``
     seconds raises a UserError (``after`` ends its message) instead of waiting for ever:
     the scheduler keeps tasks that no worker can run until one comes, and none may."""
+    arrived = all_done(futures)
     alone: float | None = None                      # since when no worker has been there
-    while True:
-        try:
-            with client.as_current():               # distributed.wait asks the default client
-                wait(futures, timeout=min(timeout, 1.0))
-            return client.gather(futures)
-        except TimeoutError:
-            if internals.scheduler_workers(client):
-                alone = None
-            elif alone is None:
-                alone = time.monotonic()
-            elif time.monotonic() - alone >= timeout:
-                raise UserError(f"every Dask worker left the cluster and none joined within "
-                                f"{timeout:g} s (cluster.timeout){after}") from None
+    while not arrived.wait(min(timeout, 1.0)):
+        if internals.scheduler_workers(client):
+            alone = None
+        elif alone is None:
+            alone = time.monotonic()
+        elif time.monotonic() - alone >= timeout:
+            raise _none_left(timeout, after)
+    return client.gather(futures)
+
+
+def all_done(futures: list[Future]) -> threading.Event:
+    """An event set once every future is done (finished, failed or cancelled).
+
+    Polling it raises nothing. Polling ``distributed.wait(..., timeout=)`` raises a
+    TimeoutError whose traceback holds the futures in a reference cycle (through
+    ``distributed.utils.sync``'s ``error`` cell) until the garbage collector runs, and the
+    scheduler keeps every task of the window they end until then."""
+    arrived, left, lock = threading.Event(), [len(futures)], threading.Lock()
+
+    def one(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0] == 0:
+                arrived.set()
+
+    if not futures:
+        arrived.set()
+    for f in futures:
+        f.add_done_callback(one)
+    return arrived
 
 
 def _natural(name: object) -> tuple:

@@ -150,10 +150,11 @@ class DaskEngine:
         return [Worker(a, gpu[a], self.speed.get(a, 1.0), i.get("nthreads", 1))
                 for a, i in info.items()]
 
-    def place(self) -> Placement:
-        """Placement over the workers there now; (re)load data that must move."""
+    def place(self, after: str | None = None) -> Placement:
+        """Placement over the workers there now; (re)load data that must move (``after``,
+        mid-run: what a run that cannot go on says of its checkpoint)."""
         cfg, c, builder = self.plan.config, self.client, self.plan.builder
-        wait_for_workers(c, builder.min_workers, cfg.cluster.timeout)
+        wait_for_workers(c, builder.min_workers, cfg.cluster.timeout, after)
         self.inline = self.low_latency and tuning.inline_executor(c)
         present = self._workers()
         if self.held:
@@ -324,7 +325,7 @@ class DaskEngine:
 
         for window in windows(p, start.step, rate):
             if window.start != start.step:
-                placement = self.place()
+                placement = self.place(_lost_note(recorder))
             win = p.builder.window([p.schedule[t] for t in window], state, self.refs,
                                    self.held_refs(val), placement, self.run_id)
             located = {f.key: w for w, f in self.items} | _located(val, placement.root)
