@@ -15,8 +15,10 @@ from pathlib import Path
 import dask
 import pytest
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, get_task_stream
+from distributed.comm import CommClosedError
 
 import dtrain
+from dtrain.core.broadcast import on_workers
 from dtrain.core.errors import UserError
 from dtrain.deploy.workers import gather, wait_for_workers, worker_addresses
 from dtrain.deploy.workers import workers as worker_info
@@ -99,6 +101,34 @@ def test_a_cluster_whose_workers_all_retire_ends_the_run_with_one_line(tmp_path)
                          client=c, out=tmp_path / "orphaned", echo=None)
         assert time.monotonic() - began < 60
     assert (tmp_path / "orphaned").is_dir()
+
+
+def _leave_if_second(dask_worker) -> str:
+    if dask_worker.name == 1:
+        os._exit(1)                                 # lost mid-call, as a SIGKILL would
+    return "here"
+
+
+def _fails(dask_worker) -> None:
+    raise ValueError("a bug in the function")
+
+
+def test_a_call_on_every_worker_leaves_out_one_that_leaves_during_it():
+    """A worker lost (or retired by its lifetime) while dtrain asks every worker something
+    is left out of the answers, not raised: a CI run died of a CommClosedError when a
+    lifetime-retired worker closed during the placement's ``client.run``.  An error of the
+    function itself is still raised."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        c.wait_for_workers(2)
+        first = worker_addresses(c)[0]
+        with pytest.raises(CommClosedError):        # what plain client.run does
+            c.run(_leave_if_second)
+        wait_for_workers(c, 2, 30)                  # its nanny brought it back
+        assert on_workers(c, _leave_if_second) == {first: "here"}
+        wait_for_workers(c, 2, 30)
+        with pytest.raises(ValueError, match="a bug in the function"):
+            on_workers(c, _fails)
 
 
 def test_worker_lists_are_asked_fresh_not_read_from_the_clients_cache(client):

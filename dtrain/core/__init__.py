@@ -5,7 +5,8 @@ checking, :mod:`~dtrain.core.fields`), the errors and exit
 codes (:mod:`~dtrain.core.errors`), the task-key grammar
 (:mod:`~dtrain.core.keys`), the live-event port (:mod:`~dtrain.core.events`),
 host/GPU array helpers (:mod:`~dtrain.core.arrays`), file conventions
-(:mod:`~dtrain.core.files`) and every use of distributed's private API
+(:mod:`~dtrain.core.files`), calls on every worker that a leaving worker does not
+break (:mod:`~dtrain.core.broadcast`) and every use of distributed's private API
 (:mod:`~dtrain.core.internals`).
 
 May import: nothing else of dtrain.

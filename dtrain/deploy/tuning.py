@@ -24,6 +24,7 @@ import dask
 from distributed import Client, SchedulerPlugin, WorkerPlugin
 
 from dtrain.core import internals
+from dtrain.core.broadcast import on_workers
 
 
 INLINE = "dtrain-inline"     # the executor that runs a task in the worker's event loop
@@ -164,7 +165,7 @@ def _has_inline(dask_worker) -> bool:
 def inline_executor(client: Client) -> bool:
     """Whether every worker has the inline executor (see :class:`LowLatencyWorker`), so
     tasks may be annotated with ``executor=INLINE``."""
-    found = client.run(_has_inline)
+    found = on_workers(client, _has_inline)
     return bool(found) and all(found.values())
 
 

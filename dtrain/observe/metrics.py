@@ -20,6 +20,7 @@ from dask.sizeof import sizeof
 from distributed import Client, SchedulerPlugin, WorkerPlugin
 
 from dtrain.core import internals, keys
+from dtrain.core.broadcast import on_workers
 
 
 def _compute_seconds(startstops: Any) -> float:
@@ -116,7 +117,7 @@ def transfers(client: Client, run: str) -> dict[str, int]:
     def report(dask_worker, run=run):
         plugin = dask_worker.plugins.get(TransferCounter.name)
         return plugin.report(run) if plugin is not None else (0, 0)
-    per_worker = client.run(report)
+    per_worker = on_workers(client, report)
     return {"bytes": sum(b for b, _ in per_worker.values()),
             "transfers": sum(n for _, n in per_worker.values())}
 
@@ -150,6 +151,6 @@ def peak_rss_mb() -> float:
 
 def worker_peak_rss_mb(client: Client) -> dict[str, float]:
     """Each worker's peak resident memory in MB, by worker name."""
-    peaks = client.run(peak_rss_mb)
+    peaks = on_workers(client, peak_rss_mb)
     names = {a: str(w.get("name", a)) for a, w in internals.scheduler_workers(client).items()}
     return {names.get(addr, addr): round(mb, 1) for addr, mb in sorted(peaks.items())}

@@ -22,6 +22,7 @@ from dask.task_spec import DataNode, TaskRef
 from distributed import Client, Future, wait
 
 from dtrain.core import keys
+from dtrain.core.broadcast import on_workers
 from dtrain.core.arrays import gpu_problem
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
@@ -135,7 +136,7 @@ class DaskEngine:
         if cfg.cluster.device == "gpu":             # a GPU resource is a promise: check it
             claimed = [a for a in info if gpu[a] and a not in self.cuda]
             if claimed:
-                self.cuda.update(self.client.run(gpu_problem, workers=claimed))
+                self.cuda.update(on_workers(self.client, gpu_problem, workers=claimed))
             broken = {a: why for a, why in self.cuda.items() if why and a in info}
             if broken:
                 a, why = next(iter(broken.items()))
@@ -145,8 +146,8 @@ class DaskEngine:
         if len(set(gpu.values())) > 1:             # CPU and GPU workers: size work by speed
             rows = max(16, min(1024, cfg.train.batch_size // max(1, len(info))))
             for a in info.keys() - self.speed.keys():
-                self.speed[a] = self.client.run(calibrate, self.plan.net, rows, gpu[a],
-                                                workers=[a])[a]
+                self.speed.update(on_workers(self.client, calibrate, self.plan.net, rows,
+                                             gpu[a], workers=[a]))
         return [Worker(a, gpu[a], self.speed.get(a, 1.0), i.get("nthreads", 1))
                 for a, i in info.items()]
 
@@ -220,7 +221,7 @@ class DaskEngine:
             if f.status == "error":
                 f.result()  # re-raises the worker's exception here
         self.normalization = norm.result()
-        c.run(clear_cache)  # the data is built; drop the workers' copies of the files
+        on_workers(c, clear_cache)  # the data is built; drop the workers' copies of the files
         return parts[0], parts[1]
 
     def _test(self, state: TrainState, test: Any, placement: Placement) -> dict[str, float]:
