@@ -5,6 +5,7 @@ import gc
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,12 +96,18 @@ def test_a_cluster_whose_workers_all_retire_ends_the_run_with_one_line(tmp_path)
         c.wait_for_workers(2)
         began = time.monotonic()
         with pytest.raises(UserError, match=r"every Dask worker left the cluster and none "
-                           r"joined within 2 s \(cluster.timeout\)"):
+                           r"joined within 2 s \(cluster.timeout\)") as lost:
             dtrain.train(dtrain.load_config(None, [*LONG, "train.epochs=2000",
                                                    "cluster.timeout=2"]),
                          client=c, out=tmp_path / "orphaned", echo=None)
         assert time.monotonic() - began < 60
-    assert (tmp_path / "orphaned").is_dir()
+    said = str(lost.value)
+    kept = re.search(r"the last good checkpoint \(step (\d+)\) is kept in (\S+): resume it "
+                     r"with python -m dtrain --resume (\S+) once workers are back$", said)
+    assert "\n" not in said and kept, said
+    assert Path(kept[3]) == tmp_path / "orphaned"                     # the line's claims,
+    assert Path(kept[2]) == tmp_path / "orphaned" / checkpoint.FILE     # checked on disk
+    assert checkpoint.load(tmp_path / "orphaned")[0].step == int(kept[1]) > 0
 
 
 def _leave_if_second(dask_worker) -> str:

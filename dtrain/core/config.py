@@ -253,10 +253,6 @@ class Config:
 
 # --- parsing ------------------------------------------------------------------------
 
-def _section(name: str, values: Mapping[str, Any], source: str) -> Any:
-    return build(SECTIONS[name], name, values, source)
-
-
 def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
     """Build and validate a :class:`Config` from nested mappings.
 
@@ -275,7 +271,8 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
                               f"known sections: {', '.join(SECTIONS)}")
         if not isinstance(values, Mapping):
             raise ConfigError(f"'{name}' in {source} must be a table ([{name}])")
-    cfg = Config(**{name: _section(name, data.get(name, {}), source) for name in SECTIONS})
+    cfg = Config(**{name: build(cls, name, data.get(name, {}), source)
+                     for name, cls in SECTIONS.items()})
     _check_consistency(cfg, source)
     if cfg.data.target == "auto":
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, target=_auto_target(cfg)))

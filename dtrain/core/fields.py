@@ -2,8 +2,6 @@
 that turn a TOML table into a section (types coerced, rules applied, errors as one line).
 
 The mechanism only; the schema (the sections and their fields) is :mod:`dtrain.core.config`.
-
-May import: :mod:`dtrain.core.errors`.
 """
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ from dataclasses import field
 from typing import Any
 
 from dtrain.core.errors import ConfigError
+
 
 def opt(default: Any, rule: str | Callable[[], str], check: Callable[[Any], bool],
         doc: str = "") -> Any:

@@ -22,8 +22,8 @@ from dask.task_spec import DataNode, TaskRef
 from distributed import Client, Future, wait
 
 from dtrain.core import keys
-from dtrain.core.broadcast import on_workers
 from dtrain.core.arrays import gpu_problem
+from dtrain.core.broadcast import on_workers
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
 from dtrain.data import partitions
