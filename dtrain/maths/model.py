@@ -221,7 +221,7 @@ class Network:
         """Length of a gradient buffer: ``P + TAIL``."""
         return self.size + TAIL
 
-    def loss_and_grad(self, params, x, y):
+    def loss_and_grad(self, params, x, y, out=None):
         """Summed loss and gradient over a batch, as one flat buffer.
 
         Returns ``buf`` of length ``P + 2``: ``buf[:P]`` is the gradient of the
@@ -229,10 +229,15 @@ class Network:
         the number of correct predictions (argmax of the outputs, before this
         step's update; 0 for a regression).  Sums (not means) so that shards add up exactly (the
         count is an integer, exact in float); the update divides by the batch
-        size.
+        size.  ``out``: a contiguous ``(P + 2,)`` buffer to write into (shared memory)
+        instead of a new one; the same values either way.
         """
         xp = array_module(params)
-        buf = xp.zeros(self.buffer_size, dtype=params.dtype)
+        if out is None:
+            buf = xp.zeros(self.buffer_size, dtype=params.dtype)
+        else:
+            buf = out
+            buf[...] = 0
         if x.shape[0] == 0:
             return buf
         with np.errstate(all="ignore"):     # a diverging run is caught by the update's check

@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from dtrain.core import events, internals
-from dtrain.core.arrays import like, on_device, sum_in_order, to_host
+from dtrain.core.arrays import like, on_device, on_gpu, sum_in_order, to_host
 from dtrain.data.shards import Shard
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, Step, TrainState, average, local_sgd, update
 from dtrain.maths.scores import TargetSums
+from dtrain.taskgraph import cores
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
                                       Reduce, Update, Updates)
 
@@ -86,9 +87,19 @@ def _summed(group: Group, one: Callable[[int], Any]) -> Any:
 
 
 def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
-    """Each shard of the task's group, summed in its subtree's order (:func:`_summed`)."""
-    return _summed(task.group, lambda p: _one_shard(task.net, task.shuffle_seed, task.epoch,
-                                                    task.group.rows[p], state, shards[p]))
+    """Each shard of the task's group, summed in its subtree's order: on the worker's core
+    processes (:mod:`~dtrain.taskgraph.cores`) or its threads (:func:`_summed`)."""
+    group = task.group
+    if group.processes and not on_gpu(shards[0].x):
+        pool = cores.pool(_worker_threads() - 1)
+        if pool is not None:
+            try:
+                return pool.group_sum(task.net, task.epoch, task.shuffle_seed, group.rows,
+                                      group.tree, state.vector[: task.net.size], shards)
+            except cores.Broken:
+                pass                    # computed here; the pool starts afresh next time
+    return _summed(group, lambda p: _one_shard(task.net, task.shuffle_seed, task.epoch,
+                                               group.rows[p], state, shards[p]))
 
 
 # --- replicated updates: each computed once per worker --------------------------------------
