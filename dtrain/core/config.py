@@ -151,6 +151,11 @@ class GraphConfig:
                               "the same sums in the same order); auto: where the tasks it "
                               "saves cost more than a few percent of the step's compute "
                               "(dtrain.training.engines.fuse_choice), else a task per shard")
+    fuse_steps: bool = free(True, "a window whose tasks all sit on one worker (one node, one "
+                            "GPU, a laptop) runs as one task, each step inside it in order: no "
+                            "scheduler round trip per step, the same bytes "
+                            "(dtrain.taskgraph.fuse); false shows every step in the task "
+                            "stream")
     update: str = choice("auto", "auto", "root", "replicated",
                          doc="where the optimizer step runs: on the reduce root, which sends "
                          "the new state to every worker, or on every worker from the reduced "
@@ -183,6 +188,11 @@ class ClusterConfig:
                          "mean: hybrid, one worker process per machine (MPI: per node; "
                          "slurm, pbs: per job) with a thread per core; flat, a "
                          "single-thread worker process per core (MPI: per rank)")
+    cores: str = choice("auto", "auto", "processes", "threads",
+                        doc="how a worker computes the shards it holds in one task: on core "
+                        "processes it starts once (one per extra thread, shared memory, no "
+                        "GIL; Linux) or on its threads; auto: processes where the platform "
+                        "has them (dtrain.taskgraph.cores)")
     kind: str = choice("local", "local", "slurm", "pbs",
                        doc="who starts the workers: a LocalCluster, or dask-jobqueue batch jobs")
     tls: str = choice("auto", "auto", "on", "off",
