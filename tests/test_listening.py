@@ -141,7 +141,7 @@ def test_cluster_interface_puts_the_cluster_on_that_interface():
                          ids=["dashboard", "no-dashboard"])
 def test_the_command_line_listens_on_loopback_only(tmp_path, args):
     proc = subprocess.Popen([sys.executable, "-m", "dtrain", "--out", str(tmp_path / "run"),
-                             "--set", "train.epochs=60", *args], cwd=REPO,
+                             "--set", "train.epochs=20", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         found = poll_until_exit(proc)
