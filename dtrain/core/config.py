@@ -178,7 +178,9 @@ class ClusterConfig:
     threads_per_worker: int = at_least(0, 0, "Dask threads per worker; 0: as cluster.layout "
                                        "says")
     scheduler_address: str = free("", "use this running Dask scheduler instead")
-    dashboard_address: str = free("127.0.0.1:8787", "'' disables the dashboard")
+    dashboard_address: str = free("127.0.0.1:8787", "where the dashboard listens; without a "
+                                  "host (':8787') on 127.0.0.1; '' disables it (the "
+                                  "scheduler's /health and /metrics stay on 127.0.0.1)")
     device: str = choice("cpu", "cpu", "gpu", "auto",
                          doc="gpu: every shard on a GPU; auto: GPUs where workers have them")
     low_latency: bool = free(True, "send Dask's control messages without batching delays")
@@ -197,7 +199,9 @@ class ClusterConfig:
                        doc="who starts the workers: a LocalCluster, or dask-jobqueue batch jobs")
     tls: str = choice("auto", "auto", "on", "off",
                       doc="per-run TLS certificate; auto = on under MPI, SLURM and PBS")
-    interface: str = free("", "network interface for the scheduler and workers, e.g. 'ib0'")
+    interface: str = free("", "network interface for the scheduler and workers, e.g. 'ib0'; "
+                          "'': 127.0.0.1 for a LocalCluster, every interface under MPI and "
+                          "for batch jobs")
     jobqueue_file: str = free("", "dask-jobqueue YAML ('' = the jobqueue.yaml shipped with dtrain)")
 
 
