@@ -20,3 +20,11 @@ def test_quickstart_has_two_commands_and_ci_runs_the_test_one():
     assert install_and_test.endswith("python -m pytest")
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert install_and_test in ci
+
+
+def test_the_wheel_ships_py_typed_so_type_checkers_read_the_annotations():
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["dtrain"]
+    assert (REPO / "dtrain" / "py.typed").is_file()
