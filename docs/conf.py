@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
-sys.path.insert(0, str(DOCS / "_ext"))          # configref: the configuration reference
+sys.path.insert(0, str(DOCS / "_ext"))          # configref, clihelp, graphgallery: generated pages
 sys.path.insert(0, str(DOCS.parent))            # dtrain itself, from this checkout
 
 import dtrain  # noqa: E402

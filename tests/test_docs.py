@@ -30,6 +30,7 @@ EXAMPLES = REPO / "examples"
 @functools.cache
 def _extension(name: str) -> ModuleType:
     """A module of docs/_ext, imported from its file (docs/ is not a package)."""
+    pytest.importorskip("sphinx", reason="pip install -e '.[docs]'")
     spec = importlib.util.spec_from_file_location(f"dtrain_docs_{name}",
                                                   DOCS / "_ext" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
