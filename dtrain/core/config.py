@@ -59,7 +59,11 @@ VALUE_DATASETS = ("csv", "parquet", "synthetic", "collection")    # datasets tha
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = choice("iris", *DATASETS)
+    dataset: str = choice("iris", *DATASETS,
+                          doc="iris and digits ship with scikit-learn; mnist reads IDX files, "
+                          "image-folder a folder per class, csv and parquet files or globs "
+                          "(read by the workers, partition by partition); synthetic is "
+                          "generated; collection is a Dask collection given in Python")
     path: str = free("", "directory (mnist, image-folder), or a file or glob of files (csv, "
                      "parquet: e.g. /data/part-*.parquet)")
     label: str = free("", "csv, parquet: the label column's name ('': the last column); "
@@ -71,19 +75,23 @@ class DataConfig:
                           lambda v: len(v) <= 1, "csv: the field separator")
     split: tuple[float, ...] = opt(
         (0.8, 0.1, 0.1), "three fractions (train, validation, test) >= 0 summing to 1",
-        lambda v: len(v) == 3 and min(v) >= 0 and v[0] > 0 and abs(sum(v) - 1) < 1e-9)
-    normalize: str = choice("standardize", "standardize", "minmax", "none")
+        lambda v: len(v) == 3 and min(v) >= 0 and v[0] > 0 and abs(sum(v) - 1) < 1e-9,
+        "the training, validation and test fractions of the rows, seeded by data.seed")
+    normalize: str = choice("standardize", "standardize", "minmax", "none",
+                            doc="input normalization, its statistics from the training "
+                            "split only; part of the saved model")
     replicate: int = at_least(1, 1, "repeat the training set this many times")
     shards: int = at_least(4, 1, "fixed number of training shards")
     shuffle: bool = free(True, "reshuffle each shard every epoch")
-    seed: int = at_least(0, 0)
+    seed: int = at_least(0, 0, "seeds the split and every epoch's shuffle of each shard")
     samples: int = at_least(1000, 3, "synthetic: number of samples")
     features: int = at_least(20, 1, "synthetic: input dimension")
     classes: int = at_least(3, 2, "synthetic: number of classes")
     targets: int = at_least(1, 1, "synthetic regression: number of targets")
     image_size: tuple[int, ...] = opt(
         (), "[] (native size) or [height, width] of positive integers",
-        lambda v: len(v) == 0 or (len(v) == 2 and min(v) >= 1))
+        lambda v: len(v) == 0 or (len(v) == 2 and min(v) >= 1),
+        "image-folder (required), mnist: every image is resized to this size")
     grayscale: bool = free(True, "image-folder: convert images to one channel")
 
 
@@ -91,8 +99,11 @@ class DataConfig:
 class ModelConfig:
     layers: tuple[int, ...] = opt(
         (4, 16, 3), "a list of at least two positive sizes, input first",
-        lambda v: len(v) >= 2 and min(v) >= 1)
-    activation: str = choice("tanh", "sigmoid", "tanh", "relu")
+        lambda v: len(v) >= 2 and min(v) >= 1,
+        "layer sizes: the input features first, the classes (or targets) last; checked "
+        "against the data")
+    activation: str = choice("tanh", "sigmoid", "tanh", "relu",
+                             doc="the hidden layers' activation")
     loss: str = choice("cross-entropy", "cross-entropy", "mse", "squared-error",
                        doc="cross-entropy: softmax outputs; mse: sigmoid outputs against "
                        "one-hot classes; squared-error: identity outputs against real targets "
@@ -100,27 +111,30 @@ class ModelConfig:
     l2: float = at_least(0.0, 0.0, "L2 weight penalty (weights, not biases)")
     dtype: str = choice("auto", "auto", "float32", "float64",
                         doc="auto: float32 where the run uses GPUs, else float64")
-    seed: int = at_least(0, 0)
+    seed: int = at_least(0, 0, "seeds the initial parameters")
     init_from: str = free("", "a finished run directory: start from its parameters and its "
                           "input normalization, with a fresh optimizer (--init-from)")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = choice("sgd", "sgd", "momentum", "adam")
-    lr: float = positive(0.1)
-    momentum: float = unit_open(0.9)
-    beta1: float = unit_open(0.9)
-    beta2: float = unit_open(0.999)
-    eps: float = positive(1e-8)
-    schedule: str = choice("constant", "constant", "step", "cosine")
+    name: str = choice("sgd", "sgd", "momentum", "adam", doc="the optimizer")
+    lr: float = positive(0.1, "the learning rate (the schedule's starting value)")
+    momentum: float = unit_open(0.9, "momentum: the velocity's decay (classical momentum)")
+    beta1: float = unit_open(0.9, "adam: decay of the first-moment estimate")
+    beta2: float = unit_open(0.999, "adam: decay of the second-moment estimate")
+    eps: float = positive(1e-8, "adam: added to the denominator's square root")
+    schedule: str = choice("constant", "constant", "step", "cosine",
+                           doc="the learning rate over the epochs: constant; step, times "
+                           "gamma every decay_every epochs; cosine, from lr towards 0 over "
+                           "train.epochs")
     decay_every: int = at_least(10, 1, "step schedule: epochs between decays")
     gamma: float = opt(0.5, "in (0, 1]", lambda v: 0 < v <= 1, "step schedule: factor")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = at_least(10, 1)
+    epochs: int = at_least(10, 1, "passes over the training set")
     batch_size: int = at_least(16, 1, "global minibatch; >= training samples is full batch")
     patience: int = at_least(0, 0, "stop after this many epochs without an improvement of the "
                              "monitored loss by at least min_delta (0: never stop early)")

@@ -95,7 +95,7 @@ def _comm() -> Any:
         from mpi4py import MPI
     except ImportError:
         raise UserError("--scheduler-rank runs under MPI and needs mpi4py; install it with "
-                        "pip install 'dtrain[mpi]' (or see 'On a cluster' in the README)") from None
+                        "pip install 'dtrain[mpi]' (or see docs/cluster.md, 'On a cluster')") from None
     return MPI.COMM_WORLD
 
 
