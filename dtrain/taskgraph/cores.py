@@ -369,9 +369,11 @@ class Pool:
             try:
                 self._ensure()
                 return self._group_sum(net, epoch, seed, rows, tree, params, shards)
-            except (Broken, OSError):
+            except (Broken, OSError) as exc:
                 self._stop()            # started afresh next time
-                raise
+                if isinstance(exc, Broken):
+                    raise
+                raise Broken(f"a core process died ({exc!r})") from exc
 
     def _group_sum(self, net, epoch, seed, rows, tree, params, shards) -> np.ndarray:
         n, B = len(shards), net.buffer_size

@@ -50,6 +50,7 @@ class Chain:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     uses: tuple[tuple[str, int], ...]
+    steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,7 @@ def run_chain(chain: Chain, *inputs: Any) -> Ran:
                 del cache[dep]
     end = clock()
     return Ran(tuple(cache[k] for k in chain.outputs), dict(seconds),
-               tuple(end - done.get(k, end) for k in chain.outputs),
-               sum(kind == keys.UPDATE for kind in chain.kinds))
+               tuple(end - done.get(k, end) for k in chain.outputs), chain.steps)
 
 
 def pick(ran: Ran, i: int) -> Any:
@@ -154,7 +154,7 @@ def steps(win: Window, first: int, last: int, run: str) -> Window:
                 external.append(dep)
     order = in_order(win.dsk)
     chain = Chain(tuple(win.dsk[k] for k in order), tuple(map(keys.kind_of, order)),
-                  tuple(external), outputs, tuple(uses.items()))
+                  tuple(external), outputs, tuple(uses.items()), last - first + 1)
     name = keys.make(keys.WINDOW, first, last, run=run)
     out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
     out.add(Task(name, run_chain, chain, *map(TaskRef, external)), worker,
