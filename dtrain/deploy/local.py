@@ -13,7 +13,9 @@ import os
 
 from distributed import LocalCluster, Nanny, Scheduler, Security, SpecCluster
 
+from dtrain.core.arrays import gpu_count
 from dtrain.core.config import ClusterConfig
+from dtrain.core.errors import UserError
 from dtrain.deploy.devices import GPU
 from dtrain.deploy.layout import Shape, local_shape
 from dtrain.deploy.options import LOOPBACK, http_address
@@ -49,6 +51,12 @@ def local_gpu_cluster(cfg: ClusterConfig, gpus: int, security: Security | None =
     shape = shape or local_shape(cfg)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
+    found = gpu_count()
+    if gpus > len(ids) or (found and gpus > found):
+        raise UserError(f"{gpus} GPU worker(s) asked for, but this machine shows "
+                        f"{min(len(ids), found or len(ids))} GPU(s) (CUDA_VISIBLE_DEVICES="
+                        f"{visible if visible is not None else 'unset'}): one worker per GPU; "
+                        f"ask for at most that many")
     cpus = max(0, shape.workers - gpus) if cfg.device == "auto" else 0
     listen = {**binding(cfg), **({"security": security, "protocol": "tls://"} if security else {})}
     workers = {i: {"cls": Nanny, "options": {

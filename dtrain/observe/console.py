@@ -91,10 +91,12 @@ def split_lines(summary: dict[str, Any]) -> list[str]:
     split = summary.get("work_split") or {}
     if len({v.get("device") for v in split.values()}) < 2:
         return []
+    choice = summary.get("device_choice") or {}
     return ["work split: " + ", ".join(
         f"worker {name} ({v['device']}) {v['leaves']} shards"
         + (f", {v['samples_per_second']:,.0f} samples/s measured"
-           if v.get("samples_per_second") else "") for name, v in split.items())]
+           if v.get("samples_per_second") else "") for name, v in split.items())
+        + (f"; {choice['why']}" if choice.get("why") else "")]
 
 
 def _ms(seconds: float | None) -> str:

@@ -33,7 +33,7 @@ from dtrain.deploy import tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import gather, wait_for_workers, workers
+from dtrain.deploy.workers import gather, round_trip, wait_for_workers, workers
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
@@ -41,7 +41,7 @@ from dtrain.taskgraph import fuse, handoff
 from dtrain.taskgraph.handoff import StateGone
 from dtrain.taskgraph.dataparallel import (TINY_FLOPS, HeldOut, add_evaluation, fuse_choice,
                                            shard_rows)
-from dtrain.taskgraph.placement import Placement, Worker
+from dtrain.taskgraph.placement import Placement, Worker, choices
 from dtrain.taskgraph.records import Evaluate
 from dtrain.taskgraph.tasks import calibrate
 from dtrain.taskgraph.window import Window
@@ -117,7 +117,9 @@ class DaskEngine:
         self.fused_seconds: Counter[str] = Counter()   # ... their task seconds by kind
         self.fused_steps = 0                        # ... and their steps
         self.literal_bytes = 0                      # states sent in graphs (not handed over)
-        self.speed: dict[str, float] = {}           # calibrated samples/s, by worker address
+        self.speed: dict[str, tuple[float, float]] = {}   # calibrated (overhead s, samples/s)
+        self.choice: dict[str, Any] = {}            # CPU and GPU: the assignment chosen, why
+        self.on_gpu: dict[str, bool] = {}           # which workers compute on a GPU
         self.cuda: dict[str, str] = {}              # GPU workers: why CuPy fails there ("": ok)
         self.placement: Placement | None = None
         self.live: list[Future] = []                # the windows in flight
@@ -151,12 +153,35 @@ class DaskEngine:
                                 f"advertises a {GPU} resource and cannot compute on a "
                                 f"GPU: {why}")
         if len(set(gpu.values())) > 1:             # CPU and GPU workers: size work by speed
-            rows = max(16, min(1024, cfg.train.batch_size // max(1, len(info))))
+            rows = max(16, min(1024, cfg.train.batch_size // max(1, len(self.plan.ranges))))
             for a in info.keys() - self.speed.keys():
                 self.speed.update(on_workers(self.client, calibrate, self.plan.net, rows,
                                              gpu[a], workers=[a]))
-        return [Worker(a, gpu[a], self.speed.get(a, 1.0), i.get("nthreads", 1))
-                for a, i in info.items()]
+        self.on_gpu = {a: gpu[a] for a in info}
+        out = []
+        for a, i in info.items():
+            overhead, speed = self.speed.get(a, (0.0, 1.0))
+            threads = i.get("nthreads", 1)          # a CPU worker's shards on all its cores
+            out.append(Worker(a, gpu[a], speed * (1 if gpu[a] else threads), threads,
+                              overhead if gpu[a] else 0.0))
+        return out
+
+    def _choose(self, present: list[Worker]) -> list[Worker]:
+        """CPU and GPU workers: the workers of the assignment predicted fastest
+        (:func:`~dtrain.taskgraph.placement.choices`), said in ``summary.json``."""
+        if len({w.gpu for w in present}) < 2 or self.plan.builder.min_workers > 1:
+            return present
+        rows = self.plan.config.train.batch_size / len(self.plan.ranges)
+        sync = 2 * round_trip(self.client)          # a step's two hops between workers
+        ranked = choices(present, len(self.plan.ranges), rows, sync)
+        best = ranked[0]
+        self.choice = {
+            "chose": best.name, "sync_ms": round(sync * 1e3, 3),
+            "predicted_step_ms": {c.name: round(c.seconds * 1e3, 3) for c in ranked},
+            "why": f"{best.name}: the fastest predicted step ({best.seconds * 1e3:.3g} ms), "
+                   f"from each worker's measured forward-backward and, where more than one "
+                   f"worker holds shards, {sync * 1e3:.3g} ms of scheduler round trips"}
+        return list(best.workers)
 
     def place(self, after: str | None = None) -> Placement:
         """Placement over the workers there now; (re)load data that must move (``after``,
@@ -168,6 +193,7 @@ class DaskEngine:
         if self.held:
             placement = self._place_partitions(present)
         else:
+            present = self._choose(present)
             placement = builder.place(present)
         self.placement = placement
         self.inline_kinds = inline_kinds(self.plan, placement,
@@ -302,14 +328,16 @@ class DaskEngine:
         pl, info = self.placement, workers(self.client)
         names = {a: str(i.get("name", a)) for a, i in info.items()}
         out = {}
-        for a in [a for a in info if pl and a in pl.workers]:
+        shown = [a for a in info if pl and (a in pl.workers or self.choice)]   # a choice: all
+        for a in shown:
             mine = [i for i, w in enumerate(pl.leaves) if w == a]
             out[names.get(a, a)] = {
-                "device": "gpu" if a in pl.gpus else "cpu", "threads": info[a].get("nthreads"),
+                "device": "gpu" if a in pl.gpus or self.on_gpu.get(a) else "cpu",
+                "threads": info[a].get("nthreads"),
                 "leaves": len(mine),
                 "samples": sum(self.plan.ranges[i][1] - self.plan.ranges[i][0] for i in mine)
                 if self.plan.strategy.leaf == "shard" else None,
-                "samples_per_second": round(self.speed[a], 1) if a in self.speed else None}
+                "samples_per_second": round(self.speed[a][1], 1) if a in self.speed else None}
         return out
 
     def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
@@ -402,7 +430,7 @@ class DaskEngine:
                        moved_summary(self.moved),
                        {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
                         "fused_windows": self.fused_windows,
-                        "state_bytes_in_graphs": self.literal_bytes})
+                        "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice})
 
     def _forget_kept(self) -> None:
         """The workers drop the state they keep for this run (it has ended)."""

@@ -383,7 +383,10 @@ def _graph(outcome: Outcome) -> dict[str, Any]:
     return {"tasks_per_step": g["tasks"] / steps,
             "transfers_per_step": outcome.comm["predicted_transfers"] / steps,
             "transfers_measured_per_step": outcome.comm["transfers"] / steps,
-            "fused_shards": None if fused is None else {"fused": fused[0], "why": fused[1]}}
+            "fused_shards": None if fused is None else {"fused": fused[0], "why": fused[1]},
+            "fused_windows": g.get("fused_windows", 0),
+            "state_bytes_in_graphs": g.get("state_bytes_in_graphs", 0),
+            "device_choice": g.get("choice") or None}
 
 
 def _timing(outcome: Outcome) -> dict[str, Any]:
