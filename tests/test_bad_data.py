@@ -105,6 +105,7 @@ def test_missing_drop_leaves_the_rows_out_and_says_how_many(tmp_path):
 
 # --- training: partitions read by the workers --------------------------------------------------
 
+@pytest.mark.slow
 def test_nan_in_a_parquet_file_names_the_file_row_and_column(client, tmp_path, capfd):
     frame = _iris()
     frame.loc[120, "pw"] = np.nan                       # file 2 holds rows 100-149

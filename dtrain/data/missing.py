@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("error", "drop")      # data.missing
+from dtrain.core.errors import DataError
+
 
 # pandas.read_csv's default na_values (pandas/_libs/parsers.pyx, STR_NA_VALUES), and the
 # empty field
@@ -79,8 +80,6 @@ def check_finite(x: np.ndarray, name: str = "X", columns: tuple[Any, ...] | None
                  fix: str = "fill or drop those rows") -> None:
     """Raise :class:`~dtrain.core.errors.DataError` (a ``ValueError``) naming the first NaN
     or infinite value of ``x`` (rows, features)."""
-    from dtrain.core.errors import DataError
-
     bad = first_bad(x)
     if bad is not None:
         r, c = bad
