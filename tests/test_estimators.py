@@ -196,7 +196,8 @@ def test_statistics_of_a_partition_with_nan_warn_nothing_and_name_it():
         warnings.simplefilter("error")
         stats = partitions.merge(partitions.part_stats(spec, 4, part.iloc[[0, 2]].fillna(0)),
                                  partitions.part_stats(spec, 5, part))
-    assert stats.bad == ("b", 4)            # the first partition with a non-finite feature
+    bad = stats.bad                         # the first partition with a non-finite feature
+    assert (bad.column, bad.partition, bad.row, bad.value) == ("b", 4, 0, "inf")
 
 
 def test_predict_on_a_collection_computes_nothing_until_asked(client, tmp_path):
@@ -339,12 +340,12 @@ BAD = {
     "lengths (dask)": (lambda: (da.from_array(_iris()[0], chunks=50),
                                 da.from_array(_iris()[1][:-1], chunks=50)), "149"),
     "nan": (lambda: (np.where(np.arange(600).reshape(150, 4) == 401, np.nan, _iris()[0]),
-                     _iris()[1]), "column '1' of partition 2 holds NaN"),
+                     _iris()[1]), r"X\[100, 1\] is NaN"),
     "inf (dask.dataframe)": (lambda: (dd.from_pandas(_with(140, "sepal width", np.inf),
                                                      npartitions=3), "species"),
-                             "column 'sepal width' of partition 2 holds NaN or infinite"),
+                             r"row 140 \(row 40 of partition 2\), column 'sepal width': inf"),
     "nan (pandas)": (lambda: (_with(120, "petal width", np.nan), "species"),
-                     "column 'petal width' of partition 3"),
+                     "X row 120, column 'petal width', is NaN"),
     "text column": (lambda: (_frame().assign(colour="red"), "species"),
                     "feature column 'colour' of X is not numeric"),
     "text column (dask)": (lambda: (dd.from_pandas(_frame().assign(colour="red"),

@@ -93,6 +93,10 @@ class DataConfig:
         lambda v: len(v) == 0 or (len(v) == 2 and min(v) >= 1),
         "image-folder (required), mnist: every image is resized to this size")
     grayscale: bool = free(True, "image-folder: convert images to one channel")
+    missing: str = choice("error", "error", "drop",
+                          doc="a row with a missing (empty, NA, NaN) or infinite feature, or "
+                          "without its label: error, one line naming its file, row and "
+                          "column; drop, the row is left out (csv, parquet)")
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,9 @@ class ClusterConfig:
     threads_per_worker: int = at_least(0, 0, "Dask threads per worker; 0: as cluster.layout "
                                        "says")
     scheduler_address: str = free("", "use this running Dask scheduler instead")
+    scheduler_file: str = free("", "use the running Dask scheduler whose address this JSON "
+                               "file holds (dask scheduler --scheduler-file, dask-mpi, "
+                               "dask-jobqueue), waiting up to cluster.timeout for it")
     dashboard_address: str = free("127.0.0.1:8787", "where the dashboard listens; without a "
                                   "host (':8787') on 127.0.0.1; '' disables it (the "
                                   "scheduler's /health and /metrics stay on 127.0.0.1)")
@@ -318,7 +325,8 @@ def _auto_dtype(cfg: Config) -> str:
     """float32 on GPUs (where it is several times faster), float64 on CPUs."""
     if cfg.cluster.device == "gpu":
         return "float32"
-    if cfg.cluster.device == "auto" and not cfg.cluster.scheduler_address:
+    if cfg.cluster.device == "auto" and not cfg.cluster.scheduler_address \
+            and not cfg.cluster.scheduler_file:
         return "float32" if gpu_count() else "float64"
     return "float64"
 
@@ -342,6 +350,17 @@ def _check_consistency(cfg: Config, source: str) -> None:
                           f"targets, but dataset '{cfg.data.dataset}' has classes; use one of "
                           f"{', '.join(map(repr, VALUE_DATASETS))}, or a classification loss")
     c = cfg.cluster
+    if c.scheduler_address and c.scheduler_file:
+        raise ConfigError(f"cluster.scheduler_address = {c.scheduler_address!r} and "
+                          f"cluster.scheduler_file = {c.scheduler_file!r} in {source}: give "
+                          f"one of them")
+    if c.scheduler_file and c.kind != "local":
+        raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own scheduler; "
+                          f"drop cluster.scheduler_file ({c.scheduler_file}) or the kind")
+    if c.scheduler_file and c.tls == "on":
+        raise ConfigError(f"cluster.tls = 'on' in {source} makes a per-run certificate for a "
+                          f"cluster dtrain starts; a running scheduler ({c.scheduler_file}) "
+                          f"takes its TLS files from the Dask config (distributed.comm.tls.*)")
     if c.scheduler_address and c.kind != "local":
         raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own scheduler; "
                           f"drop cluster.scheduler_address ({c.scheduler_address}) or the kind")
@@ -412,8 +431,8 @@ def load_config(path: str | Path | Mapping[str, Any] | None = None,
     Returns
     -------
     Config
-        With relative ``data.path`` and ``cluster.jobqueue_file`` made
-        absolute (against the current directory), so workers elsewhere find
+        With relative ``data.path``, ``cluster.jobqueue_file`` and
+        ``cluster.scheduler_file`` made absolute (against the current directory), so workers elsewhere find
         the same files, and ``track.mlflow_uri`` a ``file:`` URI of an
         absolute path when it names a local directory.
     """
@@ -431,7 +450,8 @@ def load_config(path: str | Path | Mapping[str, Any] | None = None,
         source += " (with --set overrides)"
     apply_overrides(data, overrides)
     cfg = from_dict(data, source)
-    for section, key in (("data", "path"), ("cluster", "jobqueue_file"), ("model", "init_from")):
+    for section, key in (("data", "path"), ("cluster", "jobqueue_file"), ("model", "init_from"),
+                         ("cluster", "scheduler_file")):
         part = getattr(cfg, section)
         value = getattr(part, key)
         if value and not Path(value).is_absolute():

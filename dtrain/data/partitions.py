@@ -26,6 +26,7 @@ import numpy as np
 from dtrain.core.arrays import on_device
 from dtrain.core.errors import DataError
 from dtrain.core.modelfile import Normalization
+from dtrain.data import missing as missing_values
 from dtrain.data.shards import Shard
 
 
@@ -51,6 +52,7 @@ class PartSpec:
     dtype: str = "float64"
     gpu: bool = False
     regression: bool = False        # the label is one or more real-valued targets
+    missing: str = "error"          # "drop": rows with a missing value are left out
 
 
 @dataclass(frozen=True)
@@ -64,12 +66,29 @@ class PartSource:
 
 
 @dataclass(frozen=True)
+class Bad:
+    """The first row of a partition that training cannot use: a missing or non-finite
+    feature in ``column`` (``label``: a missing label, or a target that is not a finite
+    number), at ``row`` of partition ``partition`` (counted from 0), whose value is
+    ``value``; ``place`` says where that is for the user (a file and its line, a row of the
+    whole collection), once the driver knows (:func:`located`)."""
+
+    column: str
+    partition: int
+    row: int
+    value: str
+    label: bool = False
+    place: str = ""
+
+
+@dataclass(frozen=True)
 class PartStats:
     """A partition's (or, merged, several partitions') sizes, labels and statistics.
 
     ``mean`` and ``m2`` (sum of squared deviations) are over the training rows, so are
     ``low`` and ``high``; ``labels`` the distinct labels of every row; ``bad`` the first
-    non-finite feature found, as ``(column, partition)``."""
+    row training cannot use (:class:`Bad`); ``dropped`` the rows left out for missing
+    values (``data.missing = "drop"``)."""
 
     rows: int
     train: int
@@ -80,8 +99,9 @@ class PartStats:
     m2: np.ndarray                   # (D,)
     low: np.ndarray                  # (D,)
     high: np.ndarray                 # (D,)
-    bad: tuple[str, int] | None = None
+    bad: Bad | None = None
     sizes: tuple[int, ...] = ()      # training rows of each partition, in order
+    dropped: int = 0
 
 
 def rows_of(part: Any, columns: Columns) -> tuple[np.ndarray, np.ndarray]:
@@ -108,16 +128,43 @@ def split(n: int, spec: PartSpec, index: int) -> tuple[np.ndarray, np.ndarray, n
             np.sort(order[val:val + test]))
 
 
+def usable_rows(spec: PartSpec, part: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """A partition's features (n, D) and labels as :func:`rows_of` reads them, less the
+    rows with a missing value where ``spec.missing`` is ``"drop"``, and how many went."""
+    x, y = rows_of(part, spec.columns)
+    if spec.missing != "drop":
+        return x, y, 0
+    bad = missing_values.dropped_rows(x, y if not spec.regression else None)
+    if spec.regression:
+        bad |= ~_finite_targets(y)
+    if not bad.any():
+        return x, y, 0
+    return x[~bad], y[~bad], int(bad.sum())
+
+
+def _finite_targets(y: np.ndarray) -> np.ndarray:
+    """A mask of the rows whose targets are all finite numbers."""
+    if y.dtype.kind not in "fiub":
+        try:
+            y = np.asarray(y, dtype=np.float64)
+        except (TypeError, ValueError):
+            return np.array([_is_finite_number(v) for v in y.tolist()], dtype=bool)
+    finite = np.isfinite(y.astype(np.float64))
+    return finite if finite.ndim == 1 else finite.all(axis=tuple(range(1, finite.ndim)))
+
+
+def _is_finite_number(v: Any) -> bool:
+    try:
+        return bool(np.isfinite(float(v)))
+    except (TypeError, ValueError):
+        return False
+
+
 def part_stats(spec: PartSpec, index: int, part: Any) -> PartStats:
     """Task: partition ``index``'s :class:`PartStats`."""
-    x, y = rows_of(part, spec.columns)
+    x, y, dropped = usable_rows(spec, part)
     train, val, test = split(len(y), spec, index)
-    bad = None
-    finite = np.isfinite(x)
-    if not finite.all():
-        column = int(np.argwhere(~finite)[0, 1])
-        name = spec.columns.features[column] if spec.columns.features else str(column)
-        bad = (name, index)
+    bad = _first_bad(spec, index, x, y)
     xt = x[train]                                                        # (n_train, D)
     d = x.shape[1]
     with np.errstate(invalid="ignore", over="ignore"):     # non-finite: reported in ``bad``
@@ -125,24 +172,29 @@ def part_stats(spec: PartSpec, index: int, part: Any) -> PartStats:
         m2 = ((xt - mean) ** 2).sum(axis=0) if len(xt) else np.zeros(d)
     low = xt.min(axis=0) if len(xt) else np.full(d, np.inf)
     high = xt.max(axis=0) if len(xt) else np.full(d, -np.inf)
-    if spec.regression:
-        labels = ()
-        if y.dtype.kind not in "fiub" or not np.isfinite(y.astype(np.float64)).all():
-            bad = bad or (spec.columns.label or "y", index)
-    else:
-        labels = tuple(np.unique(y[~_missing(y)]).tolist())
-        if _missing(y).any():
-            bad = bad or (spec.columns.label or "y", index)
+    labels = () if spec.regression else \
+        tuple(np.unique(y[~missing_values.missing_labels(y)]).tolist())
     return PartStats(len(y), len(train), len(val), len(test), labels, mean, m2, low, high, bad,
-                     (len(train),))
+                     (len(train),), dropped)
 
 
-def _missing(y: np.ndarray) -> np.ndarray:
-    if y.dtype.kind == "f":
-        return np.isnan(y)
-    if y.dtype == object:
-        return np.array([v is None or v != v for v in y], dtype=bool)
-    return np.zeros(len(y), dtype=bool)
+def _first_bad(spec: PartSpec, index: int, x: np.ndarray, y: np.ndarray) -> Bad | None:
+    """The first row of the partition with a missing or non-finite feature, or a missing
+    label (a regression: a target that is not a finite number), whichever comes first."""
+    found = []
+    cell = missing_values.first_bad(x)
+    if cell is not None:
+        r, c = cell
+        name = spec.columns.features[c] if spec.columns.features else str(c)
+        found.append(Bad(str(name), index, r, missing_values.shown(x[r, c])))
+    wrong = ~_finite_targets(y) if spec.regression else missing_values.missing_labels(y)
+    if wrong.any():
+        r = int(np.argmax(wrong))
+        value = next(v for v in np.ravel(y[r]).tolist() if not _is_finite_number(v)) \
+            if spec.regression else y[r]
+        found.append(Bad(str(spec.columns.label or "y"), index, r,
+                         missing_values.shown(value), label=True))
+    return min(found, key=lambda b: b.row) if found else None
 
 
 def merge(*parts: PartStats) -> PartStats:
@@ -168,7 +220,7 @@ def _merged(parts: tuple[PartStats, ...]) -> PartStats:
         total = PartStats(total.rows + p.rows, n, total.val + p.val, total.test + p.test,
                           tuple(sorted(set(total.labels) | set(p.labels), key=_order)),
                           mean, m2, np.minimum(total.low, p.low), np.maximum(total.high, p.high),
-                          total.bad or p.bad, total.sizes + p.sizes)
+                          total.bad or p.bad, total.sizes + p.sizes, total.dropped + p.dropped)
     return total
 
 
@@ -195,7 +247,7 @@ def _encode(y: np.ndarray, classes: tuple[Any, ...]) -> np.ndarray:
 
 
 def _rows(spec: PartSpec, index: int, part: Any, which: int) -> Shard:
-    x, y = rows_of(part, spec.columns)
+    x, y, _ = usable_rows(spec, part)
     rows = split(len(y), spec, index)[which]
     xs = spec.norm.apply(x[rows], spec.dtype)                            # (n, D)
     ys = np.asarray(y[rows], dtype=spec.dtype).reshape(len(rows), -1) if spec.regression \
@@ -213,17 +265,55 @@ def held_out(spec: PartSpec, which: str, index: int, part: Any) -> Shard:
     return _rows(replace(spec, gpu=False), index, part, {"val": 1, "test": 2}[which])
 
 
-def check(stats: PartStats, shards_needed: int = 1, regression: bool = False) -> None:
-    """Raise :class:`DataError` for what training cannot use: non-finite features (or
-    targets), fewer training rows than shards, a single class."""
+FIX = "fill or drop those rows before training"
+
+
+def check(stats: PartStats, shards_needed: int = 1, regression: bool = False,
+          label: str | None = None, fix: str = FIX) -> None:
+    """Raise :class:`DataError` for what training cannot use: a missing or non-finite
+    feature, a missing label or target (one line naming the partition or file, the row and
+    the column; ``fix`` says how to mend it), a classifier's labels that are real numbers
+    (``label``: the label column's name), fewer training rows than shards, a single
+    class."""
     if stats.bad is not None:
-        column, index = stats.bad
-        what = "NaN or infinite values" if not regression else "values that are not finite numbers"
-        raise DataError(f"column {column!r} of partition {index} holds {what}; fill or drop "
-                        f"them before training")
+        b = stats.bad
+        place = b.place or f"partition {b.partition}, row {b.row}"
+        if not b.label:
+            raise DataError(f"{place}, column {b.column!r}: {b.value}; features must be "
+                            f"finite numbers: {fix}")
+        what = f"the target (column {b.column!r}) is {b.value}, not a finite number" \
+            if regression else f"the label (column {b.column!r}) is {b.value}"
+        raise DataError(f"{place}: {what}; every row needs one: {fix}")
     if stats.train < shards_needed:
         raise DataError(f"{stats.train} training samples for {shards_needed} partitions; each "
                         f"partition needs at least one (repartition to fewer)")
+    if not regression:
+        real = next((v for v in stats.labels if isinstance(v, float) and not v.is_integer()),
+                    None)
+        if real is not None:
+            which = f"the label column {label!r} holds" if label else "the labels hold"
+            raise DataError(f"{which} real numbers such as {real}, not classes: name the "
+                            f"label column (data.label, or y), or learn the values as a "
+                            f"regression (model.loss = 'squared-error', MLPRegressor)")
     if not regression and len(stats.labels) < 2:
         raise DataError(f"the labels hold {len(stats.labels)} class "
                         f"({', '.join(map(str, stats.labels))}); a classifier needs at least 2")
+
+
+def located(stats: PartStats, parts: list[PartStats], files: tuple[str, ...] = (),
+            first_line: int | None = None) -> PartStats:
+    """``stats`` whose :class:`Bad` says where it is for the user: in ``files[partition]``
+    where each partition is one file (its line, counting from ``first_line`` for the first
+    data row of a CSV file; or its row), else its row in the whole collection, counting the
+    rows of the partitions before it (``parts``, each partition's statistics)."""
+    b = stats.bad
+    if b is None:
+        return stats
+    if files:
+        where = f"line {b.row + first_line}" if first_line is not None else f"row {b.row}"
+        place = f"{files[b.partition]}: {where} (partition {b.partition})"
+    else:
+        before = sum(p.rows + p.dropped for p in parts[:b.partition])
+        place = f"row {before + b.row} (row {b.row} of partition {b.partition})" if before \
+            else f"row {b.row} (partition {b.partition})"
+    return replace(stats, bad=replace(b, place=place))

@@ -24,14 +24,14 @@ from dtrain.maths.scores import TargetSums
 
 def predict_part(model: Model, part: Part) -> tuple[np.ndarray, np.ndarray]:
     """A part's predicted labels (B,) and probabilities (B, C)."""
-    x, _ = read_part(part)
+    x, _ = read_part(part, labels=False)
     z = model.logits(model.inputs(x))                                  # (B, C)
     return model.classes_[z.argmax(axis=1)], model._probabilities(z)
 
 
 def values_part(model: Model, part: Part) -> np.ndarray:
     """A part's predicted values (B, T): a regression's."""
-    x, _ = read_part(part)
+    x, _ = read_part(part, labels=False)
     return model.logits(model.inputs(x))                               # (B, T)
 
 
