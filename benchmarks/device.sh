@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every table of issues 27 and 29 on a lent machine with 16 cores and one NVIDIA GPU, from a
-# bare start, in one call (under 8 minutes): the GPU tests, the in-node table, dtrain beside
-# serial NumPy, mpi4py and PyTorch DDP at 1-16 workers, and the one-GPU table.
+# bare start, in one call (under 8 minutes): the in-node table, dtrain beside serial NumPy,
+# mpi4py and PyTorch DDP at 1-16 workers, the one-GPU table, then the GPU tests.
 #
 # The machine has Python with torch, CuPy, NumPy, pandas, pyarrow, scikit-learn and mpi4py,
 # no network, and no dask, distributed or bokeh: those come as wheels carried in .whl/, and
@@ -44,15 +44,11 @@ import dtrain.core.arrays as a
 print("  CuPy GPUs:", a.gpu_count(), a.gpu_problem())
 EOF
 
-say "tests on the GPU and the core processes"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_device.py tests/test_passes.py \
-    > "$out/tests.txt" 2>&1; tail -15 "$out/tests.txt"
-
 say "inside one node"
-timeout 90 python3 -m benchmarks.innode "${workers##*,}" | tee "$out/innode.md"
+timeout 60 python3 -m benchmarks.innode "${workers##*,}" | tee "$out/innode.md"
 
 say "dtrain beside serial NumPy, mpi4py and PyTorch DDP (1-16 workers)"
-timeout 260 python3 -m benchmarks $quick --workloads P1,P2,P3 --workers "$workers" \
+timeout 280 python3 -m benchmarks $quick --workloads P1,P2,P3 --workers "$workers" \
     --contenders "serial,dtrain-default,mpi-allreduce,torch-ddp@${workers##*,},dtrain-allreduce@${workers##*,}" \
     --data-dir .data --out "$out/cpu" --timeout 120 > "$out/cpu.log" 2> "$out/cpu.err"
 sed -n '1,/^### P1/p' "$out/cpu/results.md" | head -n -1
@@ -60,7 +56,7 @@ grep -A 30 "^### Strong scaling" "$out/cpu/results.md" | head -12
 grep "failed" "$out/cpu.err" | head -5
 
 say "one GPU"
-timeout 200 python3 -m benchmarks $quick --workloads P1,P2,P3,P4 --workers "${workers##*,}" \
+timeout 170 python3 -m benchmarks $quick --workloads P1,P2,P3,P4 --workers "${workers##*,}" \
     --contenders dtrain-gpu,dtrain-auto,torch-gpu,cupy-floor \
     --data-dir .data --out "$out/gpu" --timeout 90 > "$out/gpu.log" 2> "$out/gpu.err"
 sed -n '1,/^### P1/p' "$out/gpu/results.md" | head -n -1
@@ -74,6 +70,10 @@ for run in json.load(open(f"{sys.argv[1]}/gpu/results.json"))["runs"]:
         s = json.loads((d / "summary.json").read_text())
         print(run["workload"], "auto chose:", (s.get("device_choice") or {}).get("why"))
 EOF
+
+say "tests on the GPU and the core processes"
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_device.py tests/test_passes.py \
+    > "$out/tests.txt" 2>&1; tail -15 "$out/tests.txt"
 
 cp "$out/innode.md" "$keep/innode.md"; cp "$out/tests.txt" "$keep/tests.txt"
 cp "$out/cpu/results.md" "$keep/cpu.md"; cp "$out/cpu/results.json" "$keep/cpu.json"
