@@ -44,6 +44,9 @@ import dtrain.core.arrays as a
 print("  CuPy GPUs:", a.gpu_count(), a.gpu_problem())
 EOF
 
+timeout 30 mpiexec -n 2 python3 -c "from mpi4py import MPI; c = MPI.COMM_WORLD; \
+print('mpi rank', c.Get_rank(), 'of', c.Get_size(), MPI.Get_library_version().split(chr(10))[0])"
+
 say "inside one node"
 timeout 60 python3 -m benchmarks.innode "${workers##*,}" | tee "$out/innode.md"
 
