@@ -17,6 +17,9 @@ cd "$(dirname "$0")/.."
 keep=${OUT:-benchmarks/results-device}
 workers=${WORKERS:-1,2,4,8,16}             # WORKERS=1,2 QUICK=--quick: a dry run anywhere
 quick=${QUICK:-}
+top=${workers##*,}
+cpu_contenders=${CPU_CONTENDERS:-serial,dtrain-default,mpi-allreduce,torch-ddp@$top,dtrain-allreduce@$top}
+tests=${TESTS:-tests/test_device.py tests/test_passes.py}
 out=/tmp/dtrain-bench
 rm -rf "$out"; mkdir -p "$out" "$keep"
 began=$SECONDS
@@ -44,26 +47,30 @@ import dtrain.core.arrays as a
 print("  CuPy GPUs:", a.gpu_count(), a.gpu_problem())
 EOF
 
-timeout 30 mpiexec -n 2 python3 -c "from mpi4py import MPI; c = MPI.COMM_WORLD; \
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 30 mpiexec --oversubscribe -n 2 python3 -c "from mpi4py import MPI; c = MPI.COMM_WORLD; \
 print('mpi rank', c.Get_rank(), 'of', c.Get_size(), MPI.Get_library_version().split(chr(10))[0])"
 
 say "inside one node"
-timeout 60 python3 -m benchmarks.innode "${workers##*,}" | tee "$out/innode.md"
+timeout 60 python3 -m benchmarks.innode "$top" | tee "$out/innode.md"
+cp "$out/innode.md" "$keep/innode.md"
 
 say "dtrain beside serial NumPy, mpi4py and PyTorch DDP (1-16 workers)"
 timeout 280 python3 -m benchmarks $quick --workloads P1,P2,P3 --workers "$workers" \
-    --contenders "serial,dtrain-default,mpi-allreduce,torch-ddp@${workers##*,},dtrain-allreduce@${workers##*,}" \
+    --contenders "$cpu_contenders" \
     --data-dir .data --out "$out/cpu" --timeout 120 > "$out/cpu.log" 2> "$out/cpu.err"
 sed -n '1,/^### P1/p' "$out/cpu/results.md" | head -n -1
 grep -A 30 "^### Strong scaling" "$out/cpu/results.md" | head -12
-grep "failed" "$out/cpu.err" | head -5
+grep -E "failed|warning" "$out/cpu.err" | head -5
+cp "$out/cpu/results.md" "$keep/cpu.md"; cp "$out/cpu/results.json" "$keep/cpu.json"
+cp "$out/cpu/results-speedup.png" "$keep/cpu-speedup.png"
 
 say "one GPU"
-timeout 170 python3 -m benchmarks $quick --workloads P1,P2,P3,P4 --workers "${workers##*,}" \
+timeout 170 python3 -m benchmarks $quick --workloads P1,P2,P3,P4 --workers "$top" \
     --contenders dtrain-gpu,dtrain-auto,torch-gpu,cupy-floor \
     --data-dir .data --out "$out/gpu" --timeout 90 > "$out/gpu.log" 2> "$out/gpu.err"
 sed -n '1,/^### P1/p' "$out/gpu/results.md" | head -n -1
-grep "failed" "$out/gpu.err" | head -5
+grep -E "failed|warning" "$out/gpu.err" | head -5
+cp "$out/gpu/results.md" "$keep/gpu.md"; cp "$out/gpu/results.json" "$keep/gpu.json"
 python3 - "$out" <<'EOF'
 import json, sys
 for run in json.load(open(f"{sys.argv[1]}/gpu/results.json"))["runs"]:
@@ -75,12 +82,8 @@ for run in json.load(open(f"{sys.argv[1]}/gpu/results.json"))["runs"]:
 EOF
 
 say "tests on the GPU and the core processes"
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_device.py tests/test_passes.py \
-    > "$out/tests.txt" 2>&1; tail -15 "$out/tests.txt"
+timeout 120 python3 -m pytest -q -p no:cacheprovider $tests > "$out/tests.txt" 2>&1
+tail -15 "$out/tests.txt"; cp "$out/tests.txt" "$keep/tests.txt"
 
-cp "$out/innode.md" "$keep/innode.md"; cp "$out/tests.txt" "$keep/tests.txt"
-cp "$out/cpu/results.md" "$keep/cpu.md"; cp "$out/cpu/results.json" "$keep/cpu.json"
-cp "$out/cpu/results-speedup.png" "$keep/cpu-speedup.png"
-cp "$out/gpu/results.md" "$keep/gpu.md"; cp "$out/gpu/results.json" "$keep/gpu.json"
 cat "$out"/*.err > "$keep/stderr.txt"
 say "done"

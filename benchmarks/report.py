@@ -44,9 +44,9 @@ def machine(args: Any, tools: Any) -> dict[str, Any]:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = None
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip() or \
-        os.environ.get("DTRAIN_COMMIT") or None     # a copy without .git (benchmarks/device.sh)
+    commit = os.environ.get("DTRAIN_COMMIT") or subprocess.run(     # device.sh: a copy
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=Path(__file__).parent).stdout.strip() or None
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "command": " ".join(["python -m benchmarks", *sys.argv[1:]]),

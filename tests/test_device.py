@@ -127,7 +127,7 @@ def test_mixed_cluster_places_by_measured_speed_and_marks_gpu_tasks(tmp_path):
     choice = r.summary["device_choice"]
     predicted = choice["predicted_step_ms"]
     assert choice["chose"] == min(predicted, key=predicted.get) and choice["why"]
-    assert set(predicted) == {"all workers", "GPUs only", "CPUs only"}
+    assert set(predicted) <= {"all workers", "GPUs only", "CPUs only"} and len(predicted) >= 2
     split = r.summary["work_split"]
     assert sum(v["leaves"] for v in split.values()) == 6
     assert {v["device"] for v in split.values() if v["leaves"]} == \
@@ -208,3 +208,21 @@ def test_gpu_and_cpu_agree_to_float32_rounding(tmp_path):
     for name, value in cpu.params.items():
         np.testing.assert_allclose(gpu.params[name], value, rtol=1e-3, atol=1e-5)
     assert gpu.summary["work_split"]["0"]["device"] == "gpu"
+
+
+@pytest.mark.gpu
+def test_a_diverging_gpu_run_stops_at_the_step_a_cpu_run_stops_at():
+    """On a GPU a step's loss is read one step late (the host never waits for the GPU inside
+    an epoch); the check still names the step that diverged, as on a CPU."""
+    if arrays.cupy() is None:
+        pytest.skip("no CUDA GPU: " + arrays.gpu_problem())
+    from dtrain.core.errors import Diverged
+    sets = ["train.epochs=2", "model.dtype=float32", "data.shards=2", "cluster.workers=1",
+            "train.max_loss=0.5"]            # iris starts near 1.1 a sample: step 0 is too much
+    steps = {}
+    for device in ("cpu", "gpu"):
+        with pytest.raises(Diverged) as info:
+            dtrain.train(dtrain.load_config(None, sets + [f"cluster.device={device}"]),
+                         echo=None)
+        steps[device] = info.value.step
+    assert steps["gpu"] == steps["cpu"] == 0

@@ -251,3 +251,15 @@ def test_the_helper_environment_has_one_blas_thread_and_glibcs_own_thresholds(mo
     env = cores._env()
     assert "MALLOC_TRIM_THRESHOLD_" not in env
     assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "1"
+
+
+def test_a_gpu_group_is_gathered_in_one_pass_as_minibatch_lays_it_out():
+    """group_batch (a GPU worker's shards in one pass; NumPy here) gives the rows minibatch
+    gives: each shard's rows of the step, in its epoch order, in shard order."""
+    from dtrain.data.shards import group_batch, minibatch
+    shards = _shards(n=3, rows=11)
+    for seed in (None, 5):
+        bounds = [(2, 6), (0, 3), (7, 11)]
+        x, y = group_batch(shards, 4, bounds, seed)
+        want = minibatch(shards, 4, bounds, seed)
+        assert np.array_equal(x, want[0]) and np.array_equal(y, want[1])

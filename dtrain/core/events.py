@@ -77,13 +77,24 @@ def step_event(events: StepEvents, step: Any, before: Any, after: Any) -> None:
     """Send a ``step`` event for ``step`` (a :class:`~dtrain.maths.optim.Step`) from the
     worker running this task, given the train states before and after it.  A no-op outside
     a Dask worker, or within ``events.gap`` seconds of this worker's last one for the run."""
+    worker = due(events, step)
+    if worker is not None:
+        send(worker, events, step, before, after)
+
+
+def due(events: StepEvents, step: Any) -> Any | None:
+    """The worker running this task if a ``step`` event is due from it now (None: outside a
+    Dask worker, or within ``events.gap`` seconds of its last one for the run)."""
     try:
         from distributed import get_worker
         worker = get_worker()
     except (ImportError, ValueError):     # serial code, dask.get, a thread pool
-        return
-    if not _last_sent.due(events, always=step.last):
-        return
+        return None
+    return worker if _last_sent.due(events, always=step.last) else None
+
+
+def send(worker: Any, events: StepEvents, step: Any, before: Any, after: Any) -> None:
+    """Send ``step``'s event from ``worker`` (see :func:`step_event`)."""
     step_loss = after.epoch_loss - (0.0 if step.first else before.epoch_loss)
     worker.log_event(topic(events.run), {
         "kind": "step", "step": step.index + 1, "epoch": step.epoch + 1,

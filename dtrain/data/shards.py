@@ -10,6 +10,7 @@ says which rows of each shard form each minibatch.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 from dask.sizeof import sizeof
 
-from dtrain.core.arrays import align_on_unpickle, on_device, on_gpu
+from dtrain.core.arrays import align_on_unpickle, array_module, on_device, on_gpu
 from dtrain.core.config import DataConfig
 from dtrain.core.modelfile import Normalization
 from dtrain.core.errors import DataError
@@ -65,9 +66,48 @@ def _epoch_order(seed: int, epoch: int, shard: int, n: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _device_order(seed: int, epoch: int, shard: int, n: int) -> Any:
-    """:func:`_epoch_order` in GPU memory (copied there once per epoch and shard)."""
-    return on_device(_epoch_order(seed, epoch, shard, n), True)
+def _device_order(seed: int, epoch: int, shard: int, n: int, offset: int = 0) -> Any:
+    """:func:`_epoch_order` (``seed`` None: the rows in order) plus ``offset``, in GPU
+    memory (copied there once per epoch and shard)."""
+    order = np.arange(n) if seed is None else _epoch_order(seed, epoch, shard, n)
+    return on_device(order + offset, True)
+
+
+class _Stacks:
+    """GPU shards laid end to end, one device copy per group of shards (while they live)."""
+
+    def __init__(self, keep: int = 8):
+        self.keep, self.made = keep, {}
+
+    def __call__(self, shards: Sequence[Shard]) -> tuple[Any, Any, list[int]]:
+        key = tuple(map(id, shards))
+        hit = self.made.get(key)
+        if hit is not None and all(r() is s for r, s in zip(hit[0], shards)):
+            return hit[1]
+        xp = array_module(shards[0].x)
+        starts = np.cumsum([0] + [len(s) for s in shards[:-1]]).tolist()
+        value = (xp.concatenate([s.x for s in shards]), xp.concatenate([s.y for s in shards]),
+                 starts)
+        while len(self.made) >= self.keep:
+            self.made.pop(next(iter(self.made)))
+        self.made[key] = ([weakref.ref(s) for s in shards], value)
+        return value
+
+
+_stacks = _Stacks()
+
+
+def group_batch(shards: Sequence[Shard], epoch: int, bounds: Sequence[tuple[int, int]],
+                seed: int | None) -> tuple[Any, Any]:
+    """The rows ``bounds[i]`` of each GPU shard ``i``'s epoch order, laid end to end as
+    :func:`minibatch` lays them: gathered in one pass from the shards stacked on the device
+    once, with each epoch's orders kept there, so a step costs two gathers and a join of
+    index slices, and sends the device nothing."""
+    x, y, starts = _stacks(shards)
+    xp = array_module(x)
+    rows = xp.concatenate([_device_order(seed, epoch, s.index, len(s), at)[lo:hi]
+                           for s, (lo, hi), at in zip(shards, bounds, starts)])
+    return x[rows], y[rows]
 
 
 def shard_ranges(n_train: int, replicate: int, shards: int) -> list[tuple[int, int]]:

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 from dask.sizeof import sizeof
 
-from dtrain.core.arrays import align_on_unpickle, array_module, like, sum_in_order, to_host
+from dtrain.core.arrays import (OnItsWay, align_on_unpickle, array_module, like, on_gpu,
+                                sum_in_order, to_host)
 from dtrain.core.config import OptimConfig
 from dtrain.core.errors import Diverged
 from dtrain.maths.model import Layout, Network
@@ -40,11 +41,20 @@ class TrainState:
     epoch_loss: float = 0.0
     epoch_samples: int = 0
     epoch_correct: int = 0
+    pending: Any = None     # on a GPU: (step, its [loss, correct] on the way to the host)
     _arrays = ("vector",)
 
     def with_vector(self, vector: Any) -> TrainState:
-        """A state with ``vector`` and this state's epoch sums."""
-        return TrainState(vector, self.epoch_loss, self.epoch_samples, self.epoch_correct)
+        """A state with ``vector`` and this state's epoch sums (a pending step's are kept
+        pending: :func:`settle` adds them)."""
+        return TrainState(vector, self.epoch_loss, self.epoch_samples, self.epoch_correct,
+                          self.pending)
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.pending is not None:
+            raise RuntimeError("a TrainState with a step's loss still on its way from the GPU "
+                               "cannot leave its worker: settle it first")
+        return self.__dict__
 
 
 @dataclass(frozen=True)
@@ -95,11 +105,15 @@ class Optimizer:
     def params(self, state: TrainState):
         return state.vector[: self.net.size]
 
-    def apply(self, state: TrainState, grad, step: Step,
-              tail: tuple[float, float] | None = None) -> TrainState:
+    def apply(self, state: TrainState, grad, step: Step) -> TrainState:
         """Apply one update from the summed gradient buffer ``grad``
-        (``[grad (P) | loss | correct]``); ``tail``: its loss and correct count, if already
-        read (off a GPU, one read for both)."""
+        (``[grad (P) | loss | correct]``)."""
+        P = self.net.size
+        return _add_to_epoch(state, step, self.step_vector(state, grad, step), float(grad[P]),
+                             step.count, int(grad[P + 1]))
+
+    def step_vector(self, state: TrainState, grad, step: Step) -> Any:
+        """The vector ``[params | slots]`` after one update from ``grad``."""
         P, cfg = self.net.size, self.cfg
         xp = array_module(state.vector)
         g = grad[:P] / step.count                          # (P,) mean gradient
@@ -126,8 +140,7 @@ class Optimizer:
             m_hat = m / (1 - cfg.beta1 ** t)
             v_hat = v / (1 - cfg.beta2 ** t)
             p -= step.lr * m_hat / (xp.sqrt(v_hat) + cfg.eps)
-        loss, correct = tail if tail is not None else (float(grad[P]), float(grad[P + 1]))
-        return _add_to_epoch(state, step, new, loss, step.count, int(correct))
+        return new
 
 
 def _add_to_epoch(state: TrainState, step: Step, vector: Any, loss: float, samples: int,
@@ -145,16 +158,36 @@ def update(opt: Optimizer, step: Step, host: bool, state: TrainState, *grads) ->
     the gradient is (GPU or host); the new state goes to host memory if ``host``.
 
     Raises :class:`~dtrain.core.errors.Diverged` if the step's loss (the slot after the
-    gradient) is NaN or infinite, or above ``opt.max_loss`` per sample.
+    gradient) is NaN or infinite, or above ``opt.max_loss`` per sample.  On a GPU, inside an
+    epoch and a window, the loss is read one step late (:func:`settle`): reading it at once
+    would make the host wait for the GPU every step, and the GPU for the host's next launches.
     """
     grad = sum_in_order(*grads)
     P = opt.net.size
-    loss, correct = (float(v) for v in to_host(grad[P:P + 2]))   # one read off a GPU
-    opt.check_loss(step, loss, step.count)
-    state = state.with_vector(like(state.vector, grad))
+    state = settle(opt, state).with_vector(like(state.vector, grad))
+    lazy = on_gpu(grad) and not (host or step.last)
+    if not lazy:
+        loss, correct = (float(v) for v in to_host(grad[P:P + 2]))   # one read off a GPU
+        opt.check_loss(step, loss, step.count)
     with np.errstate(all="ignore"):   # overflow shows up as a non-finite loss next step
-        new = opt.apply(state, grad, step, (loss, correct))
+        vector = opt.step_vector(state, grad, step)
+    if lazy:
+        return TrainState(vector, state.epoch_loss, state.epoch_samples, state.epoch_correct,
+                          (step, OnItsWay(grad[P:P + 2])))
+    new = _add_to_epoch(state, step, vector, loss, step.count, int(correct))
     return new.with_vector(to_host(new.vector)) if host else new
+
+
+def settle(opt: Optimizer, state: TrainState) -> TrainState:
+    """``state`` with its pending step's loss and correct count read off the GPU, checked
+    (:meth:`Optimizer.check_loss`) and added to the epoch's sums (the state itself if none is
+    pending)."""
+    if state.pending is None:
+        return state
+    step, tail = state.pending
+    loss, correct = (float(v) for v in tail.value())
+    opt.check_loss(step, loss, step.count)
+    return _add_to_epoch(state, step, state.vector, loss, step.count, int(correct))
 
 
 def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch) -> Any:

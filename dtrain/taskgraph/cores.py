@@ -30,10 +30,12 @@ from __future__ import annotations
 import atexit
 import mmap
 import os
+import pickle
 import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Sequence
@@ -46,7 +48,11 @@ import numpy as np
 
 from dtrain.maths.model import Network
 
-SUM_SPLIT_MIN = 1 << 16     # buffers shorter than this are summed here: a message costs more
+SUM_SPLIT_MIN = 1 << 13     # each process sums at least this many numbers of the buffer
+SPIN_SECONDS = 0.002        # wait this long for a message polling, before blocking: waking a
+                            # sleeping process (a halted virtual CPU) costs 0.1 ms or more
+STEP, SUM, CONTROL = b"S", b"R", b"C"   # a message's kind, in its first byte (of 8)
+OK = b"ok"
 ALIGN = 64                  # byte alignment of each array in a segment (a cache line)
 ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                 "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")}
@@ -55,6 +61,27 @@ ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_N
 def supported() -> bool:
     """Whether this platform can share memory this way (Linux: ``memfd_create``)."""
     return hasattr(os, "memfd_create") and hasattr(socket, "AF_UNIX")
+
+
+def wait(conn: Connection, spin: float) -> None:
+    """Return once ``conn`` has a message: polling for ``spin`` seconds (yielding the core to
+    anything else that wants it), then blocking."""
+    if conn.poll(0):
+        return
+    end = time.perf_counter() + spin
+    while time.perf_counter() < end:
+        if conn.poll(0):
+            return
+        time.sleep(0)
+    conn.poll(None)
+
+
+def _ints(kind: bytes, values: Sequence[int]) -> bytes:
+    return kind.ljust(8, b" ") + np.asarray(values, np.int64).tobytes()
+
+
+def _control(*msg: Any) -> bytes:
+    return CONTROL.ljust(8, b" ") + pickle.dumps(msg)
 
 
 # --- segments: anonymous shared memory, passed by descriptor -----------------------------
@@ -103,6 +130,7 @@ class _Helper:
         self.maps: dict[int, mmap.mmap] = {}
         self.params = self.grads = self.total = None
         self.nets: dict[int, Network] = {}
+        self.trees: dict[int, int | tuple] = {}
 
     def _map(self, layout: Layout) -> tuple[mmap.mmap, list[np.ndarray]]:
         (fd,) = recvfds(self.sock, 1)
@@ -116,43 +144,43 @@ class _Helper:
         from dtrain.data.shards import Shard
         while True:
             try:
-                msg = self.conn.recv()
+                wait(self.conn, SPIN_SECONDS)
+                msg = self.conn.recv_bytes()
             except (EOFError, OSError):
                 return                      # the worker is gone: so are we
-            op = msg[0]
             try:
-                if op == "shard":
-                    _, slot, index, layout = msg
-                    self.maps[slot], (x, y) = self._map(layout)
-                    self.shards[slot] = Shard(index, x, y)
-                    continue                # no reply: the next request's reply orders it
-                if op == "drop":
-                    self.shards.pop(msg[1], None)
-                    buf = self.maps.pop(msg[1], None)
-                    if buf is not None:
-                        buf.close()
-                    continue
-                if op == "buffers":
-                    self.maps[-1], (self.params, self.grads, self.total) = self._map(msg[1])
-                    continue
-                if op == "net":
-                    self.nets[msg[1]] = msg[2]
-                    continue
-                if op == "grad":
-                    _, net, epoch, seed, work = msg
+                if msg[:1] == STEP:         # a step's shards: ints only, no pickle
+                    net, epoch, seed, *work = np.frombuffer(msg, np.int64, offset=8).tolist()
                     net = self.nets[net]
                     params = self.params[: net.size]
-                    for slot, lo, hi, out in work:
-                        x, y = self.shards[slot].batch(epoch, lo, hi, seed)
+                    for slot, lo, hi, out in zip(*[iter(work)] * 4):
+                        x, y = self.shards[slot].batch(epoch, lo, hi, None if seed < 0 else seed)
                         net.loss_and_grad(params, x, y, out=self.grads[out, : net.buffer_size])
-                elif op == "sum":
-                    _, tree, width, lo, hi = msg
-                    _sum_range(tree, self.grads, width, self.total, lo, hi)
-                elif op == "exit":
-                    return
-                self.conn.send(("ok",))
+                elif msg[:1] == SUM:
+                    tree, width, lo, hi = np.frombuffer(msg, np.int64, offset=8).tolist()
+                    _sum_range(self.trees[tree], self.grads, width, self.total, lo, hi)
+                else:
+                    op, *args = pickle.loads(msg[8:])
+                    if op == "shard":
+                        slot, index, layout = args
+                        self.maps[slot], (x, y) = self._map(layout)
+                        self.shards[slot] = Shard(index, x, y)
+                    elif op == "drop":
+                        self.shards.pop(args[0], None)
+                        buf = self.maps.pop(args[0], None)
+                        if buf is not None:
+                            buf.close()
+                    elif op == "buffers":
+                        self.maps[-1], (self.params, self.grads, self.total) = \
+                            self._map(args[0])
+                    elif op == "net":
+                        self.nets[args[0]] = args[1]
+                    elif op == "tree":
+                        self.trees[args[0]] = args[1]
+                    continue                # no reply: the next step's reply orders them
+                self.conn.send_bytes(OK)
             except Exception:
-                self.conn.send(("error", traceback.format_exc()))
+                self.conn.send_bytes(traceback.format_exc().encode())
 
 
 def _sum_range(tree: int | tuple, grads: np.ndarray, width: int, out: np.ndarray, lo: int,
@@ -234,6 +262,7 @@ class Pool:
         self.dropped: list[int] = []                 # slots whose shard is gone
         self.next_slot = 0
         self.nets: dict[Network, int] = {}
+        self.trees: dict[int | tuple, int] = {}
         self.buffers: tuple[Layout, mmap.mmap, list[np.ndarray]] | None = None
         self.buffer_fd: int | None = None
 
@@ -244,6 +273,7 @@ class Pool:
         self._stop()
         self.procs = _start(self.n)
         self.nets.clear()
+        self.trees.clear()
         for slot in self.slots.values():        # a fresh pool maps every shard again
             self._send_shard(slot)
         if self.buffers is not None:
@@ -274,7 +304,7 @@ class Pool:
 
     # -- what the helpers hold --
     def _send(self, proc: _Proc, msg: tuple, fds: Sequence[int] = ()) -> None:
-        proc.conn.send(msg)
+        proc.conn.send_bytes(_control(*msg))
         if fds:
             sendfds(proc.sock, list(fds))
 
@@ -341,21 +371,29 @@ class Pool:
                 self._send(p, ("net", self.nets[net], net))
         return self.nets[net]
 
+    def _tree(self, tree: int | tuple) -> int:
+        if tree not in self.trees:
+            self.trees[tree] = len(self.trees)
+            for p in self.procs:
+                self._send(p, ("tree", self.trees[tree], tree))
+        return self.trees[tree]
+
     # -- a step --
-    def _ask(self, asks: list[tuple[_Proc, tuple]]) -> None:
+    def _ask(self, asks: list[tuple[_Proc, bytes]]) -> None:
         for proc, msg in asks:
-            proc.conn.send(msg)
+            proc.conn.send_bytes(msg)
 
     def _answers(self, procs: Sequence[_Proc]) -> None:
         failed = None
         for proc in procs:
             try:
-                reply = proc.conn.recv()
+                wait(proc.conn, SPIN_SECONDS)
+                reply = proc.conn.recv_bytes()
             except (EOFError, OSError) as exc:
                 failed = failed or f"core process {proc.popen.pid} died ({exc!r})"
                 continue
-            if reply[0] != "ok":
-                failed = failed or reply[1]
+            if reply != OK:
+                failed = failed or reply.decode(errors="replace")
         if failed:
             raise Broken(failed)
 
@@ -383,8 +421,9 @@ class Pool:
         ways = min(self.n + 1, n)
         parts = [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
         nid = self._net(net)
-        asks = [(proc, ("grad", nid, epoch, seed,
-                        [(slots[p], *rows[p], p) for p in part]))
+        code = -1 if seed is None else seed
+        asks = [(proc, _ints(STEP, [nid, epoch, code,
+                                    *(v for p in part for v in (slots[p], *rows[p], p))]))
                 for proc, part in zip(self.procs, parts[1:])]
         self._ask(asks)
         mine = shared[: net.size]       # the same values as params: the same bytes
@@ -392,12 +431,13 @@ class Pool:
             x, y = shards[p].batch(epoch, *rows[p], seed)
             net.loss_and_grad(mine, x, y, out=grads[p, :B])
         self._answers([proc for proc, _ in asks])
-        if B < SUM_SPLIT_MIN or not self.procs:
+        ways = min(len(self.procs) + 1, max(1, B // SUM_SPLIT_MIN))
+        if ways == 1:
             _sum_range(tree, grads[:n, :B], B, total, 0, B)
         else:
-            ways = min(self.n + 1, max(1, B // SUM_SPLIT_MIN))
+            tid = self._tree(tree)
             cuts = [B * j // ways for j in range(ways + 1)]
-            asks = [(proc, ("sum", tree, B, cuts[j + 1], cuts[j + 2]))
+            asks = [(proc, _ints(SUM, [tid, B, cuts[j + 1], cuts[j + 2]]))
                     for j, proc in enumerate(self.procs[: ways - 1])]
             self._ask(asks)
             _sum_range(tree, grads[:n, :B], B, total, cuts[0], cuts[1])

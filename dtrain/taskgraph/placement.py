@@ -57,15 +57,17 @@ def choices(workers: Sequence[Worker], shards: int, rows: float, sync: float) ->
     why a fast GPU alone usually beats a GPU helped by CPUs, and a CPU alone beats a GPU on
     a tiny net, whose kernel launches cost more than its maths.  Ties go to fewer workers.
     """
-    kinds = {"all workers": list(workers), "GPUs only": [w for w in workers if w.gpu],
-             "CPUs only": [w for w in workers if not w.gpu]}
-    out = []
-    for name, ws in kinds.items():
-        if not ws or (name == "all workers" and len(ws) in (len(kinds["GPUs only"]),
-                                                             len(kinds["CPUs only"]))):
-            continue
+    subsets = [list(workers), [w for w in workers if w.gpu], [w for w in workers if not w.gpu]]
+    out, seen = [], set()
+    for ws in filter(None, subsets):
         counts = blocks([w.weight for w in ws], shards)
         busy = [(w, n) for w, n in zip(ws, counts) if n]
+        key = tuple((w.address, n) for w, n in busy)
+        if key in seen:             # all workers, but the fast kind took every shard
+            continue
+        seen.add(key)
+        kinds = {w.gpu for w, _ in busy}
+        name = "all workers" if len(kinds) > 1 else "GPUs only" if True in kinds else "CPUs only"
         seconds = max(w.seconds(n * rows) for w, n in busy) + (sync if len(busy) > 1 else 0.0)
         out.append(Choice(name, tuple(ws), tuple(counts), seconds))
     return sorted(out, key=lambda c: (c.seconds, sum(n > 0 for n in c.counts)))

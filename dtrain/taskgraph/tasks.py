@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from dtrain.core import events, internals
-from dtrain.core.arrays import array_module, like, on_device, on_gpu, sum_in_order, to_host
-from dtrain.data.shards import Shard
+from dtrain.core.arrays import like, on_device, on_gpu, sum_in_order, to_host
+from dtrain.data.shards import Shard, group_batch
 from dtrain.maths.model import Network
-from dtrain.maths.optim import Optimizer, Step, TrainState, average, local_sgd, update
+from dtrain.maths.optim import (Optimizer, Step, TrainState, average, local_sgd, settle,
+                                update)
 from dtrain.maths.scores import TargetSums
 from dtrain.taskgraph import cores
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
@@ -108,10 +109,7 @@ def _one_pass(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
     """A GPU's shards in one pass over their rows laid end to end: the sum of their
     gradients, as cuBLAS sums it (in its own order anyway: a GPU's bytes never matched a
     CPU's), at the cost of one shard instead of one per shard."""
-    xp = array_module(shards[0].x)
-    parts = [s.batch(task.epoch, *rows, task.shuffle_seed)
-             for s, rows in zip(shards, task.group.rows)]
-    x, y = xp.concatenate([x for x, _ in parts]), xp.concatenate([y for _, y in parts])
+    x, y = group_batch(shards, task.epoch, task.group.rows, task.shuffle_seed)
     return task.net.loss_and_grad(like(state.vector[: task.net.size], x), x, y)
 
 
@@ -164,11 +162,18 @@ def _last(opt: Optimizer, steps: tuple[Step, ...], widths: tuple[int, ...], host
     return state, after
 
 
+def _event(where: events.StepEvents | None, opt: Optimizer, step: Step, before: TrainState,
+           after: TrainState) -> None:
+    """``step``'s event, if one is due: the states' epoch sums read off the GPU first."""
+    worker = events.due(where, step) if where is not None else None
+    if worker is not None:
+        events.send(worker, where, step, settle(opt, before), settle(opt, after))
+
+
 def _apply(updates: Updates, state: TrainState, grads: tuple) -> TrainState:
     """This worker's state after ``updates``, sending the last one's event if asked."""
     before, new = _last(updates.opt, updates.steps, updates.widths, False, state, grads)
-    if updates.events is not None:
-        events.step_event(updates.events, updates.steps[-1], before, new)
+    _event(updates.events, updates.opt, updates.steps[-1], before, new)
     return new
 
 
@@ -192,8 +197,7 @@ def reduce(task: Reduce, *grads) -> Any:
 def update_state(task: Update, state: TrainState, *grads) -> TrainState:
     """See :class:`~dtrain.taskgraph.records.Update`; the event is queued, not waited for."""
     before, new = _last(task.opt, task.steps, task.widths, task.host, state, grads)
-    if task.events is not None:
-        events.step_event(task.events, task.steps[-1], before, new)
+    _event(task.events, task.opt, task.steps[-1], before, new)
     return new
 
 
