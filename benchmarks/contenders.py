@@ -67,7 +67,8 @@ class Tools:
         open_mpi = False
         if mpiexec:
             version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True)
-            open_mpi = "open mpi" in (version.stdout + version.stderr).lower()
+            text = (version.stdout + version.stderr).lower()    # 4.x says OpenRTE, open-mpi.org
+            open_mpi = any(w in text for w in ("open mpi", "open-mpi", "openrte"))
         helptext = subprocess.run([PYTHON, "-m", "dtrain", "--help"], capture_output=True,
                                   text=True, cwd=REPO).stdout
         return cls(mpiexec, open_mpi, importlib.util.find_spec("mpi4py") is not None,
