@@ -15,6 +15,12 @@ sees a row.  A run on partitioned data goes:
 3. :func:`shard` builds partition ``i``'s training rows as shard ``i``,
    normalized and with labels as output indices; :func:`held_out` its
    validation or test rows.
+
+Sample weights, where the data has them (a weight column, or a third array
+block), travel with their rows: the statistics are weighted (a row of weight 0
+counts as absent, one of weight 2 as two) and each training shard carries its
+rows' weights, scaled so that they average 1 over the training rows (a step's
+loss and gradient are then ``sum_i w_i l_i / B``); held-out rows are unweighted.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ class Columns:
 
     features: tuple[Any, ...] | None = None      # column labels as the frame has them
     label: str | None = None
+    weight: str | None = None       # a frame's sample-weight column (arrays: a third block)
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class PartSpec:
     dtype: str = "float64"
     gpu: bool = False
     regression: bool = False        # the label is one or more real-valued targets
+    weight_scale: float = 1.0       # sample weights times this average 1 on training rows
 
 
 @dataclass(frozen=True)
@@ -82,18 +90,33 @@ class PartStats:
     high: np.ndarray                 # (D,)
     bad: tuple[str, int] | None = None
     sizes: tuple[int, ...] = ()      # training rows of each partition, in order
+    mass: float | None = None        # the training rows' summed sample weights (None: none)
+
+    @property
+    def weight(self) -> float | int:
+        """What the training rows weigh: their summed sample weights, or their count."""
+        return self.train if self.mass is None else self.mass
 
 
 def rows_of(part: Any, columns: Columns) -> tuple[np.ndarray, np.ndarray]:
     """A partition's features (n, D) as float64 and its labels (n,) as they are."""
     if columns.label is None:
-        x, y = part
+        x, y = part[0], part[1]
         if len(x) != len(y):
             raise DataError(f"a partition holds {len(x)} rows of X but {len(y)} labels; X and "
                             f"y must be cut into the same blocks of rows")
         return np.asarray(x, dtype=np.float64), np.asarray(y)
     x = part[list(columns.features)].to_numpy(dtype=np.float64, na_value=np.nan)
     return x, part[columns.label].to_numpy()
+
+
+def weights_of(part: Any, columns: Columns) -> np.ndarray | None:
+    """A partition's sample weights (n,) as float64, or None if it has none."""
+    if columns.label is None:
+        return None if len(part) < 3 else np.asarray(part[2], dtype=np.float64)
+    if columns.weight is None:
+        return None
+    return part[columns.weight].to_numpy(dtype=np.float64, na_value=np.nan)
 
 
 def split(n: int, spec: PartSpec, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -120,9 +143,22 @@ def part_stats(spec: PartSpec, index: int, part: Any) -> PartStats:
         bad = (name, index)
     xt = x[train]                                                        # (n_train, D)
     d = x.shape[1]
+    w = weights_of(part, spec.columns)
+    mass = None
+    if w is not None:
+        if not (np.isfinite(w).all() and (w >= 0).all()):
+            bad = bad or ("sample_weight", index)
+        wt = np.where(np.isfinite(w[train]) & (w[train] > 0), w[train], 0.0)   # (n_train,)
+        mass = float(wt.sum())
+        xt = xt[wt > 0]                          # a row of weight 0 counts as absent
+        wt = wt[wt > 0]
     with np.errstate(invalid="ignore", over="ignore"):     # non-finite: reported in ``bad``
-        mean = xt.mean(axis=0) if len(xt) else np.zeros(d)
-        m2 = ((xt - mean) ** 2).sum(axis=0) if len(xt) else np.zeros(d)
+        if w is None:
+            mean = xt.mean(axis=0) if len(xt) else np.zeros(d)
+            m2 = ((xt - mean) ** 2).sum(axis=0) if len(xt) else np.zeros(d)
+        else:
+            mean = wt @ xt / mass if len(xt) else np.zeros(d)                  # (D,)
+            m2 = wt @ ((xt - mean) ** 2) if len(xt) else np.zeros(d)           # (D,)
     low = xt.min(axis=0) if len(xt) else np.full(d, np.inf)
     high = xt.max(axis=0) if len(xt) else np.full(d, -np.inf)
     if spec.regression:
@@ -134,7 +170,7 @@ def part_stats(spec: PartSpec, index: int, part: Any) -> PartStats:
         if _missing(y).any():
             bad = bad or (spec.columns.label or "y", index)
     return PartStats(len(y), len(train), len(val), len(test), labels, mean, m2, low, high, bad,
-                     (len(train),))
+                     (len(train),), mass)
 
 
 def _missing(y: np.ndarray) -> np.ndarray:
@@ -155,7 +191,7 @@ def _merged(parts: tuple[PartStats, ...]) -> PartStats:
     """The merge itself (see :func:`merge`)."""
     total = parts[0]
     for p in parts[1:]:
-        n_a, n_b = total.train, p.train
+        n_a, n_b = total.weight, p.weight       # counts, or summed sample weights
         n = n_a + n_b
         if n_b == 0:
             mean, m2 = total.mean, total.m2
@@ -165,10 +201,12 @@ def _merged(parts: tuple[PartStats, ...]) -> PartStats:
             delta = p.mean - total.mean                                   # (D,)
             mean = total.mean + delta * (n_b / n)
             m2 = total.m2 + p.m2 + delta * delta * (n_a * n_b / n)
-        total = PartStats(total.rows + p.rows, n, total.val + p.val, total.test + p.test,
+        total = PartStats(total.rows + p.rows, total.train + p.train, total.val + p.val,
+                          total.test + p.test,
                           tuple(sorted(set(total.labels) | set(p.labels), key=_order)),
                           mean, m2, np.minimum(total.low, p.low), np.maximum(total.high, p.high),
-                          total.bad or p.bad, total.sizes + p.sizes)
+                          total.bad or p.bad, total.sizes + p.sizes,
+                          None if total.mass is None else n)
     return total
 
 
@@ -181,7 +219,8 @@ def normalization(stats: PartStats, kind: str) -> Normalization:
     """The normalization of ``kind`` from merged statistics (population standard
     deviation, as ``np.std``); a constant feature gets scale 1."""
     if kind == "standardize":
-        shift, scale = stats.mean, np.sqrt(stats.m2 / max(stats.train, 1))
+        shift, scale = stats.mean, np.sqrt(stats.m2 / (max(stats.train, 1) if stats.mass is None
+                                                       else stats.mass or 1.0))
     elif kind == "minmax":
         shift, scale = stats.low, stats.high - stats.low
     else:
@@ -200,7 +239,11 @@ def _rows(spec: PartSpec, index: int, part: Any, which: int) -> Shard:
     xs = spec.norm.apply(x[rows], spec.dtype)                            # (n, D)
     ys = np.asarray(y[rows], dtype=spec.dtype).reshape(len(rows), -1) if spec.regression \
         else _encode(y[rows], spec.classes)                              # (n, T) or (n,)
-    return Shard(index if which == 0 else -1, on_device(xs, spec.gpu), on_device(ys, spec.gpu))
+    w = weights_of(part, spec.columns) if which == 0 else None          # held out: unweighted
+    ws = None if w is None else on_device(np.asarray(w[rows] * spec.weight_scale,
+                                                     dtype=spec.dtype), spec.gpu)   # (n,)
+    return Shard(index if which == 0 else -1, on_device(xs, spec.gpu), on_device(ys, spec.gpu),
+                 ws)
 
 
 def shard(spec: PartSpec, index: int, part: Any) -> Shard:
@@ -218,7 +261,8 @@ def check(stats: PartStats, shards_needed: int = 1, regression: bool = False) ->
     targets), fewer training rows than shards, a single class."""
     if stats.bad is not None:
         column, index = stats.bad
-        what = "NaN or infinite values" if not regression else "values that are not finite numbers"
+        what = "NaN or infinite values" + (" (or values that are not numbers)" if regression
+                                           else "")
         raise DataError(f"column {column!r} of partition {index} holds {what}; fill or drop "
                         f"them before training")
     if stats.train < shards_needed:

@@ -33,7 +33,8 @@ class Shard:
     index: int
     x: Any            # (n, D)
     y: Any            # (n,) class indices, or (n, T) a regression's targets in x's dtype
-    _arrays = ("x", "y")
+    w: Any = None     # (n,) sample weights in x's dtype, or None: unweighted
+    _arrays = ("x", "y", "w")
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -45,10 +46,16 @@ class Shard:
         rows = _epoch_order(seed, epoch, self.index, len(self))[lo:hi]
         return self.x[rows], self.y[rows]
 
+    def weights(self, epoch: int, lo: int, hi: int, seed: int | None):
+        """The sample weights of :meth:`batch`'s rows (B,), or None for an unweighted shard."""
+        if self.w is None or seed is None:
+            return None if self.w is None else self.w[lo:hi]
+        return self.w[_epoch_order(seed, epoch, self.index, len(self))[lo:hi]]
+
 
 @sizeof.register(Shard)
 def _sizeof_shard(shard: Shard) -> int:
-    return int(shard.x.nbytes + shard.y.nbytes)
+    return int(shard.x.nbytes + shard.y.nbytes + (0 if shard.w is None else shard.w.nbytes))
 
 
 @functools.lru_cache(maxsize=64)

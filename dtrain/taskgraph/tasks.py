@@ -32,7 +32,8 @@ def _one_shard(net: Network, shuffle_seed: int | None, epoch: int, rows: tuple[i
     """``[grad (P) | loss | correct]`` of one shard's rows this epoch, computed where the
     shard lives (host or GPU)."""
     x, y = shard.batch(epoch, *rows, shuffle_seed)
-    return net.loss_and_grad(like(state.vector[: net.size], x), x, y)      # (P + 2,)
+    w = None if shard.w is None else shard.weights(epoch, *rows, shuffle_seed)   # (B,)
+    return net.loss_and_grad(like(state.vector[: net.size], x), x, y, w)   # (P + 2,)
 
 
 # --- fused groups: a worker's shards in one task --------------------------------------------
@@ -181,7 +182,8 @@ def local_steps(task: LocalSteps, *inputs) -> Any:
     def one(p: int) -> Any:
         shard, i = shards[p], task.group.shards[p]
         return local_sgd(task.opt, task.steps, TrainState(like(state.vector, shard.x)),
-                         lambda s: shard.batch(s.epoch, *s.bounds[i], task.shuffle_seed))
+                         lambda s: (*shard.batch(s.epoch, *s.bounds[i], task.shuffle_seed),
+                                    shard.weights(s.epoch, *s.bounds[i], task.shuffle_seed)))
 
     out = _summed(task.group, one)
     return to_host(out) if task.host else out
