@@ -93,7 +93,7 @@ class ModelConfig:
     layers: tuple[int, ...] = opt(
         (4, 16, 3), "a list of at least two positive sizes, input first",
         lambda v: len(v) >= 2 and min(v) >= 1)
-    activation: str = choice("tanh", "sigmoid", "tanh", "relu")
+    activation: str = choice("tanh", "sigmoid", "tanh", "relu", "identity")
     loss: str = choice("cross-entropy", "cross-entropy", "mse", "binary-cross-entropy",
                        "squared-error",
                        doc="cross-entropy: softmax outputs; mse: sigmoid outputs against "

@@ -24,7 +24,7 @@ import numpy as np
 
 from dtrain.core.config import Config, load_config
 
-ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "logistic": "sigmoid"}
+ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "logistic": "sigmoid", "identity": "identity"}
 SOLVERS = ("adam", "sgd")
 SCHEDULES = ("constant", "invscaling", "adaptive")     # learning_rate
 LOSSES = {"squared_error": "squared-error"}            # MLPRegressor's loss
@@ -36,8 +36,8 @@ PARAMS_DOC = """
     ----------
     hidden_layer_sizes : int or sequence of int, default=(100,)
         Units of each hidden layer.
-    activation : {"relu", "tanh", "logistic"}, default="relu"
-        Hidden-layer activation ("logistic" is dtrain's sigmoid; "identity" is not offered).
+    activation : {"relu", "tanh", "logistic", "identity"}, default="relu"
+        Hidden-layer activation ("logistic" is dtrain's sigmoid).
     solver : {"adam", "sgd"}, default="adam"
         "sgd" is dtrain's sgd, or momentum when ``momentum > 0``.  "lbfgs" is not
         offered: dtrain trains by minibatch.
@@ -133,11 +133,8 @@ def check_params(est: Any) -> None:
                          "minibatch is a Dask task graph); use solver = 'adam' or 'sgd'")
     if est.solver not in SOLVERS:
         raise _bad("solver", est.solver, "'adam' or 'sgd'")
-    if est.activation == "identity":
-        raise ValueError("activation = 'identity' is not supported by dtrain; use 'relu', "
-                         "'tanh' or 'logistic'")
     if est.activation not in ACTIVATIONS:
-        raise _bad("activation", est.activation, "'relu', 'tanh' or 'logistic'")
+        raise _bad("activation", est.activation, "'relu', 'tanh', 'logistic' or 'identity'")
     hidden(est.hidden_layer_sizes)
     if not (est.batch_size == "auto" or isinstance(est.batch_size, numbers.Integral)
             and not isinstance(est.batch_size, bool) and est.batch_size >= 1):

@@ -15,7 +15,7 @@ dimension, named ``"N"``), and ``T`` the export's float type (``float32`` or
                                    Casts its input to float64 and the result back to
                                    float32); left out for normalization kind "none"
     h_n = act(h_{n-1} W_n^T + b_n) Gemm(transB=1) with initializers W_n (O, I), b_n (O,),
-                                   then Tanh | Sigmoid | Relu, for n = 1 .. L-1
+                                   then Tanh | Sigmoid | Relu | Identity, for n = 1 .. L-1
     z = h_{L-1} W_L^T + b_L        Gemm(transB=1): the logits (N, C)
     probabilities   (N, C) T       Softmax(z, axis=1) (loss cross-entropy)
                                    or Sigmoid(z) (loss mse), as ``predict_proba``
@@ -65,7 +65,8 @@ FORMATS = ("onnx",)
 OPSET = 17          # default-domain operator set of the graph
 IR_VERSION = 8      # the ONNX IR version that goes with opset 17 (ONNX 1.12)
 DTYPES = ("float32", "float64")
-_ACTIVATION_OPS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
+_ACTIVATION_OPS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu",
+                   "identity": "Identity"}
 _OUTPUT_OPS = {"softmax": "Softmax", "sigmoid": "Sigmoid"}
 REGRESSION_OUTPUT = "variable"   # a regressor's output, as skl2onnx names it
 

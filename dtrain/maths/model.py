@@ -54,6 +54,14 @@ def tanh_backward(xp, a):
     return 1 - a * a
 
 
+def identity(xp, z):
+    return z
+
+
+def identity_backward(xp, a):
+    return xp.ones_like(a)
+
+
 def relu(xp, z):
     return xp.maximum(z, 0)
 
@@ -66,6 +74,7 @@ ACTIVATIONS = {
     "sigmoid": (sigmoid, sigmoid_backward),
     "tanh": (tanh, tanh_backward),
     "relu": (relu, relu_backward),
+    "identity": (identity, identity_backward),    # linear hidden layers (a bottleneck)
 }
 
 
@@ -163,7 +172,7 @@ class Network:
     layers
         Sizes, input first and classes (or targets) last, e.g. ``(784, 128, 10)``.
     activation
-        Hidden-layer activation: ``"sigmoid"``, ``"tanh"`` or ``"relu"``.
+        Hidden-layer activation: ``"sigmoid"``, ``"tanh"``, ``"relu"`` or ``"identity"``.
     loss
         ``"cross-entropy"`` (softmax outputs), ``"mse"`` (sigmoid outputs),
         ``"binary-cross-entropy"`` (a logistic output per label) or
