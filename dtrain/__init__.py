@@ -17,8 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from dtrain.core.config import STRATEGIES_MODULE
-from dtrain.core.errors import Diverged, UserError
+from dtrain.core.errors import Diverged, Stopped, UserError
 from dtrain.core.version import __version__
 
 if TYPE_CHECKING:
@@ -35,7 +34,12 @@ _LAZY = {"Config": "dtrain.core.config", "load_config": "dtrain.core.config",
          "MLPClassifier": "dtrain.estimators.mlp", "MLPRegressor": "dtrain.estimators.mlp"}
 
 __all__ = ["Config", "Diverged", "MLPClassifier", "MLPRegressor", "Model", "RunResult",
-           "UserError", "__version__", "load", "load_config", "resume", "train"]
+           "Stopped", "UserError", "__version__", "load", "load_config", "resume", "train"]
+
+# the module whose strategies register themselves with the config (as
+# dtrain.core.config.STRATEGIES_MODULE names it; not imported here, so that ``import dtrain``
+# stays light: ``python -m dtrain`` sets its signal handlers after it, before anything heavy)
+STRATEGIES_MODULE = "dtrain.taskgraph.strategies"
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,34 @@
+"""``python -m dtrain`` and the ``dtrain`` command: a signal prologue, then the command line.
+
+Importing the command line (Dask, distributed, Bokeh, ...) takes a second or
+more.  A Ctrl-C, SIGTERM or SIGUSR1 in that time ends the process at once,
+quietly and with the exit code a stop by that signal has everywhere else
+(130 for Ctrl-C, 75 for SIGTERM and SIGUSR1): nothing has started and
+nothing has been written.  :func:`dtrain.cli.main.main` takes the signals
+over as soon as it runs.  This module imports nothing of dtrain's before
+its handlers are in place.
+"""
+import os
+import signal
 import sys
 
-from dtrain.cli import main
+EARLY = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (75, "stopped by SIGTERM"),
+         signal.SIGUSR1: (75, "stopped by SIGUSR1")}
+
+
+def _stop_at_once(signum, frame):
+    code, what = EARLY[signum]
+    os.write(2, f"dtrain: {what}\n".encode())
+    os._exit(code)
+
+
+def entry():
+    """The ``dtrain`` command's entry point (``python -m dtrain`` runs the same)."""
+    for sig in EARLY:
+        signal.signal(sig, _stop_at_once)
+    from dtrain.cli import main     # the heavy imports
+    return main()
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -19,7 +19,7 @@ set -euo pipefail
 cd "${PBS_O_WORKDIR:-.}"
 
 # MPI: the mpiexec that `pip install -e ".[mpi]"` put into .venv needs nothing more.  To use
-# the cluster's own MPI instead (README, "On a cluster"), load it and say how to launch, e.g.
+# the cluster's own MPI instead (docs/cluster.md, "On a cluster"), load it and say how to launch, e.g.
 #   module load openmpi
 #   DTRAIN_MPIEXEC=mpirun
 VENV=${DTRAIN_VENV:-.venv}

@@ -5,6 +5,7 @@ import gc
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -12,8 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
+from distributed import Client
 
 import dtrain
 import mpirun
@@ -22,6 +25,7 @@ from dtrain.core.config import ClusterConfig
 from dtrain.core.errors import UserError
 from dtrain.deploy import jobqueue
 from dtrain.deploy.options import security_for
+from sockets import family, listening, outside_loopback
 
 pytest.importorskip("dask_jobqueue", reason="pip install -e '.[jobqueue]'")
 
@@ -74,6 +78,32 @@ def test_pbs_worker_job_script(site):
 def test_flat_layout_jobs_run_a_worker_per_booked_core(site):
     command = _job_script(site, "slurm", "cluster.layout=flat").strip().splitlines()[-1]
     assert "--nthreads 1 " in command and "--nworkers 8 " in command
+
+
+def test_a_worker_job_serves_http_on_loopback_only(site, tmp_path):
+    """The PBS job script's worker command, run here beside its scheduler with
+    ``cluster.interface = lo``: the worker's and the scheduler's HTTP servers (Dask's worker
+    dashboard would take every interface) listen on 127.0.0.1, like everything else."""
+    cfg = dtrain.load_config(None, ["cluster.kind=pbs", f"cluster.jobqueue_file={site}",
+                                    "cluster.interface=lo", "cluster.dashboard_address="]).cluster
+    security = security_for(cfg, True)
+    with jobqueue.settings(cfg), jobqueue.make_cluster(cfg, security) as jobs, \
+            Client(jobs, security=security) as client:
+        command = jobs.job_script().strip().splitlines()[-1]
+        assert "--no-dashboard --dashboard-address 127.0.0.1:0" in command, command
+        worker = subprocess.Popen(shlex.split(command.replace("$TMPDIR", str(tmp_path))),
+                                  cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            client.wait_for_workers(1, timeout=60)
+            found = listening(family(worker.pid))
+            http = jobs.scheduler.http_server.port
+            scheduler_http = {ip for _, ip, port in listening([psutil.Process()]) if port == http}
+        finally:
+            worker.terminate()
+            worker.wait(30)
+    assert len({pid for pid, _, _ in found}) == 2 and len(found) >= 3, found   # nanny, worker
+    assert outside_loopback(found) == [] and scheduler_http == {"127.0.0.1"}, found
 
 
 def test_worker_jobs_get_the_per_run_key_privately_and_briefly(site, tmp_path):

@@ -188,7 +188,7 @@ def test_too_many_workers_get_one_warning_line_each(capfd):
     assert capfd.readouterr().err == ""
     train.prepare(["--workers", "1", "--scheduler-address", "tcp://127.0.0.1:8786"])
     assert capfd.readouterr().err.splitlines() == [
-        "dtrain: warning: --workers 1 does nothing with a scheduler address: the run uses the "
+        "dtrain: warning: --workers 1 does nothing with a running scheduler: the run uses the "
         "workers of tcp://127.0.0.1:8786"]
 
 

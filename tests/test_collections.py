@@ -133,7 +133,9 @@ def test_partitions_all_on_one_worker_are_balanced_and_the_move_is_reported(clie
 
 
 @pytest.mark.parametrize("case, message", [
-    ("nan", "column 'pw' of partition 3 holds NaN or infinite values"),   # rows 114-149
+    ("nan", "row 120 (row 7 of partition 3), column 'pw': NaN; features must be finite"),
+    ("real labels", "the label column 'species' holds real numbers such as 0.1, not classes"),
+    ("no label", "row 60 (row 22 of partition 1): the label (column 'species') is missing"),
     ("text feature", "feature column 'sw' of the dataframe is not numeric"),
     ("one class", "the labels hold 1 class (setosa); a classifier needs at least 2"),
     ("too few rows", "3 training samples for 4 partitions"),
@@ -148,6 +150,10 @@ def test_bad_collections_are_one_clear_error(case, message, client):
         frame["sw"] = frame["sw"].astype(str)
     elif case == "one class":
         frame["species"] = "setosa"
+    elif case == "real labels":                 # a frame without its label column
+        frame["species"] = frame.pop("pw")
+    elif case == "no label":
+        frame.loc[60, "species"] = None
     elif case == "missing label":
         label = "kind"
     ddf = dd.from_pandas(frame, npartitions=4)

@@ -21,7 +21,7 @@ from dtrain.deploy.local import local_gpu_cluster
 from dtrain.observe.console import split_lines
 from dtrain.observe.htmlreport import work_split_table
 from dtrain.taskgraph.dataparallel import window_graph
-from dtrain.taskgraph.placement import Worker, blocks, place
+from dtrain.taskgraph.placement import Worker, blocks, choices, place
 from dtrain.training.plan import plan
 
 
@@ -102,37 +102,78 @@ def test_no_gpu_is_one_clear_error():
 
 @pytest.mark.slow
 def test_mixed_cluster_places_by_measured_speed_and_marks_gpu_tasks(tmp_path):
-    """Two workers that say they have a GPU and one that does not: the run calibrates, gives
-    the 'GPU' workers their share, restricts their maths to the GPU resource, reports the
-    split, and (all NumPy here) ends with the bytes of a CPU-only run."""
-    cfg = ClusterConfig(workers=3, device="auto", dashboard_address="")
+    """Workers that say they have a GPU (the GPU this machine has, else two that only say
+    so) and one that does not: the run calibrates every worker, predicts each assignment's
+    step, takes the fastest, says which and why, restricts the GPU workers' maths to the
+    GPU resource, and reports the split.  Without a real GPU (all NumPy) it ends with the
+    bytes of a CPU-only run, wherever the shards went."""
+    real = arrays.gpu_count()
+    gpus = real or 2
+    cfg = ClusterConfig(workers=gpus + 1, device="auto", dashboard_address="")
     sets = ["train.epochs=2", "data.shards=6"]
-    with local_gpu_cluster(cfg, gpus=2) as sc, Client(sc) as c:
-        c.wait_for_workers(3)
+    with local_gpu_cluster(cfg, gpus=gpus) as sc, Client(sc) as c:
+        c.wait_for_workers(gpus + 1)
         env = c.run(lambda: __import__("os").environ.get("CUDA_VISIBLE_DEVICES"))
-        assert sorted(v for v in env.values() if v) == ["0", "1"]
+        assert sorted(v for v in env.values() if v) == [str(i) for i in range(gpus)]
         restricted = []
 
         def echo(line: str) -> None:          # look at the scheduler while the run is going
             restricted.extend(c.run_on_scheduler(lambda dask_scheduler: [
                 (k, dict(ts.resource_restrictions or {})) for k, ts in dask_scheduler.tasks.items()
-                if k.startswith("forward-backward-")]))
+                if k.startswith(("forward-backward-", "window-"))]))
 
         r = dtrain.train(dtrain.load_config(None, sets + ["cluster.device=auto"]), client=c,
                          out=tmp_path / "mixed", echo=echo)
+    choice = r.summary["device_choice"]
+    predicted = choice["predicted_step_ms"]
+    assert choice["chose"] == min(predicted, key=predicted.get) and choice["why"]
+    assert set(predicted) == {"all workers", "GPUs only", "CPUs only"}
     split = r.summary["work_split"]
-    assert [v["device"] for v in split.values()] == ["gpu", "gpu", "cpu"]
-    (line,) = split_lines(r.summary)                   # the console and report.html say it
-    assert line.startswith("work split: worker 0 (gpu)") and "worker 2 (cpu)" in line
-    page = (tmp_path / "mixed" / "report.html").read_text()
-    assert work_split_table(r.summary) in page and ">gpu<" in page and ">cpu<" in page
     assert sum(v["leaves"] for v in split.values()) == 6
+    assert {v["device"] for v in split.values() if v["leaves"]} == \
+        {"all workers": {"gpu", "cpu"}, "GPUs only": {"gpu"}, "CPUs only": {"cpu"}}[
+            choice["chose"]]
+    (line,) = split_lines(r.summary)                   # the console and report.html say it
+    assert line.startswith("work split: worker")
+    page = (tmp_path / "mixed" / "report.html").read_text()
+    assert work_split_table(r.summary) in page
     assert all(v["samples_per_second"] > 0 for v in split.values())
-    assert restricted and any(res == {"GPU": 1} for _, res in restricted)
-    assert any(res == {} for _, res in restricted)
+    gpu_held = any(v["device"] == "gpu" and v["leaves"] for v in split.values())
+    assert restricted and (any(res == {"GPU": 1} for _, res in restricted) or not gpu_held)
     dtrain.train(dtrain.load_config(None, sets), out=tmp_path / "cpu", echo=None)
-    assert (tmp_path / "mixed" / "params.npz").read_bytes() == \
-        (tmp_path / "cpu" / "params.npz").read_bytes()
+    if not real:
+        assert (tmp_path / "mixed" / "params.npz").read_bytes() == \
+            (tmp_path / "cpu" / "params.npz").read_bytes()
+
+
+@pytest.mark.parametrize("sync, expected", [(0.01, "GPUs only"), (0.0, "all workers")])
+def test_the_fastest_predicted_assignment_wins(sync, expected):
+    """From given calibrations: a GPU 10x a CPU worker's speed.  With round trips between
+    workers to pay, the GPU alone is fastest; were they free, the CPU's help would win."""
+    gpu, cpu = Worker("g", True, 10_000.0, 1, 0.0005), Worker("c", False, 1_000.0, 4)
+    ranked = choices([gpu, cpu], 16, 64, sync)
+    assert ranked[0].name == expected
+    by = {c.name: c for c in ranked}
+    assert by["GPUs only"].seconds == pytest.approx(0.0005 + 16 * 64 / 10_000)
+    assert by["CPUs only"].seconds == pytest.approx(16 * 64 / 1_000)
+    assert by["all workers"].counts == (15, 1) or by["all workers"].counts == (14, 2)
+    assert by["all workers"].seconds == pytest.approx(
+        max(gpu.seconds(by["all workers"].counts[0] * 64),
+            cpu.seconds(by["all workers"].counts[1] * 64)) + sync)
+
+
+def test_a_tiny_net_leaves_the_gpu_out():
+    """A GPU's kernel launches cost a tiny net more than its maths: the CPU alone wins."""
+    gpu, cpu = Worker("g", True, 1e6, 1, 0.002), Worker("c", False, 50_000.0, 8)
+    assert choices([gpu, cpu], 4, 4, 0.003)[0].name == "CPUs only"
+
+
+def test_more_gpu_workers_than_gpus_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    cfg = ClusterConfig(workers=2, device="gpu", dashboard_address="")
+    with pytest.raises(UserError, match=r"^2 GPU worker\(s\) asked for, but this machine shows "
+                                        r"1 GPU\(s\) \(CUDA_VISIBLE_DEVICES=0\): one worker per"):
+        local_gpu_cluster(cfg, gpus=2)
 
 
 def test_a_gpu_resource_without_a_usable_gpu_is_one_clear_error(tmp_path):

@@ -196,7 +196,8 @@ def test_statistics_of_a_partition_with_nan_warn_nothing_and_name_it():
         warnings.simplefilter("error")
         stats = partitions.merge(partitions.part_stats(spec, 4, part.iloc[[0, 2]].fillna(0)),
                                  partitions.part_stats(spec, 5, part))
-    assert stats.bad == ("b", 4)            # the first partition with a non-finite feature
+    bad = stats.bad                         # the first partition with a non-finite feature
+    assert (bad.column, bad.partition, bad.row, bad.value) == ("b", 4, 0, "inf")
 
 
 def test_predict_on_a_collection_computes_nothing_until_asked(client, tmp_path):
@@ -369,12 +370,12 @@ BAD = {
     "lengths (dask)": (lambda: (da.from_array(_iris()[0], chunks=50),
                                 da.from_array(_iris()[1][:-1], chunks=50)), "149"),
     "nan": (lambda: (np.where(np.arange(600).reshape(150, 4) == 401, np.nan, _iris()[0]),
-                     _iris()[1]), "column '1' of partition 2 holds NaN"),
+                     _iris()[1]), r"X\[100, 1\] is NaN"),
     "inf (dask.dataframe)": (lambda: (dd.from_pandas(_with(140, "sepal width", np.inf),
                                                      npartitions=3), "species"),
-                             "column 'sepal width' of partition 2 holds NaN or infinite"),
+                             r"row 140 \(row 40 of partition 2\), column 'sepal width': inf"),
     "nan (pandas)": (lambda: (_with(120, "petal width", np.nan), "species"),
-                     "column 'petal width' of partition 3"),
+                     "X row 120, column 'petal width', is NaN"),
     "text column": (lambda: (_frame().assign(colour="red"), "species"),
                     "feature column 'colour' of X is not numeric"),
     "text column (dask)": (lambda: (dd.from_pandas(_frame().assign(colour="red"),
@@ -800,16 +801,16 @@ def test_the_command_line_trains_two_classes_on_one_logistic_output(tmp_path, ca
         "iris has 3" in err[0]
 
 
-# --- README's tables --------------------------------------------------------------------------
+# --- the documentation's tables of parameters and attributes ----------------------------------
 
-def _readme_table(header: str) -> dict[str, str]:
-    """The rows of README's table whose first column is headed ``header``: name -> what it
-    says (a row may name several, ``a``, ``b``)."""
+def _docs_table(header: str) -> dict[str, str]:
+    """The rows of docs/python-and-dask.md's table whose first column is headed ``header``:
+    name -> what it says (a row may name several, ``a``, ``b``)."""
     import re
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "python-and-dask.md").read_text()
     block = re.search(rf"\| {header} \| in dtrain \|\n\| --- \| --- \|\n((?:\|.*\n)+)", text)
-    assert block, f"README has no table headed '{header}'"
+    assert block, f"docs/python-and-dask.md has no table headed '{header}'"
     rows = {}
     for line in block.group(1).splitlines():
         names, what = (c.strip() for c in line.strip("|").split("|", 1))
@@ -825,10 +826,10 @@ def _says_how(rows: dict[str, str]) -> None:
         assert re.match(r"(same\b|differs: \S|not supported: \S)", what), (name, what)
 
 
-def test_readme_lists_every_scikit_learn_parameter():
+def test_the_docs_list_every_scikit_learn_parameter():
     from sklearn.neural_network import MLPClassifier, MLPRegressor
 
-    rows = _readme_table("parameter")
+    rows = _docs_table("parameter")
     theirs = set(MLPClassifier().get_params()) | set(MLPRegressor().get_params())
     assert set(rows) == theirs
     _says_how(rows)
@@ -842,7 +843,7 @@ def test_readme_lists_every_scikit_learn_parameter():
 _OURS = ("client", "strategy", "fan_in", "dtype", "normalize", "shards", "out")
 
 
-def test_readme_lists_every_fitted_attribute(client):
+def test_the_docs_list_every_fitted_attribute(client):
     """Every attribute a fitted scikit-learn MLP has (early stopping or not, string column
     names), in the table; each one dtrain has, ours has too."""
     from sklearn.neural_network import MLPClassifier, MLPRegressor
@@ -856,7 +857,7 @@ def test_readme_lists_every_fitted_attribute(client):
             warnings.simplefilter("ignore")
             fitted = est.fit(x, y if is_classifier(est) else x["petal width"])
         theirs |= {k for k in vars(fitted) if k.endswith("_") and not k.startswith("_")}
-    rows = _readme_table("attribute")
+    rows = _docs_table("attribute")
     assert set(rows) == theirs
     _says_how(rows)
     ours = _clf(client, max_iter=2).fit(x, y)

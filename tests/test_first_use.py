@@ -1,5 +1,5 @@
-"""What a new user meets first, run as they would run it: the README's Python example saved as
-a script, the same script without its ``__main__`` guard, a learning rate that explodes."""
+"""What a new user meets first, run as they would run it: the documentation's Python example
+(docs/python-and-dask.md, "Python API") saved as a script, the same script without its ``__main__`` guard, a learning rate that explodes."""
 from __future__ import annotations
 
 import pickle
@@ -25,9 +25,9 @@ GUARD_LINE = ("put the code that calls dtrain.train() or an estimator's fit() un
               'if __name__ == "__main__":')
 
 
-def _readme_example() -> str:
-    """The Python block of README.md's "Python API" section."""
-    section = (REPO / "README.md").read_text().split("### Python API", 1)[1]
+def _docs_example() -> str:
+    """The Python block of the "Python API" section of docs/python-and-dask.md."""
+    section = (REPO / "docs" / "python-and-dask.md").read_text().split("## Python API", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -59,8 +59,8 @@ def _no_stray_processes(tag: str) -> None:
 
 
 @pytest.mark.slow
-def test_readme_python_example_runs_as_a_script(tmp_path):
-    code = _readme_example()
+def test_docs_python_example_runs_as_a_script(tmp_path):
+    code = _docs_example()
     assert 'if __name__ == "__main__":' in code
     script = tmp_path / "example.py"
     script.write_text(code)
@@ -73,8 +73,22 @@ def test_readme_python_example_runs_as_a_script(tmp_path):
 
 
 @pytest.mark.slow
+def test_readme_example_prints_what_it_says(tmp_path):
+    """README.md's one example, saved as a script: it prints the score its comment gives."""
+    code = re.search(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    said = re.search(r"print\(clf\.score\(X, y\)\)\s+# (\d\.\d+)", code).group(1)
+    script = tmp_path / "first.py"
+    script.write_text(code)
+    tag = uuid.uuid4().hex
+    proc = _run_script(script, tag)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{float(proc.stdout.strip().splitlines()[-1]):.4f}" == said
+    _no_stray_processes(tag)
+
+
+@pytest.mark.slow
 def test_a_script_without_the_main_guard_gets_one_line(tmp_path):
-    lines = [line.removeprefix("    ") for line in _readme_example().splitlines()
+    lines = [line.removeprefix("    ") for line in _docs_example().splitlines()
              if line and not line.startswith(("def main", "if __name__", "    main()"))]
     script = tmp_path / "unguarded.py"
     script.write_text("\n".join(lines).replace("train.epochs=5", "train.epochs=1") + "\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from dtrain.core import internals
 from dtrain.deploy import layout, mpi
 from dtrain.training import checkpoint
 from conftest import REPO
+from sockets import family, listening, outside_loopback
 
 pytestmark = pytest.mark.mpi
 
@@ -185,6 +187,16 @@ def _paused_job(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     return proc, out, resume
 
 
+def _answers_http(host: str, port: int) -> bool:
+    """Whether an HTTP server answers on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=5) as sock:
+            sock.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+            return sock.recv(8).startswith(b"HTTP/")
+    except OSError:                          # refused, closed, or no answer: a TLS port
+        return False
+
+
 @pytest.mark.slow
 def test_tls_keeps_strangers_out(tmp_path):
     """While a run is paused at epoch 2, a plain client and a TLS client with another
@@ -206,15 +218,24 @@ def test_tls_keeps_strangers_out(tmp_path):
             with pytest.raises(OSError):      # CommClosedError / FatalCommClosedError
                 Client(addr, security=security, timeout=5)
         assert urllib.request.urlopen(dashboard, timeout=10).status == 200
-        outside = dashboard.replace("127.0.0.1", host_port.rsplit(":", 1)[0])
+        host, port = host_port.rsplit(":", 1)
+        outside = dashboard.replace("127.0.0.1", host)
         with pytest.raises(OSError):
             urllib.request.urlopen(outside, timeout=5)
+        # what the ranks open to the network is TLS (and MPI's own): no HTTP server, the
+        # worker ranks' /health and /metrics included
+        ranks = mpirun.rank_processes(proc.pid).values()
+        found = listening(p for rank in ranks for p in family(rank.pid))
+        assert len(found) >= 4, found       # the scheduler, its HTTP server, a worker's two
+        others = {item[2] for item in outside_loopback(found)} - {int(port)}
+        assert [p for p in sorted(others) if _answers_http(host, p)] == [], found
         resume.touch()
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert err.count("TLS handshake failed") == 2, err   # the scheduler refused both
+    refused = f":{port}': TLS handshake failed"
+    assert err.count(refused) == 2, err                   # the scheduler refused both
     assert (out / "summary.json").exists()
 
 

@@ -6,6 +6,7 @@ import threading
 
 import dask
 import numpy as np
+import psutil
 import pytest
 from distributed import Client, LocalCluster, get_task_stream
 
@@ -43,6 +44,7 @@ def test_bit_identical_whatever_the_worker_count(client, tmp_path):
                 train[name] = [(m["train_loss"], m["train_accuracy"]) for m in r.metrics]
                 assert r.summary["workers"] == procs and r.summary["threads"] == procs * threads
     variants = {"2 workers": [], "window 3": ["graph.window=3"],
+                "steps not fused": ["graph.fuse_steps=false"],
                 "unfused": ["graph.fuse_update=false"],
                 "one task per shard": ["graph.fuse_shards=false"]}
     for name, extra in variants.items():
@@ -59,23 +61,31 @@ def _helper_threads() -> int:
     return sum(t.name.startswith("dtrain-shards") for t in threading.enumerate())
 
 
-def test_a_workers_shards_share_one_task_and_its_threads(tmp_path):
+def _core_processes() -> int:
+    return sum("dtrain.taskgraph.cores" in " ".join(c.cmdline())
+               for c in psutil.Process().children())
+
+
+def test_a_workers_shards_share_one_task_and_its_cores(tmp_path):
     """One worker with 2 threads holding 4 shards: one forward-backward task per step, its
-    shards computed on both threads (each shard is worth one), and the same bytes as one
-    task per shard."""
+    shards computed on both cores (each shard is worth one), in a core process it starts
+    (cluster.cores = processes) or on its threads, and the same bytes as one task per shard."""
     wide = QUICK + ["model.layers=[4,5000,3]", "train.batch_size=64", "data.shards=4",
-                    "train.epochs=2"]                       # 16 rows per shard: 4 MFLOP
+                    "train.epochs=2", "graph.fuse_steps=false"]   # 16 rows a shard: 4 MFLOP
     counts, blobs = {}, {}
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
-        for fuse in ("true", "false"):
+        for fuse, cores in (("true", "threads"), ("true", "processes"), ("false", "threads")):
             with get_task_stream(c) as ts:
-                r = _train(c, wide + [f"graph.fuse_shards={fuse}"], tmp_path / fuse)
+                r = _train(c, wide + [f"graph.fuse_shards={fuse}", f"cluster.cores={cores}"],
+                           tmp_path / fuse / cores)
             counts[fuse] = sum(t["key"].startswith("forward-backward-") for t in ts.data)
-            blobs[fuse] = (tmp_path / fuse / "params.npz").read_bytes()
-        assert c.run(_helper_threads).popitem()[1] >= 1
+            blobs[fuse, cores] = (tmp_path / fuse / cores / "params.npz").read_bytes()
+            if fuse == "true":
+                helpers = c.run(_helper_threads if cores == "threads" else _core_processes)
+                assert helpers.popitem()[1] >= 1, cores
     assert counts == {"true": r.summary["steps"], "false": 4 * r.summary["steps"]}
-    assert blobs["true"] == blobs["false"]
+    assert len(set(blobs.values())) == 1, list(blobs)
 
 
 def test_serial_is_the_reference(client):
@@ -166,24 +176,26 @@ def test_mnist_reaches_92_percent(client, mnist_dir):
 
 
 def test_low_latency_streams_and_timing_summary(tmp_path):
-    """cluster.low_latency sets every control stream's batching interval to 0 (workers that
-    join later included); the summary says where the time went."""
+    """cluster.low_latency sets every control stream's batching interval to 0; the summary
+    says where the time went.  On a user's cluster the plugins go when the run ends (issue
+    26): what they set on the worker stays, a worker that joins afterwards is Dask's own."""
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
         before = tuning.stream_intervals(c)
         assert min(before["workers"] + before["to-workers"]) > 0     # distributed batches
         r = dtrain.train(dtrain.load_config(None, ["train.epochs=2"]), client=c, echo=None)
+        first = list(c.scheduler_info()["workers"])
         lc.scale(2)
         c.wait_for_workers(2)
-        assert tuning.stream_intervals(c) == {"client": 0.0, "workers": [0.0],
-                                               "to-workers": [0.0], "to-clients": [0.0]}
-        assert tuning.inline_executor(c)          # the joining worker has it too
+        assert tuning.stream_intervals(c) == {"client": 0.0, "workers": [0.0, 0.002],
+                                               "to-workers": [0.0, 0.005], "to-clients": [0.0]}
+        assert not tuning.inline_executor(c)      # the joining worker has no plugin to run
         where = {}
         for name in (tuning.INLINE, "default"):
             with dask.annotate(executor=name):
-                where[name] = c.submit(_thread, pure=False).result()
+                where[name] = c.submit(_thread, pure=False, workers=first).result()
         assert where == {tuning.INLINE: "MainThread", "default": "pool"}   # loop, not a pool
-        assert set(c.run(_new_mappings).values()) == {0}   # a 4 MiB array: heap, not mmap
+        assert set(c.run(_new_mappings, workers=first).values()) == {0}   # heap, not mmap
     s = r.summary
     assert s["task_seconds"]["forward_backward"] > 0 and s["task_seconds"]["update"] > 0
     assert 0 < s["efficiency"] < 1
@@ -250,28 +262,29 @@ def test_short_tasks_run_in_the_event_loop():
     """Reduces and updates of a small state run inline; forward-backward tasks too while a
     task's step (all the shards it computes) stays under INLINE_MAX_FLOPS, or under
     INLINE_ALONE_FLOPS where every worker has one thread; nothing does for a state over 1 MiB."""
+    small = ("update", "reduce", "kept", "state")     # and the state's hand-over, each window
+
     def kinds(*sets):
         return inline_kinds(plan(dtrain.load_config(None, list(sets))))
-    assert kinds() == ("update", "reduce", "forward-backward")          # iris: 131 params
+    assert kinds() == (*small, "forward-backward")                      # iris: 131 params
     wide = "model.layers=[4,5000,3]"                                     # 40k params, 320 KB
-    assert kinds(wide) == ("update", "reduce", "forward-backward")      # 4 rows: 1 MFLOP
-    assert kinds(wide, "train.batch_size=64") == ("update", "reduce")   # 16 rows: 4 MFLOP
+    assert kinds(wide) == (*small, "forward-backward")                  # 4 rows: 1 MFLOP
+    assert kinds(wide, "train.batch_size=64") == small                  # 16 rows: 4 MFLOP
     assert kinds("model.layers=[4,40000,3]") == ()                       # a 2.6 MB state
     # one thread per worker: the task runs alone anyway, so up to 200 MFLOP go inline
     for batch, threads, fb in ((64, 1, True), (1024, 1, True), (4096, 1, False), (64, 2, False),
                                (64, None, False)):
         p = plan(dtrain.load_config(None, [wide, f"train.batch_size={batch}"]))  # 4 shards
         assert inline_kinds(p, None, threads) == \
-            ("update", "reduce", *(("forward-backward",) if fb else ())), (batch, threads)
+            (*small, *(("forward-backward",) if fb else ())), (batch, threads)
     assert inline_kinds(plan(dtrain.load_config(None, ["model.layers=[4,40000,3]"])),
                         None, 1) == ()
     # a worker's shards in one task count together: 4 shards of 4 rows on one worker
     four = [wide, "data.shards=4", "train.batch_size=16"]
     for fuse, fb in (("true", ()), ("false", ("forward-backward",))):
         p = plan(dtrain.load_config(None, [*four, f"graph.fuse_shards={fuse}"]))
-        assert inline_kinds(p, place(["w"], 4)) == ("update", "reduce", *fb)
-        assert inline_kinds(p, place(["a", "b", "c", "d"], 4)) == \
-            ("update", "reduce", "forward-backward")
+        assert inline_kinds(p, place(["w"], 4)) == (*small, *fb)
+        assert inline_kinds(p, place(["a", "b", "c", "d"], 4)) == (*small, "forward-backward")
 
 
 def test_windows_last_about_a_second_unless_fixed():
@@ -337,7 +350,8 @@ def test_local_sgd_is_reproducible_and_learns(client, tmp_path):
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
         for fuse in ("true", "false"):
-            r = _train(c, sets + [f"graph.fuse_shards={fuse}"], tmp_path / fuse)
+            r = _train(c, sets + [f"graph.fuse_shards={fuse}", "graph.fuse_steps=false"],
+                       tmp_path / fuse)
             tasks[fuse] = r.summary["tasks_per_step"]
     blobs = {d: (tmp_path / d / "params.npz").read_bytes() for d in ("a", "b", "true", "false")}
     assert len(set(blobs.values())) == 1

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -10,11 +11,11 @@ from pathlib import Path
 from dtrain.cli import advice
 from dtrain.cli.common import Parser, config_options
 from dtrain.core import files
-from dtrain.core.config import Config, load_config
+from dtrain.core.config import Config, DataConfig, load_config
 from dtrain.core.errors import UserError
 from dtrain.core.version import __version__
 from dtrain.deploy import mpi
-from dtrain.deploy.connect import check_address
+from dtrain.deploy.connect import check_address, running_scheduler
 from dtrain.deploy.layout import local_shape
 from dtrain.observe import tracking
 from dtrain.taskgraph import strategies
@@ -44,14 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dtrain {__version__}")
     config_options(parser)
     parser.add_argument("--workers", type=int, metavar="N",
-                        help="worker processes of the embedded LocalCluster (cluster.workers)")
+                        help="worker processes of the embedded LocalCluster (cluster.workers; "
+                             "0, the default: as cluster.layout says)")
     parser.add_argument("--out", metavar="DIR", help="run directory (default: a new one under "
                         "runs/); an existing run there is refused unless --force")
     parser.add_argument("--force", action="store_true",
                         help="let --out replace the run already in DIR (its results and "
                              "checkpoint are deleted) or write into a non-empty directory")
     parser.add_argument("--scheduler-address", metavar="ADDR",
-                        help="use a running Dask scheduler instead of starting a LocalCluster")
+                        help="use a running Dask scheduler instead of starting a LocalCluster "
+                             "(default: Dask's scheduler-address config, e.g. "
+                             "DASK_SCHEDULER_ADDRESS, if set)")
+    parser.add_argument("--scheduler-file", metavar="FILE",
+                        help="use the running Dask scheduler whose address FILE holds, as "
+                             "`dask scheduler --scheduler-file`, dask-mpi and dask-jobqueue "
+                             "write it (cluster.scheduler_file)")
     parser.add_argument("--dashboard-address", metavar="HOST:PORT",
                         help="where the dashboard listens (cluster.dashboard_address)")
     parser.add_argument("--resume", metavar="DIR",
@@ -85,16 +93,20 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     extra = []
     if args.scheduler_rank is not None:
         for flag, value in (("--workers", args.workers), ("--cluster", args.cluster),
-                            ("--scheduler-address", args.scheduler_address)):
+                            ("--scheduler-address", args.scheduler_address),
+                            ("--scheduler-file", args.scheduler_file)):
             if value is not None:
                 raise UserError(f"{flag} does not apply with --scheduler-rank: under MPI the "
                                 f"workers are the mpirun ranks other than the head")
     if args.workers is not None:
-        if args.workers < 1:
-            raise UserError(f"--workers {args.workers}: needs at least 1 worker")
+        if args.workers < 0:
+            raise UserError(f"--workers {args.workers}: give a number of workers, or 0 for "
+                            f"as many as cluster.layout says")
         extra.append(f"cluster.workers={args.workers}")
     if args.scheduler_address is not None:
         extra.append(f"cluster.scheduler_address={args.scheduler_address!r}".replace("'", '"'))
+    if args.scheduler_file is not None:
+        extra.append("cluster.scheduler_file=" + json.dumps(args.scheduler_file))
     if args.dashboard_address is not None:
         extra.append(f'cluster.dashboard_address="{args.dashboard_address}"')
     if args.cluster is not None:
@@ -158,7 +170,8 @@ def prepare(argv: list[str]) -> mpi.Job:
         def job(client):
             if args.out:
                 return train(config, client=client, out=Path(args.out))
-            return _in_new_run_dir(args.config, lambda out: train(config, client=client, out=out))
+            return _in_new_run_dir(args.config or config.data,
+                                   lambda out: train(config, client=client, out=out))
     if config.cluster.scheduler_address:
         check_address(config.cluster.scheduler_address)
     if partitioned(config.data):   # read by the workers: what its metadata says, for now
@@ -170,20 +183,22 @@ def prepare(argv: list[str]) -> mpi.Job:
     strategy = strategies.get(config.graph.strategy)
     if args.scheduler_rank is None and planned is not None:
         _warn_layout(config, strategy, planned.leaves)
-    if args.workers is not None and config.cluster.scheduler_address:
-        print(f"dtrain: warning: --workers {args.workers} does nothing with a scheduler "
-              f"address: the run uses the workers of {config.cluster.scheduler_address}",
-              file=sys.stderr)
+    running = running_scheduler(config.cluster) if args.scheduler_rank is None else ""
+    if args.workers is not None and running:
+        print(f"dtrain: warning: --workers {args.workers} does nothing with a running "
+              f"scheduler: the run uses the workers of {running}", file=sys.stderr)
     return mpi.Job(config, job, strategy.ranks, strategy.workers_word,
                    planned.leaves if planned is not None else 0)
 
 
-def _in_new_run_dir(config_path: str | None, run: Callable[[Path], RunResult]) -> RunResult:
-    """``run(out)`` in a new directory under ``runs/``; if the run fails and leaves it empty
+def _in_new_run_dir(named: str | DataConfig, run: Callable[[Path], RunResult]) -> RunResult:
+    """``run(out)`` in a new directory under ``runs/``, named after ``named`` (the config
+    file given, else the data: :func:`~dtrain.training.trainer.default_out_dir`); if the
+    run fails and leaves it empty
     (it removes what it wrote when it recorded nothing), the directory goes, and ``runs/``
     too if this made it."""
     base_was_there = Path("runs").exists()
-    out = default_out_dir(config_path)
+    out = default_out_dir(named)
     try:
         return run(out)
     except BaseException:
@@ -199,7 +214,7 @@ def _warn_layout(config: Config, strategy: strategies.Strategy, leaves: int) -> 
     """One line on stderr for each way the embedded cluster's layout wastes time (the
     worker and thread counts :func:`dtrain.deploy.layout.local_shape` starts)."""
     c = config.cluster
-    if strategy.in_process or c.kind != "local" or c.scheduler_address or c.device != "cpu":
+    if strategy.in_process or c.kind != "local" or running_scheduler(c) or c.device != "cpu":
         return
     shape = local_shape(c, strategy.min_workers, leaves)
     leaf = "slice" if strategy.leaf == "slice" else "shard"
@@ -222,5 +237,8 @@ def run(argv: list[str]) -> int:
     if rank_text is not None:
         return mpi.main(rank_text, lambda: prepare(argv))
     job = prepare(argv)
+    running = running_scheduler(job.config.cluster)
+    if running and not job.config.cluster.scheduler_address:     # not named on this line
+        print(f"scheduler: {running}")
     print(f"run directory: {job.run(None).out}")
     return 0

@@ -7,7 +7,9 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,6 +33,9 @@ from dtrain.training import collections
 from dtrain.training.plan import part_spec, partitioned
 
 
+SPOOL_BYTES = 16 << 20      # predictions for standard output kept in memory up to this
+
+
 def _parser(name: str, description: str) -> argparse.ArgumentParser:
     parser = Parser(prog=f"python -m dtrain {name}", description=description)
     parser.add_argument("run", metavar="RUN", help="a finished run directory")
@@ -50,6 +55,9 @@ def _input_options(parser: argparse.ArgumentParser) -> None:
                         help="worker processes of the embedded LocalCluster")
     parser.add_argument("--scheduler-address", metavar="ADDR",
                         help="use a running Dask scheduler (even for a small input)")
+    parser.add_argument("--scheduler-file", metavar="FILE",
+                        help="use the running Dask scheduler whose address FILE holds (as "
+                             "written by dask scheduler --scheduler-file or dask-mpi)")
 
 
 def _open(args: argparse.Namespace, model: Model):
@@ -62,11 +70,15 @@ def _open(args: argparse.Namespace, model: Model):
 @contextlib.contextmanager
 def _cluster(args: argparse.Namespace, parts: int) -> Iterator[Any]:
     """A client when the input is cut in several parts or a scheduler is named; else None."""
-    if parts <= 1 and not args.scheduler_address:
+    if args.scheduler_address and args.scheduler_file:
+        raise UserError("--scheduler-address and --scheduler-file: give one of them")
+    if parts <= 1 and not args.scheduler_address and not args.scheduler_file:
         yield None
         return
     cfg = dataclasses.replace(ClusterConfig(), dashboard_address="",
                               scheduler_address=args.scheduler_address or "",
+                              scheduler_file=str(Path(args.scheduler_file).resolve())
+                              if args.scheduler_file else "",
                               **({"workers": args.workers} if args.workers else {}))
     with connect(cfg) as client:
         client.register_plugin(QuietUserErrors())
@@ -75,10 +87,15 @@ def _cluster(args: argparse.Namespace, parts: int) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def _output(path: str | None) -> Iterator[TextIO]:
-    """Standard output, or ``path`` written whole or not at all (a temporary file renamed
-    at the end; removed on any error)."""
+    """Standard output, or ``path``, written whole or not at all: ``path`` through a
+    temporary file renamed at the end (removed on any error), standard output from a spooled
+    copy once every row is predicted (a bad row in the last part prints nothing)."""
     if path is None:
-        yield sys.stdout
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, mode="w+", encoding="utf-8",
+                                           newline="") as spool:
+            yield spool       # type: ignore[misc]
+            spool.seek(0)
+            shutil.copyfileobj(spool, sys.stdout)
         return
     out = Path(path)
     if out.is_dir() or not out.parent.is_dir():

@@ -60,7 +60,11 @@ VALUE_DATASETS = ("csv", "parquet", "synthetic", "collection")    # datasets tha
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = choice("iris", *DATASETS)
+    dataset: str = choice("iris", *DATASETS,
+                          doc="iris and digits ship with scikit-learn; mnist reads IDX files, "
+                          "image-folder a folder per class, csv and parquet files or globs "
+                          "(read by the workers, partition by partition); synthetic is "
+                          "generated; collection is a Dask collection given in Python")
     path: str = free("", "directory (mnist, image-folder), or a file or glob of files (csv, "
                      "parquet: e.g. /data/part-*.parquet)")
     label: str = free("", "csv, parquet: the label column's name ('': the last column); "
@@ -72,28 +76,39 @@ class DataConfig:
                           lambda v: len(v) <= 1, "csv: the field separator")
     split: tuple[float, ...] = opt(
         (0.8, 0.1, 0.1), "three fractions (train, validation, test) >= 0 summing to 1",
-        lambda v: len(v) == 3 and min(v) >= 0 and v[0] > 0 and abs(sum(v) - 1) < 1e-9)
-    normalize: str = choice("standardize", "standardize", "minmax", "none")
+        lambda v: len(v) == 3 and min(v) >= 0 and v[0] > 0 and abs(sum(v) - 1) < 1e-9,
+        "the training, validation and test fractions of the rows, seeded by data.seed")
+    normalize: str = choice("standardize", "standardize", "minmax", "none",
+                            doc="input normalization, its statistics from the training "
+                            "split only; part of the saved model")
     replicate: int = at_least(1, 1, "repeat the training set this many times")
     shards: int = at_least(4, 1, "fixed number of training shards")
     shuffle: bool = free(True, "reshuffle each shard every epoch")
-    seed: int = at_least(0, 0)
+    seed: int = at_least(0, 0, "seeds the split and every epoch's shuffle of each shard")
     samples: int = at_least(1000, 3, "synthetic: number of samples")
     features: int = at_least(20, 1, "synthetic: input dimension")
     classes: int = at_least(3, 2, "synthetic: number of classes")
     targets: int = at_least(1, 1, "synthetic regression: number of targets")
     image_size: tuple[int, ...] = opt(
         (), "[] (native size) or [height, width] of positive integers",
-        lambda v: len(v) == 0 or (len(v) == 2 and min(v) >= 1))
+        lambda v: len(v) == 0 or (len(v) == 2 and min(v) >= 1),
+        "image-folder (required), mnist: every image is resized to this size")
     grayscale: bool = free(True, "image-folder: convert images to one channel")
+    missing: str = choice("error", "error", "drop",
+                          doc="a row with a missing (empty, NA, NaN) or infinite feature, or "
+                          "without its label: error, one line naming its file, row and "
+                          "column; drop, the row is left out (csv, parquet)")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     layers: tuple[int, ...] = opt(
         (4, 16, 3), "a list of at least two positive sizes, input first",
-        lambda v: len(v) >= 2 and min(v) >= 1)
-    activation: str = choice("tanh", "sigmoid", "tanh", "relu", "identity")
+        lambda v: len(v) >= 2 and min(v) >= 1,
+        "layer sizes: the input features first, the classes (or targets) last; checked "
+        "against the data")
+    activation: str = choice("tanh", "sigmoid", "tanh", "relu", "identity",
+                             doc="the hidden layers' activation (identity: linear)")
     loss: str = choice("cross-entropy", "cross-entropy", "mse", "binary-cross-entropy",
                        "squared-error",
                        doc="cross-entropy: softmax outputs; mse: sigmoid outputs against "
@@ -105,7 +120,7 @@ class ModelConfig:
     l2: float = at_least(0.0, 0.0, "L2 weight penalty (weights, not biases)")
     dtype: str = choice("auto", "auto", "float32", "float64",
                         doc="auto: float32 where the run uses GPUs, else float64")
-    seed: int = at_least(0, 0)
+    seed: int = at_least(0, 0, "seeds the initial parameters")
     init: str = choice("auto", "auto", "scikit-learn",
                        doc="the initial parameters: auto, Glorot-uniform (sigmoid, tanh) or "
                        "He-normal (relu) weights and zero biases; scikit-learn, as its MLPs "
@@ -117,21 +132,23 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = choice("sgd", "sgd", "momentum", "adam")
-    lr: float = positive(0.1)
-    momentum: float = unit_open(0.9)
-    beta1: float = unit_open(0.9)
-    beta2: float = unit_open(0.999)
-    eps: float = positive(1e-8)
+    name: str = choice("sgd", "sgd", "momentum", "adam", doc="the optimizer")
+    lr: float = positive(0.1, "the learning rate (the schedule's starting value)")
+    momentum: float = unit_open(0.9, "momentum: the velocity's decay (classical momentum, or "
+                                "Nesterov's with nesterov = true)")
+    beta1: float = unit_open(0.9, "adam: decay of the first-moment estimate")
+    beta2: float = unit_open(0.999, "adam: decay of the second-moment estimate")
+    eps: float = positive(1e-8, "adam: added to the denominator's square root")
     nesterov: bool = free(False, "momentum: Nesterov's momentum, as scikit-learn computes it "
                           "(v = momentum v - lr g; params += momentum v - lr g)")
     schedule: str = choice("constant", "constant", "step", "cosine", "invscaling", "adaptive",
-                           doc="the learning rate: constant; step (times gamma every "
-                           "decay_every epochs); cosine; invscaling (lr / (t + 1) ** power_t, "
-                           "t the training samples seen before the epoch); adaptive (times "
-                           "gamma after more than patience epochs in a row whose training loss "
-                           "is not below the best by more than min_delta, then 0 once it would "
-                           "be below min_lr)")
+                           doc="the learning rate over the epochs: constant; step, times "
+                           "gamma every decay_every epochs; cosine, from lr towards 0 over "
+                           "train.epochs; invscaling, lr / (t + 1) ** power_t with t the "
+                           "training samples seen before the epoch; adaptive, times gamma "
+                           "after more than patience epochs in a row whose training loss is "
+                           "not below the best by more than min_delta, then 0 once it would "
+                           "fall while at or below min_lr (scikit-learn's learning_rate)")
     decay_every: int = at_least(10, 1, "step schedule: epochs between decays")
     gamma: float = opt(0.5, "in (0, 1]", lambda v: 0 < v <= 1,
                        "step, adaptive schedules: factor")
@@ -148,7 +165,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = at_least(10, 1)
+    epochs: int = at_least(10, 1, "passes over the training set")
     batch_size: int = at_least(16, 1, "global minibatch; >= training samples is full batch")
     patience: int = at_least(0, 0, "stop after this many epochs without an improvement of the "
                              "monitored loss by at least min_delta (0: never stop early)")
@@ -179,6 +196,11 @@ class GraphConfig:
                               "the same sums in the same order); auto: where the tasks it "
                               "saves cost more than a few percent of the step's compute "
                               "(dtrain.training.engines.fuse_choice), else a task per shard")
+    fuse_steps: bool = free(True, "a window whose tasks all sit on one worker (one node, one "
+                            "GPU, a laptop) runs as one task, each step inside it in order: no "
+                            "scheduler round trip per step, the same bytes "
+                            "(dtrain.taskgraph.fuse); false shows every step in the task "
+                            "stream")
     update: str = choice("auto", "auto", "root", "replicated",
                          doc="where the optimizer step runs: on the reduce root, which sends "
                          "the new state to every worker, or on every worker from the reduced "
@@ -201,7 +223,12 @@ class ClusterConfig:
     threads_per_worker: int = at_least(0, 0, "Dask threads per worker; 0: as cluster.layout "
                                        "says")
     scheduler_address: str = free("", "use this running Dask scheduler instead")
-    dashboard_address: str = free("127.0.0.1:8787", "'' disables the dashboard")
+    scheduler_file: str = free("", "use the running Dask scheduler whose address this JSON "
+                               "file holds (dask scheduler --scheduler-file, dask-mpi, "
+                               "dask-jobqueue), waiting up to cluster.timeout for it")
+    dashboard_address: str = free("127.0.0.1:8787", "where the dashboard listens; without a "
+                                  "host (':8787') on 127.0.0.1; '' disables it (the "
+                                  "scheduler's /health and /metrics stay on 127.0.0.1)")
     device: str = choice("cpu", "cpu", "gpu", "auto",
                          doc="gpu: every shard on a GPU; auto: GPUs where workers have them")
     low_latency: bool = free(True, "send Dask's control messages without batching delays")
@@ -211,11 +238,18 @@ class ClusterConfig:
                          "mean: hybrid, one worker process per machine (MPI: per node; "
                          "slurm, pbs: per job) with a thread per core; flat, a "
                          "single-thread worker process per core (MPI: per rank)")
+    cores: str = choice("auto", "auto", "processes", "threads",
+                        doc="how a worker computes the shards it holds in one task: on core "
+                        "processes it starts once (one per extra thread, shared memory, no "
+                        "GIL; Linux) or on its threads; auto: processes where the platform "
+                        "has them (dtrain.taskgraph.cores)")
     kind: str = choice("local", "local", "slurm", "pbs",
                        doc="who starts the workers: a LocalCluster, or dask-jobqueue batch jobs")
     tls: str = choice("auto", "auto", "on", "off",
                       doc="per-run TLS certificate; auto = on under MPI, SLURM and PBS")
-    interface: str = free("", "network interface for the scheduler and workers, e.g. 'ib0'")
+    interface: str = free("", "network interface for the scheduler and workers, e.g. 'ib0'; "
+                          "'': 127.0.0.1 for a LocalCluster, every interface under MPI and "
+                          "for batch jobs")
     jobqueue_file: str = free("", "dask-jobqueue YAML ('' = the jobqueue.yaml shipped with dtrain)")
 
 
@@ -318,7 +352,8 @@ def _auto_dtype(cfg: Config) -> str:
     """float32 on GPUs (where it is several times faster), float64 on CPUs."""
     if cfg.cluster.device == "gpu":
         return "float32"
-    if cfg.cluster.device == "auto" and not cfg.cluster.scheduler_address:
+    if cfg.cluster.device == "auto" and not cfg.cluster.scheduler_address \
+            and not cfg.cluster.scheduler_file:
         return "float32" if gpu_count() else "float64"
     return "float64"
 
@@ -348,6 +383,17 @@ def _check_consistency(cfg: Config, source: str) -> None:
                           f"targets, but dataset '{cfg.data.dataset}' has classes; use one of "
                           f"{', '.join(map(repr, VALUE_DATASETS))}, or a classification loss")
     c = cfg.cluster
+    if c.scheduler_address and c.scheduler_file:
+        raise ConfigError(f"cluster.scheduler_address = {c.scheduler_address!r} and "
+                          f"cluster.scheduler_file = {c.scheduler_file!r} in {source}: give "
+                          f"one of them")
+    if c.scheduler_file and c.kind != "local":
+        raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own scheduler; "
+                          f"drop cluster.scheduler_file ({c.scheduler_file}) or the kind")
+    if c.scheduler_file and c.tls == "on":
+        raise ConfigError(f"cluster.tls = 'on' in {source} makes a per-run certificate for a "
+                          f"cluster dtrain starts; a running scheduler ({c.scheduler_file}) "
+                          f"takes its TLS files from the Dask config (distributed.comm.tls.*)")
     if c.scheduler_address and c.kind != "local":
         raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own scheduler; "
                           f"drop cluster.scheduler_address ({c.scheduler_address}) or the kind")
@@ -418,8 +464,8 @@ def load_config(path: str | Path | Mapping[str, Any] | None = None,
     Returns
     -------
     Config
-        With relative ``data.path`` and ``cluster.jobqueue_file`` made
-        absolute (against the current directory), so workers elsewhere find
+        With relative ``data.path``, ``cluster.jobqueue_file`` and
+        ``cluster.scheduler_file`` made absolute (against the current directory), so workers elsewhere find
         the same files, and ``track.mlflow_uri`` a ``file:`` URI of an
         absolute path when it names a local directory.
     """
@@ -437,7 +483,8 @@ def load_config(path: str | Path | Mapping[str, Any] | None = None,
         source += " (with --set overrides)"
     apply_overrides(data, overrides)
     cfg = from_dict(data, source)
-    for section, key in (("data", "path"), ("cluster", "jobqueue_file"), ("model", "init_from")):
+    for section, key in (("data", "path"), ("cluster", "jobqueue_file"), ("model", "init_from"),
+                         ("cluster", "scheduler_file")):
         part = getattr(cfg, section)
         value = getattr(part, key)
         if value and not Path(value).is_absolute():

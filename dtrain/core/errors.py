@@ -3,7 +3,7 @@ from __future__ import annotations
 
 EXIT_USER_ERROR = 2     # bad input: one line, no traceback
 EXIT_DIVERGED = 3       # the loss became NaN or infinite, or exceeded train.max_loss
-EXIT_STOPPED = 75       # stopped by SIGTERM or SIGUSR1 after saving a checkpoint: resume it
+EXIT_STOPPED = 75       # stopped by SIGTERM or SIGUSR1 (after saving a checkpoint: resume it)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 
@@ -39,13 +39,19 @@ class Diverged(Exception):
                 f"lower optim.lr or raise model.l2{self.note}")
 
 
-class Stopped(Exception):
+class Stopped(BaseException):
     """A signal stopped the run at a step boundary, after a checkpoint was saved (or, on a
-    second Ctrl-C, at once, with the last checkpoint kept).
+    second Ctrl-C, at once, with the last checkpoint kept; or before training began).
+
+    A :class:`BaseException`, as ``KeyboardInterrupt`` and ``SystemExit`` are: a stop asked
+    for by a signal is not an error, and ``except Exception:`` around ``fit`` or ``train()``
+    must not swallow it and run on.
 
     ``signal`` is the signal's name (``"SIGINT"``, ``"SIGTERM"``, ``"SIGUSR1"``); ``step``
-    the steps done of ``steps`` (None: stopped at once, mid-step); ``checkpoint`` the step of the checkpoint a resume starts
-    from (None if the run had saved none); ``run_dir`` where it is (None: no files).
+    the steps done of ``steps`` (None: stopped at once, mid-step; with ``steps`` 0: before
+    any training, :meth:`before_training`); ``checkpoint`` the step of the checkpoint a
+    resume starts from (None if the run had saved none); ``run_dir`` where it is (None: no
+    files).
     """
 
     def __init__(self, signal: str, step: int | None, steps: int, checkpoint: int | None = None,
@@ -53,6 +59,12 @@ class Stopped(Exception):
         super().__init__(signal, step, steps, checkpoint, run_dir)
         self.signal, self.step, self.steps = signal, step, steps
         self.checkpoint, self.run_dir = checkpoint, run_dir
+
+    @classmethod
+    def before_training(cls, signal: str) -> Stopped:
+        """A stop that came before any training (while starting, reading, planning), or in a
+        command that does not train."""
+        return cls(signal, None, 0)
 
     @property
     def code(self) -> int:
@@ -62,6 +74,8 @@ class Stopped(Exception):
 
     def lines(self, resume: str = "python -m dtrain --resume") -> list[str]:
         """At most two lines: where it stopped and what was kept; how to go on."""
+        if self.step is None and not self.steps:
+            return [f"stopped by {self.signal}"]
         where = f"stopped by {self.signal} after step {self.step} of {self.steps}" \
             if self.step is not None else f"interrupted at once (a second {self.signal})"
         if self.run_dir is None:

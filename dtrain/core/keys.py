@@ -7,6 +7,9 @@ several runs share a cluster::
     forward-backward-<step>-<shard>-<run>      reduce-<step>-<level>-<first shard>-<run>
     update-<step>-<run>  (root)                update-<step>-<first shard>-<run>  (replicated)
     state-<step>-<run>   evaluate-<epoch>-<run>  evaluate-test-<run>
+    window-<first step>-<last step>-<run>  (a window fused into one task), its
+    window-<first step>-<last step>-meta-<run>  (the fused window's timings)
+    kept-<step>-<run>  (a window's end state, kept on its worker for the next window)
     load-shard-<i>-<gen>-<run>   load-val-<run>   load-test-<run>   local-sgd-<step>-<shard>-<run>
     fit-normalization-<run>   partition-stats-<partition>-<run>   merge-stats-<level>-<i>-<run>
     model-parallel: forward-<step>-<block>-<slice>-<run>, backward-..., input-grad-...,
@@ -31,6 +34,8 @@ LOCAL_SGD = "local-sgd"
 REDUCE = "reduce"
 UPDATE = "update"
 STATE = "state"
+WINDOW = "window"       # a window of steps that never leave one worker, as one task
+KEPT = "kept"           # a window's end state, kept on its worker for the next window
 EVALUATE = "evaluate"
 EVALUATE_TEST = "evaluate-test"
 LOAD_SHARD, LOAD_VAL, LOAD_TEST, LOAD_TRAIN = "load-shard", "load-val", "load-test", "load-train"
@@ -43,6 +48,7 @@ COMBINE, BACK_COMBINE, LOSS = "combine", "back-combine", "loss"
 # with their kind.  Order matters: longer names first, so "evaluate-test" wins over "evaluate".
 COLORS: dict[str, str] = {
     FORWARD_BACKWARD: "#0072B2",    # blue: the compute of a step
+    WINDOW: "#0072B2",              # (a fused window: many steps of it)
     LOCAL_SGD: "#0072B2",           # (local SGD: several steps of it)
     FORWARD: "#56B4E9",             # sky blue: model-parallel halves of it
     BACKWARD: "#0072B2",
@@ -62,6 +68,7 @@ COLORS: dict[str, str] = {
     PART_STATS: "#CC79A7",
     MERGE_STATS: "#CC79A7",
     STATE: "#999999",               # grey: the literal state that starts a window
+    KEPT: "#999999",                # (and the state kept for the next window)
 }
 KINDS: tuple[str, ...] = tuple(COLORS)
 OTHER_COLOR = "#BBBBBB"
@@ -213,4 +220,8 @@ def label(key: str, covers: set[int] = frozenset()) -> str:
         return f"state\\nbefore step {n[0]}{of}"
     if k.kind == EVALUATE:
         return f"evaluate\\nepoch {n[0]}"
+    if k.kind == KEPT:
+        return f"kept\\nstate before step {n[0]}"
+    if k.kind == WINDOW:
+        return f"window\\nsteps {n[0]}-{n[1]}"
     return f"{k.kind} {n[0]}" if n else k.kind

@@ -32,6 +32,7 @@ import numpy as np
 from dtrain.core.arrays import on_device
 from dtrain.core.errors import DataError
 from dtrain.core.modelfile import Normalization
+from dtrain.data import missing as missing_values
 from dtrain.data.shards import Shard
 
 
@@ -58,6 +59,7 @@ class PartSpec:
     dtype: str = "float64"
     gpu: bool = False
     regression: bool = False        # the label is one or more real-valued targets
+    missing: str = "error"          # "drop": rows with a missing value are left out
     weight_scale: float = 1.0       # sample weights times this average 1 on training rows
 
 
@@ -72,12 +74,29 @@ class PartSource:
 
 
 @dataclass(frozen=True)
+class Bad:
+    """The first row of a partition that training cannot use: a missing or non-finite
+    feature in ``column`` (``label``: a missing label, or a target that is not a finite
+    number), at ``row`` of partition ``partition`` (counted from 0), whose value is
+    ``value``; ``place`` says where that is for the user (a file and its line, a row of the
+    whole collection), once the driver knows (:func:`located`)."""
+
+    column: str
+    partition: int
+    row: int
+    value: str
+    label: bool = False
+    place: str = ""
+
+
+@dataclass(frozen=True)
 class PartStats:
     """A partition's (or, merged, several partitions') sizes, labels and statistics.
 
     ``mean`` and ``m2`` (sum of squared deviations) are over the training rows, so are
     ``low`` and ``high``; ``labels`` the distinct labels of every row; ``bad`` the first
-    non-finite feature found, as ``(column, partition)``."""
+    row training cannot use (:class:`Bad`); ``dropped`` the rows left out for missing
+    values (``data.missing = "drop"``)."""
 
     rows: int
     train: int
@@ -88,8 +107,9 @@ class PartStats:
     m2: np.ndarray                   # (D,)
     low: np.ndarray                  # (D,)
     high: np.ndarray                 # (D,)
-    bad: tuple[str, int] | None = None
+    bad: Bad | None = None
     sizes: tuple[int, ...] = ()      # training rows of each partition, in order
+    dropped: int = 0
     mass: float | None = None        # the training rows' summed sample weights (None: none)
 
     @property
@@ -110,15 +130,6 @@ def rows_of(part: Any, columns: Columns) -> tuple[np.ndarray, np.ndarray]:
     return x, part[columns.label].to_numpy()
 
 
-def weights_of(part: Any, columns: Columns) -> np.ndarray | None:
-    """A partition's sample weights (n,) as float64, or None if it has none."""
-    if columns.label is None:
-        return None if len(part) < 3 else np.asarray(part[2], dtype=np.float64)
-    if columns.weight is None:
-        return None
-    return part[columns.weight].to_numpy(dtype=np.float64, na_value=np.nan)
-
-
 def split(n: int, spec: PartSpec, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row indices of partition ``index``'s training, validation and test rows, each in
     row order; the share of each is seeded by ``(seed, index)``."""
@@ -131,27 +142,66 @@ def split(n: int, spec: PartSpec, index: int) -> tuple[np.ndarray, np.ndarray, n
             np.sort(order[val:val + test]))
 
 
+def weights_of(part: Any, columns: Columns) -> np.ndarray | None:
+    """A partition's sample weights (n,) as float64, or None if it has none."""
+    if columns.label is None:
+        return None if len(part) < 3 else np.asarray(part[2], dtype=np.float64)
+    if columns.weight is None:
+        return None
+    return part[columns.weight].to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def usable_rows(spec: PartSpec, part: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """A partition's features (n, D) and labels as :func:`rows_of` reads them, less the
+    rows with a missing value where ``spec.missing`` is ``"drop"``, and how many went."""
+    x, y, _, dropped = _usable(spec, part)
+    return x, y, dropped
+
+
+def _usable(spec: PartSpec, part: Any) -> tuple[np.ndarray, np.ndarray, Any, int]:
+    """:func:`usable_rows` and the sample weights (n,) of the rows kept, or None."""
+    x, y = rows_of(part, spec.columns)
+    w = weights_of(part, spec.columns)
+    if spec.missing != "drop":
+        return x, y, w, 0
+    bad = missing_values.dropped_rows(x, y if not spec.regression else None)
+    if spec.regression:
+        bad |= ~_finite_targets(y)
+    if not bad.any():
+        return x, y, w, 0
+    return x[~bad], y[~bad], None if w is None else w[~bad], int(bad.sum())
+
+
+def _finite_targets(y: np.ndarray) -> np.ndarray:
+    """A mask of the rows whose targets are all finite numbers."""
+    if y.dtype.kind not in "fiub":
+        try:
+            y = np.asarray(y, dtype=np.float64)
+        except (TypeError, ValueError):
+            return np.array([_is_finite_number(v) for v in y.tolist()], dtype=bool)
+    finite = np.isfinite(y.astype(np.float64))
+    return finite if finite.ndim == 1 else finite.all(axis=tuple(range(1, finite.ndim)))
+
+
+def _is_finite_number(v: Any) -> bool:
+    try:
+        return bool(np.isfinite(float(v)))
+    except (TypeError, ValueError):
+        return False
+
+
 def part_stats(spec: PartSpec, index: int, part: Any) -> PartStats:
     """Task: partition ``index``'s :class:`PartStats`."""
-    x, y = rows_of(part, spec.columns)
+    x, y, w, dropped = _usable(spec, part)
     train, val, test = split(len(y), spec, index)
-    bad = None
-    finite = np.isfinite(x)
-    if not finite.all():
-        column = int(np.argwhere(~finite)[0, 1])
-        name = spec.columns.features[column] if spec.columns.features else str(column)
-        bad = (name, index)
+    bad = _first_bad(spec, index, x, y, w)
     xt = x[train]                                                        # (n_train, D)
     d = x.shape[1]
-    w = weights_of(part, spec.columns)
     mass = None
     if w is not None:
-        if not (np.isfinite(w).all() and (w >= 0).all()):
-            bad = bad or ("sample_weight", index)
         wt = np.where(np.isfinite(w[train]) & (w[train] > 0), w[train], 0.0)   # (n_train,)
         mass = float(wt.sum())
-        xt = xt[wt > 0]                          # a row of weight 0 counts as absent
-        wt = wt[wt > 0]
+        xt, wt = xt[wt > 0], wt[wt > 0]          # a row of weight 0 counts as absent
     with np.errstate(invalid="ignore", over="ignore"):     # non-finite: reported in ``bad``
         if w is None:
             mean = xt.mean(axis=0) if len(xt) else np.zeros(d)
@@ -161,24 +211,34 @@ def part_stats(spec: PartSpec, index: int, part: Any) -> PartStats:
             m2 = wt @ ((xt - mean) ** 2) if len(xt) else np.zeros(d)           # (D,)
     low = xt.min(axis=0) if len(xt) else np.full(d, np.inf)
     high = xt.max(axis=0) if len(xt) else np.full(d, -np.inf)
-    if spec.regression:
-        labels = ()
-        if y.dtype.kind not in "fiub" or not np.isfinite(y.astype(np.float64)).all():
-            bad = bad or (spec.columns.label or "y", index)
-    else:
-        labels = tuple(np.unique(y[~_missing(y)]).tolist())
-        if _missing(y).any():
-            bad = bad or (spec.columns.label or "y", index)
+    labels = () if spec.regression else \
+        tuple(np.unique(y[~missing_values.missing_labels(y)]).tolist())
     return PartStats(len(y), len(train), len(val), len(test), labels, mean, m2, low, high, bad,
-                     (len(train),), mass)
+                     (len(train),), dropped, mass)
 
 
-def _missing(y: np.ndarray) -> np.ndarray:
-    if y.dtype.kind == "f":
-        return np.isnan(y)
-    if y.dtype == object:
-        return np.array([v is None or v != v for v in y], dtype=bool)
-    return np.zeros(len(y), dtype=bool)
+def _first_bad(spec: PartSpec, index: int, x: np.ndarray, y: np.ndarray,
+               w: np.ndarray | None = None) -> Bad | None:
+    """The first row of the partition with a missing or non-finite feature, or a missing
+    label (a regression: a target that is not a finite number), or a sample weight that is
+    not a finite number >= 0, whichever comes first."""
+    found = []
+    if w is not None and not (np.isfinite(w) & (w >= 0)).all():
+        r = int(np.argmax(~(np.isfinite(w) & (w >= 0))))
+        found.append(Bad("sample_weight", index, r, missing_values.shown(w[r])))
+    cell = missing_values.first_bad(x)
+    if cell is not None:
+        r, c = cell
+        name = spec.columns.features[c] if spec.columns.features else str(c)
+        found.append(Bad(str(name), index, r, missing_values.shown(x[r, c])))
+    wrong = ~_finite_targets(y) if spec.regression else missing_values.missing_labels(y)
+    if wrong.any():
+        r = int(np.argmax(wrong))
+        value = next(v for v in np.ravel(y[r]).tolist() if not _is_finite_number(v)) \
+            if spec.regression else y[r]
+        found.append(Bad(str(spec.columns.label or "y"), index, r,
+                         missing_values.shown(value), label=True))
+    return min(found, key=lambda b: b.row) if found else None
 
 
 def merge(*parts: PartStats) -> PartStats:
@@ -205,7 +265,7 @@ def _merged(parts: tuple[PartStats, ...]) -> PartStats:
                           total.test + p.test,
                           tuple(sorted(set(total.labels) | set(p.labels), key=_order)),
                           mean, m2, np.minimum(total.low, p.low), np.maximum(total.high, p.high),
-                          total.bad or p.bad, total.sizes + p.sizes,
+                          total.bad or p.bad, total.sizes + p.sizes, total.dropped + p.dropped,
                           None if total.mass is None else n)
     return total
 
@@ -234,14 +294,13 @@ def _encode(y: np.ndarray, classes: tuple[Any, ...]) -> np.ndarray:
 
 
 def _rows(spec: PartSpec, index: int, part: Any, which: int) -> Shard:
-    x, y = rows_of(part, spec.columns)
+    x, y, w, _ = _usable(spec, part)
     rows = split(len(y), spec, index)[which]
     xs = spec.norm.apply(x[rows], spec.dtype)                            # (n, D)
     ys = np.asarray(y[rows], dtype=spec.dtype).reshape(len(rows), -1) if spec.regression \
         else _encode(y[rows], spec.classes)                              # (n, T) or (n,)
-    w = weights_of(part, spec.columns) if which == 0 else None          # held out: unweighted
-    ws = None if w is None else on_device(np.asarray(w[rows] * spec.weight_scale,
-                                                     dtype=spec.dtype), spec.gpu)   # (n,)
+    ws = None if w is None or which != 0 else on_device(                 # held out: unweighted
+        np.asarray(w[rows] * spec.weight_scale, dtype=spec.dtype), spec.gpu)   # (n,)
     return Shard(index if which == 0 else -1, on_device(xs, spec.gpu), on_device(ys, spec.gpu),
                  ws)
 
@@ -256,18 +315,56 @@ def held_out(spec: PartSpec, which: str, index: int, part: Any) -> Shard:
     return _rows(replace(spec, gpu=False), index, part, {"val": 1, "test": 2}[which])
 
 
-def check(stats: PartStats, shards_needed: int = 1, regression: bool = False) -> None:
-    """Raise :class:`DataError` for what training cannot use: non-finite features (or
-    targets), fewer training rows than shards, a single class."""
+FIX = "fill or drop those rows before training"
+
+
+def check(stats: PartStats, shards_needed: int = 1, regression: bool = False,
+          label: str | None = None, fix: str = FIX) -> None:
+    """Raise :class:`DataError` for what training cannot use: a missing or non-finite
+    feature, a missing label or target (one line naming the partition or file, the row and
+    the column; ``fix`` says how to mend it), a classifier's labels that are real numbers
+    (``label``: the label column's name), fewer training rows than shards, a single
+    class."""
     if stats.bad is not None:
-        column, index = stats.bad
-        what = "NaN or infinite values" + (" (or values that are not numbers)" if regression
-                                           else "")
-        raise DataError(f"column {column!r} of partition {index} holds {what}; fill or drop "
-                        f"them before training")
+        b = stats.bad
+        place = b.place or f"partition {b.partition}, row {b.row}"
+        if not b.label:
+            what = "sample weights must be finite numbers >= 0" \
+                if b.column == "sample_weight" else "features must be finite numbers"
+            raise DataError(f"{place}, column {b.column!r}: {b.value}; {what}: {fix}")
+        what = f"the target (column {b.column!r}) is {b.value}, not a finite number" \
+            if regression else f"the label (column {b.column!r}) is {b.value}"
+        raise DataError(f"{place}: {what}; every row needs one: {fix}")
     if stats.train < shards_needed:
         raise DataError(f"{stats.train} training samples for {shards_needed} partitions; each "
                         f"partition needs at least one (repartition to fewer)")
+    if not regression:
+        real = next((v for v in stats.labels if isinstance(v, float) and not v.is_integer()),
+                    None)
+        if real is not None:
+            which = f"the label column {label!r} holds" if label else "the labels hold"
+            raise DataError(f"{which} real numbers such as {real}, not classes: name the "
+                            f"label column (data.label, or y), or learn the values as a "
+                            f"regression (model.loss = 'squared-error', MLPRegressor)")
     if not regression and len(stats.labels) < 2:
         raise DataError(f"the labels hold {len(stats.labels)} class "
                         f"({', '.join(map(str, stats.labels))}); a classifier needs at least 2")
+
+
+def located(stats: PartStats, parts: list[PartStats], files: tuple[str, ...] = (),
+            first_line: int | None = None) -> PartStats:
+    """``stats`` whose :class:`Bad` says where it is for the user: in ``files[partition]``
+    where each partition is one file (its line, counting from ``first_line`` for the first
+    data row of a CSV file; or its row), else its row in the whole collection, counting the
+    rows of the partitions before it (``parts``, each partition's statistics)."""
+    b = stats.bad
+    if b is None:
+        return stats
+    if files:
+        where = f"line {b.row + first_line}" if first_line is not None else f"row {b.row}"
+        place = f"{files[b.partition]}: {where} (partition {b.partition})"
+    else:
+        before = sum(p.rows + p.dropped for p in parts[:b.partition])
+        place = f"row {before + b.row} (row {b.row} of partition {b.partition})" if before \
+            else f"row {b.row} (partition {b.partition})"
+    return replace(stats, bad=replace(b, place=place))

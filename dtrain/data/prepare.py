@@ -33,6 +33,7 @@ class DatasetInfo:
     test: int
     labels: tuple[str | int, ...] = ()
     names: tuple[str, ...] | None = None
+    dropped: int = 0            # rows left out for missing values (data.missing = "drop")
 
 
 def split_sizes(n: int, fractions: tuple[float, ...], has_test: bool) -> tuple[int, int, int]:
@@ -74,7 +75,8 @@ def describe(cfg: DataConfig) -> DatasetInfo:
                            *split_sizes(size, cfg.split, False), labels, names)
     raw = read_raw(cfg)
     return DatasetInfo(Path(cfg.path).name, raw.x.shape[1], raw.classes,
-                       *split_sizes(len(raw.y), cfg.split, False), raw.labels, raw.names)
+                       *split_sizes(len(raw.y), cfg.split, False), raw.labels, raw.names,
+                       raw.dropped)
 
 
 # the datasets scikit-learn ships: rows, features, labels, feature names (no need to read them)

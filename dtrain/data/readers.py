@@ -33,13 +33,15 @@ class Raw:
     """Samples as read: ``x`` (N, D) float64, ``y`` (N,) int64 indices into ``labels`` (the
     classes as the data names them: strings or ints), or for a regression ``y`` (N, T)
     float64 targets and ``labels`` the targets' names; ``names`` the features' names where
-    the data has them; ``test`` if the source ships one."""
+    the data has them; ``test`` if the source ships one; ``dropped`` the rows left out for
+    missing values."""
 
     x: np.ndarray
     y: np.ndarray
     labels: tuple[str | int, ...]
     test: tuple[np.ndarray, np.ndarray] | None = None
     names: tuple[str, ...] | None = None
+    dropped: int = 0                 # rows left out for missing values (data.missing = "drop")
 
     @property
     def classes(self) -> int:
@@ -193,19 +195,46 @@ def _read_csv(cfg: DataConfig) -> Raw:
     """A CSV file: one sample per row, the label in ``data.label``'s column (the last if
     empty), the separator and a header row found by :func:`dtrain.data.tables.sniff`.  A
     regression's targets are real numbers, in one or more columns (``data.label``: their
-    names separated by commas)."""
+    names separated by commas).  A missing or non-finite value is a
+    :class:`~dtrain.core.errors.DataError` naming its line and column, or its row is left
+    out with ``data.missing = "drop"``; so is a classifier's label column that holds real
+    numbers (a file without its label column: the last feature would be taken for it)."""
     path = Path(cfg.path)
     layout = tables.sniff(path, cfg.delimiter)
     if cfg.target == "value":
         return _read_csv_values(cfg, path, layout)
     label = layout.column(cfg.label, path) if cfg.label else layout.width - 1
-    x, text = tables.read_table(path, layout, label)
+    x, text, dropped = tables.read_table(path, layout, label, cfg.missing, MISSING_FIX)
+    _not_real_numbers(cfg, path, layout, label, text)
     names = class_order(set(text))
     index = {name: i for i, name in enumerate(names)}
     features = None if layout.header is None else \
         tuple(h for j, h in enumerate(layout.header) if j != label)
     return Raw(x, np.array([index[t] for t in text], dtype=np.int64), label_values(names),
-               names=features)
+               names=features, dropped=dropped)
+
+
+MISSING_FIX = "fill it or drop the row (or set data.missing = 'drop' to leave such rows out)"
+
+
+def _not_real_numbers(cfg: DataConfig, path: Path, layout: tables.Layout, label: int,
+                      text: list[str]) -> None:
+    """A classifier's labels are classes: a label column of real numbers (``0.2``, ``1.5``)
+    is a feature taken for the label, or a regression's target."""
+    for t in text:
+        try:
+            value = float(t)
+        except ValueError:
+            continue
+        if not value.is_integer():
+            name = layout.header[label] if layout.header else f"{label + 1}"
+            which = f"data.label = {cfg.label!r}" if cfg.label else \
+                f"the label column ({name!r}, the last)"
+            raise DataError(f"{path}: {which} holds real numbers such as {t}, not "
+                            f"classes: name the label column with data.label"
+                            f"{' (the columns: ' + ', '.join(layout.header) + ')' if layout.header else ''}"
+                            f", or learn the values as a regression with "
+                            f"model.loss = 'squared-error'")
 
 
 def _read_csv_values(cfg: DataConfig, path: Path, layout: tables.Layout) -> Raw:
@@ -215,12 +244,12 @@ def _read_csv_values(cfg: DataConfig, path: Path, layout: tables.Layout) -> Raw:
     if len(targets) >= layout.width:
         raise DataError(f"data.label = {cfg.label!r} names every column of {path} as a "
                         f"target; leave some features")
-    x, t = tables.read_values(path, layout, targets)
+    x, t, dropped = tables.read_values(path, layout, targets, cfg.missing, MISSING_FIX)
     header = layout.header
     names = ("y",) if header is None else tuple(header[j] for j in targets)
     features = None if header is None else \
         tuple(h for j, h in enumerate(header) if j not in targets)
-    return Raw(x, t, names, names=features)
+    return Raw(x, t, names, names=features, dropped=dropped)
 
 
 def class_order(names: set[str]) -> list[str]:

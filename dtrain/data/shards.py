@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from dask.sizeof import sizeof
 
-from dtrain.core.arrays import align_on_unpickle, on_device
+from dtrain.core.arrays import align_on_unpickle, on_device, on_gpu
 from dtrain.core.config import DataConfig
 from dtrain.core.modelfile import Normalization
 from dtrain.core.errors import DataError
@@ -39,18 +39,24 @@ class Shard:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
+    def rows(self, epoch: int, lo: int, hi: int, seed: int | None) -> Any:
+        """Which rows are ``lo:hi`` of this epoch's order (shuffled when ``seed`` is not
+        None): a slice, or an index array where the shard lives (a GPU shard's order is
+        kept on the GPU, so a step sends the device nothing)."""
+        if seed is None:
+            return slice(lo, hi)
+        if on_gpu(self.x):
+            return _device_order(seed, epoch, self.index, len(self))[lo:hi]
+        return _epoch_order(seed, epoch, self.index, len(self))[lo:hi]
+
     def batch(self, epoch: int, lo: int, hi: int, seed: int | None):
         """Rows ``lo:hi`` of this epoch's order (shuffled when ``seed`` is not None)."""
-        if seed is None:
-            return self.x[lo:hi], self.y[lo:hi]
-        rows = _epoch_order(seed, epoch, self.index, len(self))[lo:hi]
+        rows = self.rows(epoch, lo, hi, seed)
         return self.x[rows], self.y[rows]
 
     def weights(self, epoch: int, lo: int, hi: int, seed: int | None):
         """The sample weights of :meth:`batch`'s rows (B,), or None for an unweighted shard."""
-        if self.w is None or seed is None:
-            return None if self.w is None else self.w[lo:hi]
-        return self.w[_epoch_order(seed, epoch, self.index, len(self))[lo:hi]]
+        return None if self.w is None else self.w[self.rows(epoch, lo, hi, seed)]
 
 
 @sizeof.register(Shard)
@@ -61,6 +67,12 @@ def _sizeof_shard(shard: Shard) -> int:
 @functools.lru_cache(maxsize=64)
 def _epoch_order(seed: int, epoch: int, shard: int, n: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, shard]).permutation(n)
+
+
+@functools.lru_cache(maxsize=64)
+def _device_order(seed: int, epoch: int, shard: int, n: int) -> Any:
+    """:func:`_epoch_order` in GPU memory (copied there once per epoch and shard)."""
+    return on_device(_epoch_order(seed, epoch, shard, n), True)
 
 
 def shard_ranges(n_train: int, replicate: int, shards: int) -> list[tuple[int, int]]:

@@ -8,7 +8,9 @@ ranks' roles and lifecycle (:mod:`~dtrain.deploy.mpi`) with one GPU per worker
 rank (:mod:`~dtrain.deploy.rankgpus`), GPU workers (:mod:`~dtrain.deploy.devices`),
 the workers a client sees (:mod:`~dtrain.deploy.workers`), TLS and the
 dashboard link (:mod:`~dtrain.deploy.options`), latency and allocator tuning
-(:mod:`~dtrain.deploy.tuning`) and the log filters (:mod:`~dtrain.deploy.logs`).
+(:mod:`~dtrain.deploy.tuning`), the log filters (:mod:`~dtrain.deploy.logs`) and the
+removal of dtrain's plugins from a scheduler that outlives the run
+(:mod:`~dtrain.deploy.plugins`).
 It knows nothing of what is trained: a run is handed in as a callable.
 
 May import: :mod:`dtrain.core`.

@@ -1,15 +1,24 @@
 """Getting a Dask cluster for a run: an embedded LocalCluster, batch jobs, or a running scheduler.
 
-(The MPI deployment, where the ranks are the cluster, is :mod:`dtrain.deploy.mpi`.)
+A running scheduler is named, in this order, by ``cluster.scheduler_address``,
+by ``cluster.scheduler_file`` (the JSON file that ``dask scheduler
+--scheduler-file``, dask-mpi and dask-jobqueue write), or by Dask's own
+``scheduler-address`` config (``DASK_SCHEDULER_ADDRESS``, or what
+``dask_mpi.initialize()`` sets); ``cluster.kind = "slurm" | "pbs"`` starts
+batch jobs; anything else starts a LocalCluster.  (The MPI deployment, where
+the ranks are the cluster, is :mod:`dtrain.deploy.mpi`.)
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
+import dask
 from distributed import Client
 from distributed.comm import parse_address, parse_host_port, registry
 
@@ -92,17 +101,64 @@ def _client(address: str, timeout: float) -> Client:
                         f"port (a scheduler listens on 8786 by default)?") from None
 
 
+def dask_scheduler_address() -> str:
+    """The scheduler address Dask's config names (``scheduler-address``: the variable
+    ``DASK_SCHEDULER_ADDRESS``, a YAML file, or ``dask_mpi.initialize()``), or ''."""
+    return str(dask.config.get("scheduler-address", None) or "")
+
+
+def running_scheduler(cfg: ClusterConfig) -> str:
+    """How ``cfg`` names a running scheduler to use, in words (e.g. ``the scheduler file
+    F``), or '' where dtrain starts its own cluster."""
+    if cfg.scheduler_address:
+        return cfg.scheduler_address
+    if cfg.scheduler_file:
+        return f"the scheduler of {cfg.scheduler_file}"
+    if cfg.kind == "local" and dask_scheduler_address():
+        return f"{dask_scheduler_address()} (Dask's scheduler-address config)"
+    return ""
+
+
+def read_scheduler_file(path: str, timeout: float) -> str:
+    """The address in a scheduler file (``{"address": ...}``, as ``dask scheduler
+    --scheduler-file`` and dask-mpi write it), waiting up to ``timeout`` seconds for the
+    file to appear and hold one (a scheduler started beside dtrain writes it when up)."""
+    start, problem = time.monotonic(), "does not exist"
+    while True:
+        try:
+            address = json.loads(Path(path).read_text(encoding="utf-8"))["address"]
+            if isinstance(address, str) and address:
+                return address
+            problem = "holds no scheduler address"
+        except FileNotFoundError:
+            problem = "does not exist"
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problem = f"is not a Dask scheduler file ({type(exc).__name__})"
+        if time.monotonic() - start >= timeout:
+            raise UserError(f"cluster.scheduler_file = {path!r} {problem} after {timeout:g} s "
+                            f"(cluster.timeout); start the scheduler that writes it (`dask "
+                            f"scheduler --scheduler-file {path}`, or `mpiexec -n N dask-mpi "
+                            f"--scheduler-file {path}`), or check the path")
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def connect(cfg: ClusterConfig, min_workers: int = 1, leaves: int = 0) -> Iterator[Client]:
-    """A client on ``cfg.scheduler_address``, or on a cluster dtrain starts (a LocalCluster, or
-    batch jobs) shaped by ``cfg.layout`` for a run that needs ``min_workers`` workers and
-    computes ``leaves`` shards or slices (0: unknown; see :mod:`dtrain.deploy.layout`).
+    """A client on a running scheduler (``cfg.scheduler_address``, ``cfg.scheduler_file``, or
+    Dask's ``scheduler-address`` config, in that order), or on a cluster dtrain starts (a
+    LocalCluster, or batch jobs) shaped by ``cfg.layout`` for a run that needs
+    ``min_workers`` workers and computes ``leaves`` shards or slices (0: unknown; see
+    :mod:`dtrain.deploy.layout`).
 
-    Closes what it started on exit.  An unreachable scheduler is a
-    :class:`~dtrain.core.errors.UserError` after ``cfg.timeout`` seconds.
+    Closes what it started on exit (a running scheduler and its workers stay).  An
+    unreachable scheduler is a :class:`~dtrain.core.errors.UserError` after
+    ``cfg.timeout`` seconds.
     """
-    if cfg.scheduler_address:
-        with contextlib.closing(_client(cfg.scheduler_address, cfg.timeout)) as client:
+    address = cfg.scheduler_address or \
+        (read_scheduler_file(cfg.scheduler_file, cfg.timeout) if cfg.scheduler_file else "") \
+        or (dask_scheduler_address() if cfg.kind == "local" else "")
+    if address:
+        with contextlib.closing(_client(address, cfg.timeout)) as client:
             wait_for_workers(client, 1, cfg.timeout)
             yield client
         return

@@ -28,7 +28,7 @@ from dtrain.core.config import ClusterConfig
 from dtrain.core.errors import UserError
 from dtrain.core.files import shipped
 from dtrain.deploy.layout import job_shape
-from dtrain.deploy.options import dashboard_link_config
+from dtrain.deploy.options import NO_DASHBOARD, dashboard_link_config, http_address
 from dtrain.deploy.tuning import ALLOCATOR_ENV
 from dtrain.deploy.workers import wait_for_workers
 
@@ -103,9 +103,9 @@ def make_cluster(cfg: ClusterConfig, security: Security | None, min_workers: int
     layout one per booked core).
     """
     options = dict(dask.config.get(f"jobqueue.{cfg.kind}.scheduler-options", None) or {})
-    if cfg.dashboard_address:
-        options["dashboard_address"] = cfg.dashboard_address
-    else:
+    # without a dashboard the scheduler still serves /health and /metrics: on 127.0.0.1
+    options["dashboard_address"] = http_address(cfg.dashboard_address)
+    if not cfg.dashboard_address:
         options["dashboard"] = False
     # the workers' allocator settings first, so that a site's own prologue lines can override
     prologue = dask.config.get(f"jobqueue.{cfg.kind}.job-script-prologue", None) or []
@@ -114,10 +114,18 @@ def make_cluster(cfg: ClusterConfig, security: Security | None, min_workers: int
     _, shape = job_shape(cfg, booked_cores(cfg.kind), min_workers, leaves)
     kwargs: dict[str, Any] = {"processes": shape.workers, "cores": shape.workers * shape.threads,
                               "security": security, "scheduler_options": options,
-                              "job_script_prologue": [exports, *prologue]}
+                              "job_script_prologue": [exports, *prologue],
+                              "worker_extra_args": _worker_args(cfg.kind)}
     if cfg.interface:
         kwargs["interface"] = cfg.interface
     return getattr(_jobqueue(cfg.kind), CLUSTERS[cfg.kind][0])(**kwargs)
+
+
+def _worker_args(kind: str) -> list[str]:
+    """The site's ``worker-extra-args``, and no worker dashboard: each worker's own HTTP server
+    (``/health``, ``/metrics``) on 127.0.0.1 instead of every interface of its node."""
+    extra = list(dask.config.get(f"jobqueue.{kind}.worker-extra-args", None) or [])
+    return [*extra, "--no-dashboard", "--dashboard-address", NO_DASHBOARD]
 
 
 @contextlib.contextmanager

@@ -56,7 +56,7 @@ from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, Stopped, UserError, e
 from dtrain.deploy.devices import GPU
 from dtrain.deploy.layout import Role, assign, describe, one_blas_thread, pin_cpus, rank_place
 from dtrain.deploy.logs import CLOSING_OP, CutByClose, quiet_logs
-from dtrain.deploy.options import dashboard_link_config, security_for
+from dtrain.deploy.options import NO_DASHBOARD, dashboard_link_config, http_address, security_for
 from dtrain.deploy.signals import ignore_stop_signals
 from dtrain.deploy.rankgpus import gpu_problem, gpu_report, local_worker_index, pin_gpu
 from dtrain.deploy.tuning import keep_freed_memory
@@ -95,7 +95,7 @@ def _comm() -> Any:
         from mpi4py import MPI
     except ImportError:
         raise UserError("--scheduler-rank runs under MPI and needs mpi4py; install it with "
-                        "pip install 'dtrain[mpi]' (or see 'On a cluster' in the README)") from None
+                        "pip install 'dtrain[mpi]' (or see docs/cluster.md, 'On a cluster')") from None
     return MPI.COMM_WORLD
 
 
@@ -348,8 +348,8 @@ class SchedulerThread:
                 protocol="tls" if self.security else "tcp", security=self.security,
                 interface=self.cfg.interface or None, port=0, dashboard=bool(dash),
                 # without a dashboard the scheduler still serves /health and /metrics: on
-                # any free port, not on 8787, which another run may hold
-                dashboard_address=dash or ":0", plugins=[self.plugin])
+                # a free port of 127.0.0.1 (not 8787, which another run may hold)
+                dashboard_address=http_address(dash), plugins=[self.plugin])
         except BaseException as exc:
             self._error = exc
             return
@@ -432,6 +432,7 @@ async def _serve_worker(address: str, cfg: ClusterConfig, security: Any, rank: i
     advertises it."""
     async with Worker(address, name=rank, nthreads=threads, security=security,
                       interface=cfg.interface or None, death_timeout=cfg.timeout,
+                      dashboard_address=NO_DASHBOARD,     # its /health, /metrics: loopback
                       resources={GPU: 1} if gpu else None) as worker:
         log = logging.getLogger("distributed.worker")
         log.addFilter(noise := CutByClose(worker))

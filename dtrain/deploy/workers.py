@@ -83,3 +83,18 @@ def workers(client: Client) -> dict[str, dict]:
     """``{address: info}`` of the connected workers, ordered by worker name."""
     info = internals.scheduler_workers(client)
     return {a: info[a] for a in sorted(info, key=lambda a: _natural(info[a].get("name", a)))}
+
+
+def _nothing() -> None:
+    return None
+
+
+def round_trip(client: Client, repeats: int = 5) -> float:
+    """Median seconds for a task that does nothing to go to a worker and its result back: a
+    step's cost per hop between workers, as this cluster pays it."""
+    took = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        client.submit(_nothing, pure=False).result()
+        took.append(time.perf_counter() - start)
+    return sorted(took)[len(took) // 2]

@@ -4,7 +4,8 @@ An estimator given ``client=`` uses it.  Without one, Dask inputs use the
 process's default client (``distributed.default_client()``) if there is
 one.  Everything else runs on the **embedded cluster**: one LocalCluster per
 process (``[cluster]``'s defaults, as ``python -m dtrain`` starts: one worker
-process with a thread per core, the hybrid layout; no dashboard), started by the first estimator that
+process with a thread per core, the hybrid layout; no dashboard; listening on 127.0.0.1 only:
+:mod:`dtrain.deploy.local`), started by the first estimator that
 needs it and shared by all the estimators of the process after that, so that
 scikit-learn's meta-estimators (``GridSearchCV``, ``cross_val_score``), which
 fit many clones, pay its start once.  It closes when the process exits

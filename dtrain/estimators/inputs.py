@@ -28,10 +28,13 @@ import numpy as np
 from distributed import Client
 
 from dtrain.core.errors import DataError
+from dtrain.data.missing import array_cell, check_finite, first_bad, missing_labels, shown
 from dtrain.training import collections
 from dtrain.training.collections import Collection
 
 LABEL = "__label__"     # the label column of a frame built from X and a separate y
+FIX = ("fill or drop those rows, or put an imputer before the estimator in a Pipeline "
+       "(e.g. sklearn.impute.SimpleImputer)")
 
 
 @dataclass
@@ -131,11 +134,13 @@ def _in_memory(X: Any, y: Any, shards: int | str, classifier: bool,
         collections.check_numeric(X.dtypes.to_dict(), list(X.columns), "X")
         columns = tuple(X.columns)
         float32 = all(str(t) == "float32" for t in X.dtypes)
+        check_finite(X.to_numpy(dtype=np.float64, na_value=np.nan), "X", columns, FIX)
     else:
         X = check_array(X, dtype="numeric", ensure_all_finite=False, ensure_2d=True,
                         accept_sparse="csr")
         columns = None
         float32 = X.dtype == np.float32
+        _check_finite_rows(X)
     y = _labels(y, X.shape[0], classifier)
     multilabel = classifier and y.ndim == 2
     classes = (np.arange(y.shape[1]) if multilabel else np.unique(y)) if classifier else None
@@ -157,6 +162,22 @@ def _in_memory(X: Any, y: Any, shards: int | str, classifier: bool,
                         label, 1 if y.ndim == 1 else y.shape[1], multilabel, label_dtype,
                         bool(float32) and
                         not sparse.issparse(X))
+
+
+def _check_finite_rows(X: Any) -> None:
+    """:func:`~dtrain.data.missing.check_finite` of an array, or of a sparse matrix's stored
+    values (its first bad one, in row order), without making it dense."""
+    from scipy import sparse
+
+    if not sparse.issparse(X):
+        check_finite(X, "X", fix=FIX)
+        return
+    coo = X.tocoo()
+    bad = ~np.isfinite(coo.data)
+    if bad.any():
+        at = np.lexsort((coo.col[bad], coo.row[bad]))[0]
+        r, c, v = int(coo.row[bad][at]), int(coo.col[bad][at]), coo.data[bad][at]
+        raise DataError(f"{array_cell('X', r, c, v)}: features must be finite numbers; {FIX}")
 
 
 def _weights(sample_weight: Any, rows: int, labels: np.ndarray | None) -> np.ndarray | None:
@@ -206,6 +227,11 @@ def _labels(y: Any, rows: int, classifier: bool) -> np.ndarray:
     if y.shape[0] != rows:
         raise ValueError(f"X has {rows} rows but y has {y.shape[0]}; pass one label per row")
     if classifier:
+        gone = missing_labels(y)
+        if gone.any():
+            r = int(np.argmax(gone))
+            raise ValueError(f"y[{r}] is {shown(y[r])}: every row needs a label; drop the "
+                             f"rows without one")
         check_classification_targets(y)
         if y.ndim == 2 and type_of_target(y) != "multilabel-indicator":
             raise ValueError(f"y has shape {y.shape} but is not 0/1 label indicators; a "
@@ -213,13 +239,16 @@ def _labels(y: Any, rows: int, classifier: bool) -> np.ndarray:
                              f"(multilabel)")
         return y
     try:
-        values = np.asarray(y, dtype=np.float64)
+        t = np.asarray(y, dtype=np.float64)
     except (TypeError, ValueError):
         raise ValueError(f"y holds {y.dtype} values that are not numbers; a regressor takes "
                          f"real-valued targets") from None
-    if not np.isfinite(values).all():
-        raise ValueError("Input y contains NaN or infinity; drop or fix those rows")
-    return values
+    if not np.isfinite(t).all():
+        r = int(np.argmax(~np.isfinite(t).reshape(len(t), -1).all(axis=1)))
+        v = next(v for v in np.ravel(t[r]) if not np.isfinite(v))
+        raise ValueError(f"y[{r}] is {shown(v)}: the targets must be finite numbers "
+                         f"(Input y contains NaN or infinity); drop or fix those rows")
+    return t
 
 
 def _array_maker(x: Any, y: np.ndarray, cuts: list[tuple[int, int]],
@@ -349,29 +378,50 @@ def predict_input(est: Any, X: Any) -> Any:
     if _is_frame(X) and columns is not None and list(X.columns) != list(columns) and \
             set(columns) <= set(X.columns):
         X = X[list(columns)]
-    rows = validate_data(est, X, reset=False, dtype="numeric", accept_sparse="csr")
-    return rows.toarray() if hasattr(rows, "toarray") else rows          # sparse: dense rows
+    x = validate_data(est, X, reset=False, dtype="numeric", ensure_all_finite=False,
+                      accept_sparse="csr")
+    if hasattr(x, "toarray"):
+        x = x.toarray()                                                 # sparse: dense rows
+    check_finite(x, "X", columns if _is_frame(X) else None)
+    return x
 
 
 def _lazy_rows(est: Any, X: Any, columns: tuple[Any, ...] | None) -> Any:
     if _is_frame(X):
-        if columns is not None and set(columns) <= set(X.columns):
+        if columns is not None:                # fitted on a frame: its columns, by name
+            lacking = [c for c in columns if c not in set(X.columns)]
+            if lacking:
+                raise ValueError(f"X lacks the feature column(s) "
+                                 f"{', '.join(map(repr, lacking))} that "
+                                 f"{type(est).__name__} was fitted on; its columns are "
+                                 f"{', '.join(map(repr, X.columns))}")
             X = X[list(columns)]
         elif len(X.columns) != est.n_features_in_:
             raise ValueError(f"X has columns {', '.join(map(str, X.columns))} but "
                              f"{type(est).__name__} was fitted on "
-                             f"{', '.join(map(str, columns or range(est.n_features_in_)))}")
+                             f"{est.n_features_in_} unnamed features")
         X = X.to_dask_array()                  # lazy; unknown block lengths stay unknown
     if X.ndim != 2 or X.shape[1] != est.n_features_in_:
         shape = X.shape[1] if X.ndim == 2 else f"a {X.ndim}D array of"
         raise ValueError(f"X has {shape} features, but {type(est).__name__} is expecting "
                          f"{est.n_features_in_} features as input.")
-    return X.map_blocks(_finite, dtype=X.dtype)
+    return X.map_blocks(_finite, columns=columns, dtype=X.dtype)
 
 
-def _finite(block: np.ndarray) -> np.ndarray:
-    """A block of rows to predict, checked: NaN or infinity is a ValueError."""
-    if np.issubdtype(block.dtype, np.floating) and not np.isfinite(block).all():
-        raise DataError("Input X contains NaN or infinity; fill or drop those rows before "
-                        "predicting")
+def _finite(block: np.ndarray, columns: tuple[Any, ...] | None = None,
+            block_info: Any = None) -> np.ndarray:
+    """A block of rows to predict, checked: NaN or infinity is a ValueError naming the
+    block, the row and the column."""
+    bad = first_bad(block)
+    if bad is not None:
+        r, c = bad
+        info = (block_info or {}).get(0) or {}
+        index = (info.get("chunk-location") or (0,))[0]
+        start = (info.get("array-location") or [(0, 0)])[0][0]
+        row = f"row {int(start) + r}" if isinstance(start, (int, np.integer)) else \
+            f"row {r} of the block"
+        column = f"column {columns[c]!r}" if columns is not None else f"column {c}"
+        raise DataError(f"X (partition {index}), {row}, {column}: {shown(block[r, c])}; "
+                        f"features must be finite numbers: fill or drop those rows before "
+                        f"predicting")
     return block

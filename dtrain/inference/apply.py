@@ -25,17 +25,17 @@ from dtrain.maths.scores import TargetSums
 
 def predict_part(model: Model, part: Part) -> tuple[np.ndarray, np.ndarray]:
     """A part's predicted labels (B,) and probabilities (B, C)."""
-    x, _ = read_part(part)
     if model.spec.multilabel:
         raise UserError("python -m dtrain predict writes one label per row; a multilabel "
                         "model predicts several: use dtrain.load(run).predict(X)")
+    x, _ = read_part(part, labels=False)
     z = model.logits(model.inputs(x))                                  # (B, C)
     return model.classes_[model.predicted(z)], model._probabilities(z)
 
 
 def values_part(model: Model, part: Part) -> np.ndarray:
     """A part's predicted values (B, T): a regression's."""
-    x, _ = read_part(part)
+    x, _ = read_part(part, labels=False)
     return model.logits(model.inputs(x))                               # (B, T)
 
 

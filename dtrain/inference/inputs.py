@@ -1,7 +1,7 @@
 """The raw inputs a model is applied to: a CSV file, IDX files, an image folder, a ``.npy``.
 
-:func:`open_input` looks at a path (its header, its shape, its file list:
-never all its rows) and cuts it into :class:`Part`\\ s of about
+:func:`open_input` looks at a path (its header, its shape, its file list, a
+CSV's line ends: never holds its rows) and cuts it into :class:`Part`\\ s of
 ``chunk_rows`` rows; :func:`read_part` reads one part where it runs (in the
 driver, or as a Dask task on a worker), so a large input is never held whole
 in one place.  Rows come out raw (float64, the model's feature order), with
@@ -30,10 +30,12 @@ import numpy as np
 from dtrain.core.errors import DataError
 from dtrain.core.modelfile import ModelSpec
 from dtrain.data import tables
+from dtrain.data.missing import first_bad, shown
 from dtrain.data.readers import (IMAGE_SUFFIXES, idx_count, idx_files, image_rows, read_idx,
                                  read_image)
 
 CHUNK_ROWS = 65536
+FIX = "fill it or drop the row; no row is predicted from a value that is not a number"
 
 
 @dataclass(frozen=True)
@@ -97,15 +99,25 @@ def open_input(path: str | Path, spec: ModelSpec, *, delimiter: str = "",
     return _csv(path, spec, delimiter, label, chunk_rows)
 
 
-def read_part(part: Part) -> tuple[np.ndarray, list[str] | np.ndarray | None]:
-    """The raw rows of a part (B, D) float64, and their labels' text (None: unlabelled),
-    or a regression's targets (B, T) float64."""
+def read_part(part: Part, labels: bool = True
+              ) -> tuple[np.ndarray, list[str] | np.ndarray | None]:
+    """The raw rows of a part (B, D) float64, and their labels' text (None: unlabelled, or
+    not asked for: ``labels`` False), or a regression's targets (B, T) float64.  A missing
+    or non-finite feature (or, where asked for, label) is a
+    :class:`~dtrain.core.errors.DataError` naming the file, its line or row, and the
+    column: no row is predicted from values that are not numbers."""
     r = part.reading
     if r.kind == "csv":
-        return _csv_rows(part)
+        return _csv_rows(part, labels)
     if r.kind == "npy":
-        x = np.load(r.path, mmap_mode="r")[part.lo:part.hi]
-        return np.asarray(x, dtype=np.float64), None
+        x = np.asarray(np.load(r.path, mmap_mode="r")[part.lo:part.hi], dtype=np.float64)
+        bad = first_bad(x)
+        if bad is not None:
+            row, column = bad
+            raise DataError(f"{r.path}: row {part.lo + row}, column {column}: "
+                            f"{shown(x[row, column])}; features must be finite numbers: "
+                            f"fill or drop those rows")
+        return x, None
     if r.kind == "idx":
         x = image_rows(read_idx(Path(r.path))[part.lo:part.hi], r.size)
         labels = None if r.labels_path is None else \
@@ -176,22 +188,43 @@ def _value_columns(path: Path, layout: tables.Layout, spec: ModelSpec,
 
 
 def _csv_parts(path: Path, layout: tables.Layout, reading: Reading, chunk_rows: int) -> Input:
-    """A CSV input cut into parts of about ``chunk_rows`` lines (a gzipped file: one)."""
+    """A CSV input cut into parts of ``chunk_rows`` lines each (the last: the rest; a
+    gzipped file: one part)."""
     labelled = reading.label is not None or bool(reading.targets)
     size = path.stat().st_size
     if path.suffix == ".gz":
         return Input(path, "csv", (Part(reading, 0, size),), labelled)
-    sample = tables.split_rows(path.open(encoding="utf-8", errors="replace").read(1 << 16),
-                               layout.delimiter)
-    per_row = max(1, min(size, 1 << 16) // max(len(sample), 1))
-    step = max(1, chunk_rows * per_row)
-    return Input(path, "csv", tuple(Part(reading, lo, min(lo + step, size))
-                                    for lo in range(0, size, step)), labelled)
+    starts = _part_starts(path, chunk_rows, 1 if layout.header is not None else 0)
+    return Input(path, "csv", tuple(Part(reading, lo, hi) for lo, hi in
+                                    zip(starts, [*starts[1:], size])), labelled)
 
 
-def _csv_rows(part: Part) -> tuple[np.ndarray, list[str] | np.ndarray | None]:
+SCAN_BYTES = 1 << 24
+
+
+def _part_starts(path: Path, every: int, skip: int) -> list[int]:
+    """Byte offsets where the parts of a text file begin: 0, then the start of every
+    ``every``-th line after the ``skip`` header lines.  The file is scanned for line ends
+    in blocks (its rows are never held), so every part but the last has exactly ``every``
+    lines."""
+    starts, line, at = [0], 0, 0           # line: the number of the line starting at ``at``
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        while block := f.read(SCAN_BYTES):
+            ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)   # b"\n"
+            numbers = line + 1 + np.arange(len(ends))      # the line that starts after each
+            first = (numbers > skip) & ((numbers - skip) % every == 0)
+            starts += [at + int(e) + 1 for e in ends[first] if at + int(e) + 1 < size]
+            line += len(ends)
+            at += len(block)
+    return starts
+
+
+def _csv_rows(part: Part, labels: bool = True
+              ) -> tuple[np.ndarray, list[str] | np.ndarray | None]:
     """The rows of the lines that start in bytes ``lo:hi`` (a gzipped file is one part)."""
     r, path = part.reading, Path(part.reading.path)
+    label = r.label if labels else None
     if path.suffix == ".gz":
         text, start = tables.text(path), 0
     else:
@@ -208,10 +241,10 @@ def _csv_rows(part: Part) -> tuple[np.ndarray, list[str] | np.ndarray | None]:
         rows = rows[1:]
 
     def parse(line: int) -> tuple[np.ndarray, list[str] | np.ndarray | None]:
-        if r.targets:
+        if r.targets and labels:
             return tables.parse_values(rows, r.layout, list(r.columns), list(r.targets),
-                                       line, path)
-        return tables.parse(rows, r.layout, list(r.columns), r.label, line, path)
+                                       line, path, FIX)
+        return tables.parse(rows, r.layout, list(r.columns), label, line, path, FIX)
     try:
         return parse(0)
     except DataError:                            # name the file's own line numbers

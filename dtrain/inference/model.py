@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from dtrain.core.errors import UserError
+from dtrain.core.errors import DataError, UserError
 from dtrain.core.modelfile import ModelSpec
+from dtrain.data.missing import first_bad, shown
 from dtrain.inference.metrics import Report, ValueReport, report
 from dtrain.inference.saved import read_run
 from dtrain.maths.model import Network, sigmoid
@@ -89,8 +90,16 @@ class Model:
 
     # --- the maths --------------------------------------------------------------------------
 
-    def inputs(self, X: Any) -> np.ndarray:
-        """Raw rows (B, D) as the network sees them: checked, normalized, as its dtype."""
+    def inputs(self, X: Any, where: str = "X", first_row: int = 0) -> np.ndarray:
+        """Raw rows (B, D) as the network sees them: checked, normalized, as its dtype.
+
+        A DataFrame's feature columns are picked by name where the model knows its
+        features' names; a NaN or infinite value is a
+        :class:`~dtrain.core.errors.DataError` naming its row (``first_row`` + its index:
+        a block's place in the whole input) and column, in ``where``: no row is labelled
+        from values that are not numbers.
+        """
+        X = self._by_name(X)
         x = np.asarray(X)
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
             shape = "x".join(map(str, x.shape))
@@ -99,7 +108,34 @@ class Model:
                             f"(rows, {self.n_features_in_})")
         if not np.issubdtype(x.dtype, np.number):
             raise UserError(f"the input holds {x.dtype} values; the model takes numbers")
+        bad = first_bad(x)
+        if bad is not None:
+            r, c = bad
+            names = self.spec.feature_names
+            column = f"column {c} ({names[c]!r})" if names else f"column {c}"
+            raise DataError(f"{where}: row {first_row + r}, {column}: {shown(x[r, c])}; "
+                            f"features must be finite numbers: fill or drop those rows (a "
+                            f"prediction from them would be meaningless)")
         return self.spec.normalization.apply(x, self.spec.dtype)
+
+    def _by_name(self, X: Any) -> Any:
+        """A DataFrame's feature columns, by the names the model was trained with (in
+        training's order); any other input as it is."""
+        names = self.spec.feature_names
+        columns = getattr(X, "columns", None)
+        if names is None or columns is None or not hasattr(X, "dtypes"):
+            return X
+        found = [str(c) for c in columns]
+        if found == list(names):
+            return X
+        lacking = [n for n in names if n not in found]
+        if lacking:
+            raise DataError(f"the input lacks the feature column(s) "
+                            f"{', '.join(map(repr, lacking[:5]))}"
+                            f"{', ...' if len(lacking) > 5 else ''} that the model was trained "
+                            f"on; its columns are {', '.join(map(repr, found))}")
+        by_text = {str(c): c for c in columns}
+        return X[[by_text[n] for n in names]]
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Output-layer inputs (B, C) of normalized rows, in chunks: what training's argmax
@@ -257,7 +293,7 @@ class Model:
     def _lazy(self, X: Any, fn: Any, width: int | None, dtype: Any) -> Any:
         import dask
 
-        X = _as_dask_array(X, self.n_features_in_)
+        X = _as_dask_array(self._by_name(X), self.n_features_in_)
         model = dask.delayed(self, pure=True, traverse=False)     # one key: shipped once
         if width is None:
             return X.map_blocks(fn, model, drop_axis=1, dtype=dtype, meta=np.empty(0, dtype))
@@ -265,16 +301,31 @@ class Model:
                             meta=np.empty((0, width), dtype))
 
 
-def _proba_block(block: np.ndarray, model: Model) -> np.ndarray:
-    return model._proba(block)
+def _proba_block(block: np.ndarray, model: Model, block_info: Any = None) -> np.ndarray:
+    return model._probabilities(model.logits(model.inputs(block, *_place(block_info))))
 
 
-def _predict_block(block: np.ndarray, model: Model) -> np.ndarray:
-    return model._labels(block)
+def _predict_block(block: np.ndarray, model: Model, block_info: Any = None) -> np.ndarray:
+    found = model.predicted(model.logits(model.inputs(block, *_place(block_info))))
+    return found if model.spec.multilabel else model.classes_[found]
 
 
-def _values_block(block: np.ndarray, model: Model) -> np.ndarray:
-    return model._values(block)
+def _values_block(block: np.ndarray, model: Model, block_info: Any = None) -> np.ndarray:
+    z = model.logits(model.inputs(block, *_place(block_info)))          # (B, T)
+    return z[:, 0] if z.shape[1] == 1 else z
+
+
+def _place(block_info: Any) -> tuple[str, int]:
+    """Where a block of a Dask input is, for its error messages: ``("block 3 of X", first
+    row)`` (the first row where the chunk sizes are known, else 0: rows of the block)."""
+    info = (block_info or {}).get(0) or {}
+    index = (info.get("chunk-location") or (None,))[0]
+    start = (info.get("array-location") or [(0, 0)])[0][0]
+    known = isinstance(start, (int, np.integer)) and start == start
+    if index is None:
+        return "X", 0
+    return (f"X (block {index}{'' if known else ', rows counted within it'})",
+            int(start) if known else 0)
 
 
 def _r2_sums(predicted: Any, y: Any) -> tuple[Any, Any]:

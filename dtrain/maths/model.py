@@ -282,7 +282,7 @@ class Network:
         """Length of a gradient buffer: ``P + TAIL``."""
         return self.size + TAIL
 
-    def loss_and_grad(self, params, x, y, w=None):
+    def loss_and_grad(self, params, x, y, w=None, out=None):
         """Summed loss and gradient over a batch, as one flat buffer.
 
         Returns ``buf`` of length ``P + 2``: ``buf[:P]`` is the gradient of the
@@ -291,10 +291,16 @@ class Network:
         step's update; 0 for a regression).  Sums (not means) so that shards add up exactly (the
         count is an integer, exact in float); the update divides by the batch
         size.  With sample weights ``w`` (B,) the loss and gradient are the weighted sums
-        ``sum_i w_i loss_i`` (the count stays a count of rows).
+        ``sum_i w_i loss_i`` (the count stays a count of rows).  ``out``: a contiguous
+        ``(P + 2,)`` buffer to write into (shared memory) instead of a new one; the same
+        values either way.
         """
         xp = array_module(params)
-        buf = xp.zeros(self.buffer_size, dtype=params.dtype)
+        if out is None:
+            buf = xp.zeros(self.buffer_size, dtype=params.dtype)
+        else:
+            buf = out
+            buf[...] = 0
         if x.shape[0] == 0:
             return buf
         with np.errstate(all="ignore"):     # a diverging run is caught by the update's check

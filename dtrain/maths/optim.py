@@ -116,9 +116,11 @@ class Optimizer:
     def params(self, state: TrainState):
         return state.vector[: self.net.size]
 
-    def apply(self, state: TrainState, grad, step: Step) -> TrainState:
+    def apply(self, state: TrainState, grad, step: Step,
+              tail: tuple[float, float] | None = None) -> TrainState:
         """Apply one update from the summed gradient buffer ``grad``
-        (``[grad (P) | loss | correct]``)."""
+        (``[grad (P) | loss | correct]``); ``tail``: its loss and correct count, if already
+        read (off a GPU, one read for both)."""
         P, cfg = self.net.size, self.cfg
         xp = array_module(state.vector)
         g = grad[:P] / step.count                          # (P,) mean gradient
@@ -151,7 +153,8 @@ class Optimizer:
             m_hat = m / (1 - cfg.beta1 ** t)
             v_hat = v / (1 - cfg.beta2 ** t)
             p -= lr * m_hat / (xp.sqrt(v_hat) + cfg.eps)
-        return _add_to_epoch(state, step, new, float(grad[P]), step.count, int(grad[P + 1]))
+        loss, correct = tail if tail is not None else (float(grad[P]), float(grad[P + 1]))
+        return _add_to_epoch(state, step, new, loss, step.count, int(correct))
 
     def adapt(self, state: TrainState, new: Any, step: Step) -> float:
         """The adaptive schedule: the factor of ``step.lr`` for this step, its numbers in
@@ -192,10 +195,12 @@ def update(opt: Optimizer, step: Step, host: bool, state: TrainState, *grads) ->
     gradient) is NaN or infinite, or above ``opt.max_loss`` per sample.
     """
     grad = sum_in_order(*grads)
-    opt.check_loss(step, float(grad[opt.net.size]), step.count)
+    P = opt.net.size
+    loss, correct = (float(v) for v in to_host(grad[P:P + 2]))   # one read off a GPU
+    opt.check_loss(step, loss, step.count)
     state = state.with_vector(like(state.vector, grad))
     with np.errstate(all="ignore"):   # overflow shows up as a non-finite loss next step
-        new = opt.apply(state, grad, step)
+        new = opt.apply(state, grad, step, (loss, correct))
     return new.with_vector(to_host(new.vector)) if host else new
 
 

@@ -48,6 +48,17 @@ def progress_line(msg: dict[str, Any], steps: int, epochs: int, rate: float | No
             f"  {_fmt(rate, ',.0f')} samples/s")
 
 
+def _timing_line(summary: dict[str, Any]) -> str:
+    """Efficiency over the workers' threads, step time and overhead; a run in this process
+    (the serial strategy) has no workers, so no efficiency."""
+    step = f"step {_ms(summary.get('step_seconds'))}  overhead " \
+        f"{_ms(summary.get('overhead_per_step'))} per step"
+    if not summary.get("workers"):
+        return f"{step} (in this process: no workers)"
+    return (f"efficiency {_fmt(summary.get('efficiency'), '.1%')} (time in forward-backward / "
+            f"wall time, over worker threads)  {step}")
+
+
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The final console summary."""
     return [
@@ -61,9 +72,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
          else f"test_accuracy {_fmt(summary['test_accuracy'], '.4f')}  ")
         + f"test_loss {_fmt(summary['test_loss'], '.4f')}  "
         f"on {summary['test_samples']} test samples",
-        f"efficiency {_fmt(summary.get('efficiency'), '.1%')} (time in forward-backward / wall "
-        f"time, over worker threads)  step {_ms(summary.get('step_seconds'))}  overhead "
-        f"{_ms(summary.get('overhead_per_step'))} per step",
+        _timing_line(summary),
     ] + ([f"bytes between workers per step {summary['comm_bytes_per_step']:,.0f} (from the "
           f"graph), {_fmt(summary.get('comm_bytes_measured_per_step'), ',.0f')} (measured)"]
          if summary.get("comm_bytes_per_step") is not None else []) + split_lines(summary)
@@ -91,10 +100,12 @@ def split_lines(summary: dict[str, Any]) -> list[str]:
     split = summary.get("work_split") or {}
     if len({v.get("device") for v in split.values()}) < 2:
         return []
+    choice = summary.get("device_choice") or {}
     return ["work split: " + ", ".join(
         f"worker {name} ({v['device']}) {v['leaves']} shards"
         + (f", {v['samples_per_second']:,.0f} samples/s measured"
-           if v.get("samples_per_second") else "") for name, v in split.items())]
+           if v.get("samples_per_second") else "") for name, v in split.items())
+        + (f"; {choice['why']}" if choice.get("why") else "")]
 
 
 def _ms(seconds: float | None) -> str:

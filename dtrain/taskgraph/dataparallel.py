@@ -106,7 +106,8 @@ def _group(spec: Spec, step: Step, worker: str, placement: Placement, recipe: Re
     rows = tuple(step.bounds[i] for i in shards)
     worth = recipe.net.flops(max(hi - lo for lo, hi in rows)) > TINY_FLOPS
     threads = len(shards) if worth and worker not in placement.gpus else 1
-    return Group(tuple(shards), rows, positions(spec), threads)
+    return Group(tuple(shards), rows, positions(spec), threads,
+                 processes=threads > 1 and recipe.cores != "threads")
 
 
 def _leaf_tasks(leaves: list[Leaf], spec: dict[str, Spec], step: Step,

@@ -16,12 +16,59 @@ import numpy as np
 class Worker:
     """A worker as placement sees it: its address, whether it computes on a GPU, and its
     relative speed (measured when CPU and GPU workers mix; else 1); and its task threads
-    (which tasks may skip the thread pool: :func:`dtrain.training.engines.inline_kinds`)."""
+    (which tasks may skip the thread pool: :func:`dtrain.training.engines.inline_kinds`).
+
+    Measured workers also say how long a step's forward-backward over ``n`` of their rows
+    takes: ``overhead + n / weight`` seconds (``weight`` in samples per second, counting
+    every core a CPU worker computes its shards on; ``overhead``: a GPU's kernel launches,
+    whatever the rows)."""
 
     address: str
     gpu: bool = False
     weight: float = 1.0
     threads: int = 1
+    overhead: float = 0.0
+
+    def seconds(self, rows: float) -> float:
+        """Predicted forward-backward seconds over ``rows`` rows (0 for none)."""
+        return self.overhead + rows / self.weight if rows else 0.0
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One way to assign the shards when CPU and GPU workers mix: its ``name``, the shards
+    each of its ``workers`` holds (``counts``) and the predicted ``seconds`` of a step."""
+
+    name: str
+    workers: tuple[Worker, ...]
+    counts: tuple[int, ...]
+    seconds: float
+
+
+def choices(workers: Sequence[Worker], shards: int, rows: float, sync: float) -> list[Choice]:
+    """Every assignment worth predicting, fastest first: the shards over every worker, over
+    the GPU workers alone, over the CPU workers alone (each in blocks sized by speed,
+    :func:`blocks`).
+
+    A synchronous step ends when the slowest worker's shards are done (``rows`` rows a
+    shard: :meth:`Worker.seconds`), and when more than one worker holds shards it pays
+    ``sync`` seconds more: the gradients cross workers and a window can no longer run as one
+    task (:mod:`~dtrain.taskgraph.fuse`), so each step costs scheduler round trips.  That is
+    why a fast GPU alone usually beats a GPU helped by CPUs, and a CPU alone beats a GPU on
+    a tiny net, whose kernel launches cost more than its maths.  Ties go to fewer workers.
+    """
+    kinds = {"all workers": list(workers), "GPUs only": [w for w in workers if w.gpu],
+             "CPUs only": [w for w in workers if not w.gpu]}
+    out = []
+    for name, ws in kinds.items():
+        if not ws or (name == "all workers" and len(ws) in (len(kinds["GPUs only"]),
+                                                             len(kinds["CPUs only"]))):
+            continue
+        counts = blocks([w.weight for w in ws], shards)
+        busy = [(w, n) for w, n in zip(ws, counts) if n]
+        seconds = max(w.seconds(n * rows) for w, n in busy) + (sync if len(busy) > 1 else 0.0)
+        out.append(Choice(name, tuple(ws), tuple(counts), seconds))
+    return sorted(out, key=lambda c: (c.seconds, sum(n > 0 for n in c.counts)))
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,15 @@ class Group:
     ``rows[p]`` are shard ``shards[p]``'s rows this step; ``tree`` nests the
     positions ``p`` as the tree groups them (``((0, 1), (2, 3))`` at fan-in 2;
     ``0`` for a group of one); ``threads``: compute the shards on up to this
-    many of the worker's threads.
+    many of the worker's cores, in its core processes if ``processes``
+    (:mod:`~dtrain.taskgraph.cores`), else on its threads.
     """
 
     shards: tuple[int, ...]
     rows: tuple[tuple[int, int], ...]
     tree: int | tuple = 0
     threads: int = 1
+    processes: bool = False
 
     @classmethod
     def one(cls, shard: int, rows: tuple[int, int]) -> Group:

@@ -80,7 +80,8 @@ class Strategy:
                       step_events=g.step_events, replicated=self.replicated(cfg),
                       state_every=g.state_every, fuse_shards=g.fuse_shards,
                       step_event_gap=g.step_event_gap,
-                      keep_states=cfg.train.patience > 0 or cfg.train.keep_best)
+                      keep_states=cfg.train.patience > 0 or cfg.train.keep_best,
+                      cores=cfg.cluster.cores)
 
     def builder(self, recipe: Recipe, cfg: Config,
                 sources: Sequence[ShardSource]) -> Builder | None:

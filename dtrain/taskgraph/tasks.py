@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from dtrain.core import events, internals
-from dtrain.core.arrays import like, on_device, sum_in_order, to_host
+from dtrain.core.arrays import array_module, like, on_device, on_gpu, sum_in_order, to_host
 from dtrain.data.shards import Shard
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, Step, TrainState, average, local_sgd, update
 from dtrain.maths.scores import TargetSums
+from dtrain.taskgraph import cores
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
                                       Reduce, Update, Updates)
 
@@ -87,9 +88,33 @@ def _summed(group: Group, one: Callable[[int], Any]) -> Any:
 
 
 def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
-    """Each shard of the task's group, summed in its subtree's order (:func:`_summed`)."""
-    return _summed(task.group, lambda p: _one_shard(task.net, task.shuffle_seed, task.epoch,
-                                                    task.group.rows[p], state, shards[p]))
+    """Each shard of the task's group, summed in its subtree's order: on the worker's core
+    processes (:mod:`~dtrain.taskgraph.cores`) or its threads (:func:`_summed`)."""
+    group = task.group
+    weighted = shards[0].w is not None        # sample weights: on this process's threads
+    if on_gpu(shards[0].x) and len(shards) > 1 and not weighted:
+        return _one_pass(task, state, shards)
+    if group.processes and not weighted:
+        pool = cores.pool(_worker_threads() - 1)
+        if pool is not None:
+            try:
+                return pool.group_sum(task.net, task.epoch, task.shuffle_seed, group.rows,
+                                      group.tree, state.vector[: task.net.size], shards)
+            except cores.Broken:
+                pass                    # computed here; the pool starts afresh next time
+    return _summed(group, lambda p: _one_shard(task.net, task.shuffle_seed, task.epoch,
+                                               group.rows[p], state, shards[p]))
+
+
+def _one_pass(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
+    """A GPU's shards in one pass over their rows laid end to end: the sum of their
+    gradients, as cuBLAS sums it (in its own order anyway: a GPU's bytes never matched a
+    CPU's), at the cost of one shard instead of one per shard."""
+    xp = array_module(shards[0].x)
+    parts = [s.batch(task.epoch, *rows, task.shuffle_seed)
+             for s, rows in zip(shards, task.group.rows)]
+    x, y = xp.concatenate([x for x, _ in parts]), xp.concatenate([y for _, y in parts])
+    return task.net.loss_and_grad(like(state.vector[: task.net.size], x), x, y)
 
 
 # --- replicated updates: each computed once per worker --------------------------------------
@@ -248,20 +273,29 @@ def _evaluation(task: Evaluate, state: TrainState, found: Sums | None) -> dict[s
     return out
 
 
-def calibrate(net: Network, rows: int, gpu: bool, repeats: int = 3) -> float:
-    """Samples per second of a forward-backward pass of ``net`` here, on ``rows`` random
-    samples (on the GPU if ``gpu`` and there is one): how CPU and GPU workers are weighed
-    against each other."""
+def calibrate(net: Network, rows: int, gpu: bool, repeats: int = 3) -> tuple[float, float]:
+    """How long a forward-backward pass of ``net`` takes here (on the GPU if ``gpu`` and there
+    is one), as ``(overhead seconds, samples per second)``: timed over ``rows`` and ``8 *
+    rows`` random samples, ``seconds(n) = overhead + n / speed`` through both.  A GPU's
+    overhead is its kernel launches, which a tiny net pays whatever its rows; how CPU and GPU
+    workers are weighed against each other (:func:`~dtrain.taskgraph.placement.choices`)."""
     rng = np.random.default_rng(0)
-    x = on_device(rng.standard_normal((rows, net.layers[0])).astype(net.dtype), gpu)
-    y = on_device(rng.standard_normal((rows, net.layers[-1])).astype(net.dtype) if net.regression
-                  else rng.integers(0, net.layers[-1], rows), gpu)
     params = on_device(net.init(0), gpu)
-    net.loss_and_grad(params, x, y)                    # warm up (kernels, BLAS threads)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        buf = net.loss_and_grad(params, x, y)
-        float(buf[-1])                                 # wait for the device
-        best = min(best, time.perf_counter() - start)
-    return rows / max(best, 1e-9)
+
+    def timed(n: int) -> float:
+        x = on_device(rng.standard_normal((n, net.layers[0])).astype(net.dtype), gpu)
+        y = on_device(rng.standard_normal((n, net.layers[-1])).astype(net.dtype)
+                      if net.regression else rng.integers(0, net.layers[-1], n), gpu)
+        float(net.loss_and_grad(params, x, y)[-1])     # warm up (kernels, BLAS threads)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            float(net.loss_and_grad(params, x, y)[-1])  # wait for the device
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    small, large = timed(rows), timed(8 * rows)
+    if large < small * 1.05:                          # noise: no overhead to tell apart
+        return 0.0, 8 * rows / max(large, 1e-9)
+    speed = 7 * rows / (large - small)
+    return max(small - rows / speed, 0.0), speed

@@ -64,10 +64,13 @@ class Window:
     join: Callable[[list[Any]], TrainState] = lambda values: values[0]
     evals: dict[int, str] = field(default_factory=dict)     # epoch -> evaluate key
     fused: tuple[bool, str] | None = None   # whether a worker's shards share a task, and why
+    meta: str | None = None     # a window fused into one task: the key of its timings
+    steps_fused: Any = None     # ... and the tasks it runs inside (taskgraph.fuse.Chain)
 
     def step_tasks(self) -> int:
         """Tasks of the training steps: every task but the starting state and evaluations."""
-        return sum(keys.kind_of(name) not in (keys.STATE, keys.EVALUATE) for name in self.dsk)
+        return sum(keys.kind_of(name) not in (keys.STATE, keys.EVALUATE) for name in self.dsk
+                   if name != self.meta)
 
     def add(self, node: Task | DataNode, worker: str, nbytes: int = 0) -> str:
         self.dsk[node.key] = node

@@ -40,6 +40,8 @@ class Collection:
     stats: PartStats | None = None                # once described
     parts: list[PartStats] = field(default_factory=list)   # each partition's, in order
     classes: tuple[Any, ...] | None = None        # the labels to learn (None: the data's own)
+    files: tuple[str, ...] = ()                   # partition i is files[i], where known
+    first_line: int | None = None                 # a CSV file's line of its first data row
 
     @property
     def keys(self) -> list[Any]:
@@ -141,7 +143,11 @@ def from_files(client: Client, cfg: DataConfig) -> Collection:
                             **({} if layout.header else {"names": [
                                 str(i) for i in range(layout.width)]}), blocksize=None)
     label = cfg.label or str(frame.columns[-1])
-    return from_frame(client, frame, label, where=cfg.path)
+    coll = from_frame(client, frame, label, where=cfg.path)
+    if frame.npartitions == len(paths):          # a partition per file: errors name the file
+        coll.files = tuple(paths)
+        coll.first_line = None if cfg.dataset == "parquet" else 2 if layout.header else 1
+    return coll
 
 
 # --- describing it ----------------------------------------------------------------------------
@@ -176,6 +182,7 @@ def describe(client: Client, coll: Collection, spec: PartSpec, fan_in: int) -> P
     with dask.annotate(workers=lambda k: [where[k]], allow_other_workers=True):
         futures = client.get(dsk, [level[0], *each], sync=False)
     total, *parts = client.gather(futures)
+    total = partitions.located(total, parts, coll.files, coll.first_line)
     if coll.classes is not None:
         total = _with_classes(total, coll.classes)
     coll.stats, coll.parts = total, parts

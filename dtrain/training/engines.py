@@ -33,13 +33,15 @@ from dtrain.deploy import tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import gather, wait_for_workers, workers
+from dtrain.deploy.workers import gather, round_trip, wait_for_workers, workers
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
+from dtrain.taskgraph import fuse, handoff
+from dtrain.taskgraph.handoff import StateGone
 from dtrain.taskgraph.dataparallel import (TINY_FLOPS, HeldOut, add_evaluation, fuse_choice,
                                            shard_rows)
-from dtrain.taskgraph.placement import Placement, Worker
+from dtrain.taskgraph.placement import Placement, Worker, choices
 from dtrain.taskgraph.records import Evaluate
 from dtrain.taskgraph.tasks import calibrate
 from dtrain.taskgraph.window import Window
@@ -74,7 +76,8 @@ def inline_kinds(plan: Plan, placement: Placement | None = None,
     rows = plan.config.train.batch_size / max(len(plan.ranges), 1) * shared   # per task, step
     limit = INLINE_ALONE_FLOPS if threads == 1 else INLINE_MAX_FLOPS
     short = plan.net.flops(rows) <= limit
-    return (keys.UPDATE, keys.REDUCE, *((keys.FORWARD_BACKWARD,) if short else ()))
+    return (keys.UPDATE, keys.REDUCE, keys.KEPT, keys.STATE,
+            *((keys.FORWARD_BACKWARD,) if short else ()))
 
 
 def fused(plan: Plan, placement: Placement) -> tuple[bool, str]:
@@ -110,7 +113,13 @@ class DaskEngine:
         self.predicted_transfers = 0                # ... in how many values
         self.step_tasks = 0                         # the graphs' tasks of training steps
         self.fused: tuple[bool, str] | None = None  # the last window's fuse_choice
-        self.speed: dict[str, float] = {}           # calibrated samples/s, by worker address
+        self.fused_windows = 0                      # windows run as one task (fuse.steps)
+        self.fused_seconds: Counter[str] = Counter()   # ... their task seconds by kind
+        self.fused_steps = 0                        # ... and their steps
+        self.literal_bytes = 0                      # states sent in graphs (not handed over)
+        self.speed: dict[str, tuple[float, float]] = {}   # calibrated (overhead s, samples/s)
+        self.choice: dict[str, Any] = {}            # CPU and GPU: the assignment chosen, why
+        self.on_gpu: dict[str, bool] = {}           # which workers compute on a GPU
         self.cuda: dict[str, str] = {}              # GPU workers: why CuPy fails there ("": ok)
         self.placement: Placement | None = None
         self.live: list[Future] = []                # the windows in flight
@@ -144,12 +153,35 @@ class DaskEngine:
                                 f"advertises a {GPU} resource and cannot compute on a "
                                 f"GPU: {why}")
         if len(set(gpu.values())) > 1:             # CPU and GPU workers: size work by speed
-            rows = max(16, min(1024, cfg.train.batch_size // max(1, len(info))))
+            rows = max(16, min(1024, cfg.train.batch_size // max(1, len(self.plan.ranges))))
             for a in info.keys() - self.speed.keys():
                 self.speed.update(on_workers(self.client, calibrate, self.plan.net, rows,
                                              gpu[a], workers=[a]))
-        return [Worker(a, gpu[a], self.speed.get(a, 1.0), i.get("nthreads", 1))
-                for a, i in info.items()]
+        self.on_gpu = {a: gpu[a] for a in info}
+        out = []
+        for a, i in info.items():
+            overhead, speed = self.speed.get(a, (0.0, 1.0))
+            threads = i.get("nthreads", 1)          # a CPU worker's shards on all its cores
+            out.append(Worker(a, gpu[a], speed * (1 if gpu[a] else threads), threads,
+                              overhead if gpu[a] else 0.0))
+        return out
+
+    def _choose(self, present: list[Worker]) -> list[Worker]:
+        """CPU and GPU workers: the workers of the assignment predicted fastest
+        (:func:`~dtrain.taskgraph.placement.choices`), said in ``summary.json``."""
+        if len({w.gpu for w in present}) < 2 or self.plan.builder.min_workers > 1:
+            return present
+        rows = self.plan.config.train.batch_size / len(self.plan.ranges)
+        sync = 2 * round_trip(self.client)          # a step's two hops between workers
+        ranked = choices(present, len(self.plan.ranges), rows, sync)
+        best = ranked[0]
+        self.choice = {
+            "chose": best.name, "sync_ms": round(sync * 1e3, 3),
+            "predicted_step_ms": {c.name: round(c.seconds * 1e3, 3) for c in ranked},
+            "why": f"{best.name}: the fastest predicted step ({best.seconds * 1e3:.3g} ms), "
+                   f"from each worker's measured forward-backward and, where more than one "
+                   f"worker holds shards, {sync * 1e3:.3g} ms of scheduler round trips"}
+        return list(best.workers)
 
     def place(self, after: str | None = None) -> Placement:
         """Placement over the workers there now; (re)load data that must move (``after``,
@@ -161,6 +193,7 @@ class DaskEngine:
         if self.held:
             placement = self._place_partitions(present)
         else:
+            present = self._choose(present)
             placement = builder.place(present)
         self.placement = placement
         self.inline_kinds = inline_kinds(self.plan, placement,
@@ -271,29 +304,40 @@ class DaskEngine:
         def resources(key: str) -> dict:            # the maths of shards on GPU workers
             return need if win.where[key][0] in gpus and keys.is_leaf(key) else {}
 
-        inline = keys.prefixes(self.inline_kinds) if self.inline else ()
+        if fuse.is_fused(win):                      # the window is one task; the rest pick
+            body = next(iter(win.dsk))
+
+            def resources(key: str) -> dict:        # noqa: F811
+                return need if key == body and win.where[key][0] in gpus else {}
+
+            inline = tuple(k for k in win.dsk if k != body) if self.inline else ()
+        else:
+            inline = keys.prefixes(self.inline_kinds) if self.inline else ()
 
         def executor(key: str) -> str:              # short tasks: no thread handoff
             return tuning.INLINE if key.startswith(inline) and not resources(key) \
                 else "default"
 
+        wanted = [*win.ends, *win.evals.values(), *([win.meta] if win.meta else [])]
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
                            resources=resources, executor=executor):
-            return self.client.get(win.dsk, [*win.ends, *win.evals.values()], sync=False)
+            return self.client.get(win.dsk, wanted, sync=False)
 
     def split(self) -> dict[str, dict[str, Any]]:
         """How the work was split over the workers (for the summary)."""
         pl, info = self.placement, workers(self.client)
         names = {a: str(i.get("name", a)) for a, i in info.items()}
         out = {}
-        for a in [a for a in info if pl and a in pl.workers]:
+        shown = [a for a in info if pl and (a in pl.workers or self.choice)]   # a choice: all
+        for a in shown:
             mine = [i for i, w in enumerate(pl.leaves) if w == a]
             out[names.get(a, a)] = {
-                "device": "gpu" if a in pl.gpus else "cpu", "threads": info[a].get("nthreads"),
+                "device": "gpu" if a in pl.gpus or self.on_gpu.get(a) else "cpu",
+                "threads": info[a].get("nthreads"),
                 "leaves": len(mine),
                 "samples": sum(self.plan.ranges[i][1] - self.plan.ranges[i][0] for i in mine)
                 if self.plan.strategy.leaf == "shard" else None,
-                "samples_per_second": round(self.speed[a], 1) if a in self.speed else None}
+                "samples_per_second": round(self.speed[a][1], 1) if a in self.speed else None}
         return out
 
     def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
@@ -302,6 +346,7 @@ class DaskEngine:
             return self._run(start, recorder, checkpoints, stop,
                              watch or Watch(self.plan.config.train))
         except BaseException:
+            self._forget_kept()
             # a failed run leaves nothing behind on the workers: drop what it holds now, not
             # when the traceback (which references these futures) is finally collected
             for future in self.data + self.live + self.parts:
@@ -324,33 +369,37 @@ class DaskEngine:
             steps = (done.step if done else start.step) - start.step
             return (time.perf_counter() - book.began) / steps if steps else None
 
+        kept: str | None = None                     # the worker holding the last window's end
         for window in windows(p, start.step, rate):
             if window.start != start.step:
                 placement = self.place(_lost_note(recorder))
-            win = p.builder.window([p.schedule[t] for t in window], state, self.refs,
-                                   self.held_refs(val), placement, self.run_id)
-            located = {f.key: w for w, f in self.items} | _located(val, placement.root)
-            moves = win.transfers(located)
-            self.predicted_bytes += sum(win.nbytes.get(k, 0) for k, _, _ in moves)
-            self.predicted_transfers += len(moves)
-            self.step_tasks += win.step_tasks()
-            self.fused = win.fused or self.fused
-            futures = self._submit(win)
-            ends, evals = futures[:len(win.ends)], futures[len(win.ends):]
-            self.live = futures + [f for _, f in book.pending]
-            for epoch, fut in zip(win.evals, evals):
-                fut.add_done_callback(lambda f, e=epoch: book.arrived.setdefault(
-                    e, time.perf_counter()))
+            steps = [p.schedule[t] for t in window]
+            win, ends, evals, meta = self._launch(steps, window, state, val, placement, book,
+                                                  take=kept == placement.root)
+            self.live = ends + evals + meta + [f for _, f in book.pending]
             if book.drain():                        # early stopping: nothing after its epoch
-                self.client.cancel(futures)
+                self.client.cancel(ends + evals + meta)
                 break
             if done is not None:            # its epochs are recorded: safe to resume from
                 checkpoints.save(dataclasses.replace(done, best=watch.best_state))
             book.pending = list(zip(win.evals, evals))
-            state = win.join(gather(self.client, ends, p.config.cluster.timeout,
-                                    _lost_note(recorder)))   # the one wait per window
+            try:
+                values = gather(self.client, ends, p.config.cluster.timeout,
+                                _lost_note(recorder))            # the one wait per window
+            except StateGone:       # the worker that kept the state left: start from the literal
+                win, ends, evals, meta = self._launch(steps, window, state, val, placement,
+                                                      book, take=False)
+                self.live = ends + evals + meta
+                book.pending = list(zip(win.evals, evals))
+                values = gather(self.client, ends, p.config.cluster.timeout,
+                                _lost_note(recorder))
+            state = win.join(values)
+            kept = placement.root if handoff.start_node(win) is None and len(win.ends) == 1 \
+                and keys.kind_of(win.ends[0]) == keys.KEPT else None
+            if meta:
+                self._count_fused(win, meta[0].result(), book)
             done = Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch, state)
-            del ends
+            del ends, meta, values
             if stop.requested and window.stop < len(p.schedule):   # no window is in flight
                 if book.drain():
                     break
@@ -365,19 +414,79 @@ class DaskEngine:
         result = None
         if test is not None:
             result = self._test(final, test, placement)
+        self._forget_kept()
         moved = metrics.transfers(self.client, self.run_id)
+        compute = _add_fused(metrics.task_times(self.client, self.run_id) or {},
+                             self.fused_seconds, self.fused_steps)
         trained = book.steps_done(done)
         threads = [i.get("nthreads", 1) for i in workers(self.client).values()]
         return Outcome(book.rows, final, last, self.normalization, result, len(threads),
                        seconds, book.began - t0, trained - start.step,
                        p.schedule.samples(start.step, trained),
-                       metrics.task_times(self.client, self.run_id) or {},
-                       metrics.worker_peak_rss_mb(self.client),
+                       compute, metrics.worker_peak_rss_mb(self.client),
                        {"predicted": self.predicted_bytes, "measured": moved["bytes"],
                         "transfers": moved["transfers"],
                         "predicted_transfers": self.predicted_transfers}, self.split(),
                        moved_summary(self.moved),
-                       {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads)})
+                       {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
+                        "fused_windows": self.fused_windows,
+                        "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice})
+
+    def _forget_kept(self) -> None:
+        """The workers drop the state they keep for this run (it has ended)."""
+        try:
+            on_workers(self.client, handoff.drop, self.run_id)
+        except Exception:       # a cluster going down as the run fails: nothing to drop
+            pass
+
+    def _launch(self, steps: list, window: range, state: TrainState, val: Any,
+                placement: Placement, book: Book, take: bool
+                ) -> tuple[Window, list[Future], list[Future], list[Future]]:
+        """Build, rewrite and submit one window: the builder's graph, its state handed over
+        on the worker that kept it (``take``; :mod:`~dtrain.taskgraph.handoff`), its steps
+        fused where they never leave a worker (:mod:`~dtrain.taskgraph.fuse`).  Returns the
+        window and the futures of its ends, its evaluations and (fused) its timings."""
+        p = self.plan
+        win = p.builder.window(steps, state, self.refs, self.held_refs(val), placement,
+                               self.run_id)
+        located = {f.key: w for w, f in self.items} | _located(val, placement.root)
+        moves = win.transfers(located)
+        self.predicted_bytes += sum(win.nbytes.get(k, 0) for k, _, _ in moves)
+        self.predicted_transfers += len(moves)
+        win = handoff.rewrite(win, self.run_id, window.start, window.stop, take)
+        self.literal_bytes += handoff.literal_size(win)
+        if p.config.graph.fuse_steps:
+            win = fuse.steps(win, window.start, window.stop - 1, self.run_id)
+        self.step_tasks += win.step_tasks()
+        self.fused = win.fused or self.fused
+        futures = self._submit(win)
+        n, m = len(win.ends), len(win.evals)
+        ends, evals, meta = futures[:n], futures[n:n + m], futures[n + m:]
+        for epoch, fut in zip(win.evals, evals):
+            fut.add_done_callback(lambda f, e=epoch: book.arrived.setdefault(
+                e, time.perf_counter()))
+        return win, ends, evals, meta
+
+    def _count_fused(self, win: Window, ran: fuse.Ran, book: Book) -> None:
+        """A fused window's timings: its task seconds by kind, and when its epochs ended
+        (their evaluations all arrive with the window's end)."""
+        book.arrived.update(fuse.epoch_ends(win, ran, time.perf_counter()))
+        self.fused_seconds.update(ran.seconds)
+        self.fused_steps += ran.steps
+        self.fused_windows += 1
+
+
+def _add_fused(compute: dict[str, float], seconds: Counter[str], steps: int
+               ) -> dict[str, float]:
+    """The StepTimer's totals (tasks the scheduler saw) plus the fused windows' (tasks run
+    inside one task, one after another: all of it on the critical path)."""
+    if not steps:
+        return compute
+    work = sum(seconds[k] for k in keys.WORK)
+    out = {"forward_backward_seconds": work, "reduce_seconds": seconds[keys.REDUCE],
+           "update_seconds": seconds[keys.UPDATE], "updates": steps}
+    out["critical_seconds"] = work + out["reduce_seconds"] + out["update_seconds"]
+    return {k: compute.get(k, 0) + v for k, v in out.items()}
 
 
 def _located(held: Any, root: str) -> dict[Any, str]:

@@ -161,11 +161,15 @@ def plan_on(config: Config, coll: Collection) -> Plan:
                         f"{'the driver' if strategy.in_process else 'every worker'}); use "
                         f"allreduce, parameter-server or local-sgd")
     stats, regression = coll.stats, config.data.target == "value"
-    partitions.check(stats, len(coll.futures), regression)
+    label = coll.columns.label if isinstance(coll.columns.label, str) and \
+        not coll.columns.label.startswith("__") else None
+    partitions.check(stats, len(coll.futures), regression, label,
+                     "fill or drop those rows, or set data.missing = 'drop' to leave them out")
     labels = coll.targets if regression else stats.labels
     info = prepare.DatasetInfo("collection" if not config.data.path else
                                Path(config.data.path).name, coll.features, len(labels),
-                               stats.train, stats.val, stats.test, labels, coll.names)
+                               stats.train, stats.val, stats.test, labels, coll.names,
+                               stats.dropped)
     bounds = np.concatenate([[0], np.cumsum(stats.sizes)])
     ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
     the_plan = _plan(config, info, ranges)
@@ -183,7 +187,7 @@ def part_spec(config: Config, coll: Collection) -> PartSpec:
     """What every partition's tasks share, before the statistics are known."""
     d = config.data
     return PartSpec(coll.columns, tuple(d.split), d.seed, dtype=config.model.dtype,
-                    regression=d.target == "value")
+                    regression=d.target == "value", missing=d.missing)
 
 
 def _plan(config: Config, info: prepare.DatasetInfo, ranges: list[tuple[int, int]]) -> Plan:

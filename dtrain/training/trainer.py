@@ -9,6 +9,8 @@ as Dask task graphs for every other strategy) and write the run directory.
 from __future__ import annotations
 
 import contextlib
+import glob
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,12 +20,12 @@ from typing import Any
 import numpy as np
 from distributed import Client
 
-from dtrain.core.config import Config
+from dtrain.core.config import Config, DataConfig
 from dtrain.core.errors import Diverged, Stopped, UserError
 from dtrain.core.modelfile import ModelSpec
 from dtrain.core.version import __version__
-from dtrain.deploy import mainguard
-from dtrain.deploy.connect import connect
+from dtrain.deploy import mainguard, plugins
+from dtrain.deploy.connect import connect, running_scheduler
 from dtrain.deploy.signals import StopSignals
 from dtrain.maths.optim import TrainState
 from dtrain.observe.console import Echo
@@ -225,6 +227,9 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
          watch: Watch) -> RunResult:
     with recorder:
         recorder.start(the_plan.run, the_plan.schedule.steps_per_epoch, the_plan.train_samples)
+        if the_plan.info.dropped:
+            recorder.say(f"data: {the_plan.info.dropped} row(s) with a missing or non-finite "
+                         f"value left out (data.missing = 'drop')")
         keep = Checkpoints(recorder.path, the_plan.config, recorder.checkpointed)
         try:
             with StopSignals() as signals, _engine(the_plan, client, recorder) as engine:
@@ -259,15 +264,21 @@ def _discarded_if_unused(recorder: Recorder) -> Iterator[None]:
 @contextlib.contextmanager
 def _engine(plan: Plan, client: Client | None,
             recorder: Recorder) -> Iterator[SerialEngine | DaskEngine]:
+    """The engine the plan runs on.  On a scheduler that is not the run's own (``client``
+    given, or a running scheduler named by the config), dtrain's plugins are removed when
+    the run ends (:func:`dtrain.deploy.plugins.removed_after`)."""
     cfg, strategy = plan.config, plan.strategy
     if strategy.in_process:
         yield SerialEngine(plan)
     elif client is not None:
-        with recorder.attached(client):
+        with plugins.removed_after(client), recorder.attached(client):
             yield DaskEngine(plan, client)
     else:
         began = time.perf_counter()
-        with _cluster(cfg, None, plan.leaves) as own, recorder.attached(own):
+        theirs = bool(running_scheduler(cfg.cluster))     # a running scheduler, not ours
+        with _cluster(cfg, None, plan.leaves) as own, \
+                plugins.removed_after(own) if theirs else contextlib.nullcontext(), \
+                recorder.attached(own):
             recorder.phases["cluster_seconds"] = round(time.perf_counter() - began, 3)
             yield DaskEngine(plan, own)
 
@@ -282,7 +293,7 @@ def _cluster(cfg: Config, client: Client | None, leaves: int = 0) -> Iterator[Cl
     strategy = strategies.get(cfg.graph.strategy)
     needed, c = strategy.min_workers, cfg.cluster
     one_each = c.kind == "local" or c.layout == "hybrid"   # a worker per count (not per job)
-    if not c.scheduler_address and one_each and 0 < c.workers < needed:
+    if not running_scheduler(c) and one_each and 0 < c.workers < needed:
         raise UserError(f"graph.strategy = '{strategy.name}' needs {needed} workers "
                         f"({strategy.workers_word.removeprefix('the head + ')}), found "
                         f"{c.workers}; use --workers {needed}")
@@ -290,9 +301,28 @@ def _cluster(cfg: Config, client: Client | None, leaves: int = 0) -> Iterator[Cl
         yield own
 
 
-def default_out_dir(config_path: str | Path | None) -> Path:
-    """A new directory under ``runs/`` named after the time and the config."""
-    return new_run_dir(Path("runs"), Path(config_path).stem if config_path else "iris")
+def default_out_dir(named: str | Path | DataConfig | None) -> Path:
+    """A new directory under ``runs/`` named after the time and ``named``: a config file's
+    stem, or the data's name (:func:`data_name`; None: the default config's data)."""
+    if isinstance(named, DataConfig):
+        return new_run_dir(Path("runs"), data_name(named))
+    return new_run_dir(Path("runs"), Path(named).stem if named else data_name(DataConfig()))
+
+
+def data_name(cfg: DataConfig) -> str:
+    """A short name of the data a run reads, for its directory: the dataset (``iris``,
+    ``mnist``...), or a file's or folder's name (``flowers`` for ``/data/flowers.csv``; the
+    folder of a glob such as ``/data/sales/part-*.parquet``)."""
+    if not cfg.path or cfg.dataset in ("iris", "digits", "synthetic"):
+        return cfg.dataset
+    path = Path(cfg.path)
+    while path.name and glob.has_magic(path.name):
+        path = path.parent
+    name = path.name
+    for suffix in (".gz", ".csv", ".tsv", ".txt", ".parquet", ".pq"):
+        name = name.removesuffix(suffix)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
+    return name or cfg.dataset
 
 
 def model_spec(plan: Plan, outcome: Outcome, watch: Watch) -> ModelSpec:
@@ -383,7 +413,10 @@ def _graph(outcome: Outcome) -> dict[str, Any]:
     return {"tasks_per_step": g["tasks"] / steps,
             "transfers_per_step": outcome.comm["predicted_transfers"] / steps,
             "transfers_measured_per_step": outcome.comm["transfers"] / steps,
-            "fused_shards": None if fused is None else {"fused": fused[0], "why": fused[1]}}
+            "fused_shards": None if fused is None else {"fused": fused[0], "why": fused[1]},
+            "fused_windows": g.get("fused_windows", 0),
+            "state_bytes_in_graphs": g.get("state_bytes_in_graphs", 0),
+            "device_choice": g.get("choice") or None}
 
 
 def _timing(outcome: Outcome) -> dict[str, Any]:

@@ -1,0 +1,428 @@
+"""A node's cores without the GIL: resident helper processes that compute a worker's shards.
+
+The hybrid layout gives a node one Dask worker with a thread per core, so its
+shards share memory and a step costs the scheduler one task.  But NumPy on
+small matrices spends most of its time holding the GIL: on 16 cores, 16
+shards of a 784-128-10 net take 3.7 ms a step on 16 threads against 0.11 ms
+in 16 processes (``../shared/notes/in-node.md``).  So a worker that computes
+several shards in one task hands them to **core processes**: one per extra
+core, started once (the first time a task needs them) and kept for the
+worker's life, each a plain ``python -m dtrain.taskgraph.cores`` child
+(through :mod:`subprocess`: Dask's worker processes are daemonic, and
+:mod:`multiprocessing` refuses daemonic processes children).
+
+Memory is shared, never pickled per step.  Each shard is copied once into a
+``memfd`` segment whose descriptor goes to the helpers over their socket
+(``SCM_RIGHTS``); the parameters, one gradient slot per shard and the sum
+live in three more segments.  A step then writes the parameters, sends each
+helper a few bytes (which shards, which rows), computes its own share
+meanwhile, and waits; the fixed-order sum of the shards' buffers is split
+by ranges of the buffer over the helpers.  Each shard's gradient is the
+same function of the same rows on one BLAS thread, and each element of the
+sum adds the same numbers in the same order: the bytes do not depend on
+which process did what (``tests/test_hashes.py``, ``tests/test_cores.py``).
+
+A helper that dies (killed, out of memory) costs nothing but time: its shards
+are computed here, and the pool is started afresh at the next step.
+"""
+from __future__ import annotations
+
+import atexit
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recvfds, sendfds
+from typing import Any
+
+import numpy as np
+
+from dtrain.maths.model import Network
+
+SUM_SPLIT_MIN = 1 << 16     # buffers shorter than this are summed here: a message costs more
+ALIGN = 64                  # byte alignment of each array in a segment (a cache line)
+ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")}
+
+
+def supported() -> bool:
+    """Whether this platform can share memory this way (Linux: ``memfd_create``)."""
+    return hasattr(os, "memfd_create") and hasattr(socket, "AF_UNIX")
+
+
+# --- segments: anonymous shared memory, passed by descriptor -----------------------------
+
+@dataclass(frozen=True)
+class Layout:
+    """Arrays at fixed offsets of one segment: ``(offset, shape, dtype)`` each."""
+
+    arrays: tuple[tuple[int, tuple[int, ...], str], ...]
+
+    @classmethod
+    def of(cls, specs: Sequence[tuple[tuple[int, ...], str]]) -> Layout:
+        out, at = [], 0
+        for shape, dtype in specs:
+            out.append((at, tuple(shape), dtype))
+            n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            at += -(-max(n, 1) // ALIGN) * ALIGN
+        return cls(tuple(out))
+
+    @property
+    def nbytes(self) -> int:
+        off, shape, dtype = self.arrays[-1]
+        return off + max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
+
+    def views(self, buf: mmap.mmap) -> list[np.ndarray]:
+        return [np.ndarray(shape, dtype, buffer=buf, offset=off)
+                for off, shape, dtype in self.arrays]
+
+
+def _segment(layout: Layout) -> tuple[int, mmap.mmap]:
+    """A new anonymous shared segment for ``layout``: ``(descriptor, mapping)``."""
+    fd = os.memfd_create("dtrain-cores", os.MFD_CLOEXEC)
+    os.ftruncate(fd, layout.nbytes)
+    return fd, mmap.mmap(fd, layout.nbytes)
+
+
+# --- the helper process ---------------------------------------------------------------------
+
+class _Helper:
+    """What a core process holds: the shards it was given, the shared buffers, the nets."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.conn = Connection(os.dup(sock.fileno()))
+        self.shards: dict[int, Any] = {}
+        self.maps: dict[int, mmap.mmap] = {}
+        self.params = self.grads = self.total = None
+        self.nets: dict[int, Network] = {}
+
+    def _map(self, layout: Layout) -> tuple[mmap.mmap, list[np.ndarray]]:
+        (fd,) = recvfds(self.sock, 1)
+        try:
+            buf = mmap.mmap(fd, layout.nbytes)
+        finally:
+            os.close(fd)
+        return buf, layout.views(buf)
+
+    def serve(self) -> None:
+        from dtrain.data.shards import Shard
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                return                      # the worker is gone: so are we
+            op = msg[0]
+            try:
+                if op == "shard":
+                    _, slot, index, layout = msg
+                    self.maps[slot], (x, y) = self._map(layout)
+                    self.shards[slot] = Shard(index, x, y)
+                    continue                # no reply: the next request's reply orders it
+                if op == "drop":
+                    self.shards.pop(msg[1], None)
+                    buf = self.maps.pop(msg[1], None)
+                    if buf is not None:
+                        buf.close()
+                    continue
+                if op == "buffers":
+                    self.maps[-1], (self.params, self.grads, self.total) = self._map(msg[1])
+                    continue
+                if op == "net":
+                    self.nets[msg[1]] = msg[2]
+                    continue
+                if op == "grad":
+                    _, net, epoch, seed, work = msg
+                    net = self.nets[net]
+                    params = self.params[: net.size]
+                    for slot, lo, hi, out in work:
+                        x, y = self.shards[slot].batch(epoch, lo, hi, seed)
+                        net.loss_and_grad(params, x, y, out=self.grads[out, : net.buffer_size])
+                elif op == "sum":
+                    _, tree, width, lo, hi = msg
+                    _sum_range(tree, self.grads, width, self.total, lo, hi)
+                elif op == "exit":
+                    return
+                self.conn.send(("ok",))
+            except Exception:
+                self.conn.send(("error", traceback.format_exc()))
+
+
+def _sum_range(tree: int | tuple, grads: np.ndarray, width: int, out: np.ndarray, lo: int,
+               hi: int) -> None:
+    """``out[lo:hi]`` = the tree's nested, in-order sum of the gradient slots' ``[lo:hi]``
+    (slot ``p`` of the group's position ``p``), element by element as
+    :func:`dtrain.core.arrays.sum_in_order` adds whole buffers."""
+    def nested(t: int | tuple) -> np.ndarray:
+        if isinstance(t, int):
+            return grads[t, lo:hi]
+        parts = [nested(c) for c in t]
+        if len(parts) == 1:
+            return parts[0]
+        total = parts[0] + parts[1]
+        for a in parts[2:]:
+            total += a
+        return total
+    with np.errstate(all="ignore"):
+        out[lo:hi] = nested(tree)
+
+
+def _main(fd: int) -> None:
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(limits=1)      # one BLAS thread: the bytes of a shard's gradient
+    sock = socket.socket(fileno=fd)
+    _Helper(sock).serve()
+
+
+# --- the pool, in the worker ---------------------------------------------------------------
+
+class Broken(Exception):
+    """A helper died or failed; the caller computes the group itself."""
+
+
+@dataclass
+class _Proc:
+    popen: subprocess.Popen
+    sock: socket.socket
+    conn: Connection
+
+
+def _env() -> dict[str, str]:
+    """A helper's environment: the worker's, with one BLAS thread and glibc's own allocator
+    thresholds (Dask's nanny sets ``MALLOC_TRIM_THRESHOLD_``, which pins the mmap threshold at
+    128 KiB: every larger array would be a fresh mapping that page-faults on first touch)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    return {**env, **ONE_THREAD}
+
+
+def _start(n: int) -> list[_Proc]:
+    procs = []
+    env = _env()
+    for _ in range(n):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        popen = subprocess.Popen([sys.executable, "-m", "dtrain.taskgraph.cores",
+                                  str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env,
+                                 stdin=subprocess.DEVNULL, close_fds=True)
+        theirs.close()
+        procs.append(_Proc(popen, mine, Connection(os.dup(mine.fileno()))))
+    return procs
+
+
+class _Slot:
+    """A shard's shared copy: its slot number and the layout the helpers map."""
+
+    def __init__(self, slot: int, index: int, layout: Layout, fd: int):
+        self.slot, self.index, self.layout, self.fd = slot, index, layout, fd
+
+
+class Pool:
+    """``n`` core processes and what they hold (one pool per worker process)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.lock = threading.Lock()
+        self.procs: list[_Proc] = []
+        self.slots: dict[int, _Slot] = {}            # id(shard) -> its shared copy
+        self.refs: dict[int, weakref.ref] = {}
+        self.dropped: list[int] = []                 # slots whose shard is gone
+        self.next_slot = 0
+        self.nets: dict[Network, int] = {}
+        self.buffers: tuple[Layout, mmap.mmap, list[np.ndarray]] | None = None
+        self.buffer_fd: int | None = None
+
+    # -- lifecycle --
+    def _ensure(self) -> None:
+        if self.procs:              # a dead one shows as a broken pipe, then the pool restarts
+            return
+        self._stop()
+        self.procs = _start(self.n)
+        self.nets.clear()
+        for slot in self.slots.values():        # a fresh pool maps every shard again
+            self._send_shard(slot)
+        if self.buffers is not None:
+            self._send_buffers()
+
+    def _stop(self) -> None:
+        for p in self.procs:
+            try:
+                p.conn.close()
+                p.sock.close()
+            except OSError:
+                pass
+            try:
+                p.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+        self.procs = []
+
+    def close(self) -> None:
+        with self.lock:
+            self._stop()
+            for slot in self.slots.values():
+                os.close(slot.fd)
+            self.slots.clear()
+            if self.buffer_fd is not None:
+                os.close(self.buffer_fd)
+                self.buffer_fd, self.buffers = None, None
+
+    # -- what the helpers hold --
+    def _send(self, proc: _Proc, msg: tuple, fds: Sequence[int] = ()) -> None:
+        proc.conn.send(msg)
+        if fds:
+            sendfds(proc.sock, list(fds))
+
+    def _send_shard(self, slot: _Slot) -> None:
+        for p in self.procs:
+            self._send(p, ("shard", slot.slot, slot.index, slot.layout), [slot.fd])
+
+    def _send_buffers(self) -> None:
+        layout, _, _ = self.buffers
+        for p in self.procs:
+            self._send(p, ("buffers", layout), [self.buffer_fd])
+
+    def _shard(self, shard: Any) -> int:
+        """The slot of ``shard``'s shared copy, made (and sent to the helpers) on first use."""
+        key = id(shard)
+        ref = self.refs.get(key)
+        if ref is not None and ref() is shard:
+            return self.slots[key].slot
+        if key in self.slots:                               # an old shard's id, reused
+            self._forget(key)
+        layout = Layout.of([(shard.x.shape, shard.x.dtype.str), (shard.y.shape, shard.y.dtype.str)])
+        fd, buf = _segment(layout)
+        x, y = layout.views(buf)
+        x[...], y[...] = shard.x, shard.y
+        buf.close()
+        slot = _Slot(self.next_slot, shard.index, layout, fd)
+        self.next_slot += 1
+        self.slots[key] = slot
+        self.refs[key] = weakref.ref(shard, lambda _, k=key: self.dropped.append(k))
+        self._send_shard(slot)
+        return slot.slot
+
+    def _forget(self, key: int) -> None:
+        slot = self.slots.pop(key, None)
+        self.refs.pop(key, None)
+        if slot is None:
+            return
+        os.close(slot.fd)
+        for p in self.procs:
+            self._send(p, ("drop", slot.slot))
+
+    def _buffers(self, P: int, width: int, dtype: str) -> list[np.ndarray]:
+        """The shared parameters ``(P,)``, gradient slots ``(width, P + 2)`` and sum, grown as
+        needed."""
+        if self.buffers is not None:
+            layout, _, views = self.buffers
+            params, grads, _ = views
+            if params.dtype == np.dtype(dtype) and params.shape[0] >= P and \
+                    grads.shape[0] >= width and grads.shape[1] >= P + 2:
+                return views
+            self.buffers[1].close()
+            os.close(self.buffer_fd)
+        row = -(-(P + 2) * np.dtype(dtype).itemsize // ALIGN) * ALIGN // np.dtype(dtype).itemsize
+        layout = Layout.of([((P,), dtype), ((width, row), dtype), ((P + 2,), dtype)])
+        self.buffer_fd, buf = _segment(layout)
+        self.buffers = (layout, buf, layout.views(buf))
+        self._send_buffers()
+        return self.buffers[2]
+
+    def _net(self, net: Network) -> int:
+        if net not in self.nets:
+            self.nets[net] = len(self.nets)
+            for p in self.procs:
+                self._send(p, ("net", self.nets[net], net))
+        return self.nets[net]
+
+    # -- a step --
+    def _ask(self, asks: list[tuple[_Proc, tuple]]) -> None:
+        for proc, msg in asks:
+            proc.conn.send(msg)
+
+    def _answers(self, procs: Sequence[_Proc]) -> None:
+        failed = None
+        for proc in procs:
+            try:
+                reply = proc.conn.recv()
+            except (EOFError, OSError) as exc:
+                failed = failed or f"core process {proc.popen.pid} died ({exc!r})"
+                continue
+            if reply[0] != "ok":
+                failed = failed or reply[1]
+        if failed:
+            raise Broken(failed)
+
+    def group_sum(self, net: Network, epoch: int, seed: int | None, rows: Sequence[tuple[int, int]],
+                  tree: int | tuple, params: np.ndarray, shards: Sequence[Any]) -> np.ndarray:
+        """The tree's in-order sum of each shard's ``[grad | loss | correct]`` over its
+        ``rows`` this epoch, the shards spread over this process and the helpers."""
+        with self.lock:
+            while self.dropped:
+                self._forget(self.dropped.pop())
+            try:
+                self._ensure()
+                return self._group_sum(net, epoch, seed, rows, tree, params, shards)
+            except (Broken, OSError) as exc:
+                self._stop()            # started afresh next time
+                if isinstance(exc, Broken):
+                    raise
+                raise Broken(f"a core process died ({exc!r})") from exc
+
+    def _group_sum(self, net, epoch, seed, rows, tree, params, shards) -> np.ndarray:
+        n, B = len(shards), net.buffer_size
+        slots = [self._shard(s) for s in shards]
+        shared, grads, total = self._buffers(net.size, n, str(params.dtype))
+        shared[: net.size] = params
+        ways = min(self.n + 1, n)
+        parts = [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
+        nid = self._net(net)
+        asks = [(proc, ("grad", nid, epoch, seed,
+                        [(slots[p], *rows[p], p) for p in part]))
+                for proc, part in zip(self.procs, parts[1:])]
+        self._ask(asks)
+        mine = shared[: net.size]       # the same values as params: the same bytes
+        for p in parts[0]:
+            x, y = shards[p].batch(epoch, *rows[p], seed)
+            net.loss_and_grad(mine, x, y, out=grads[p, :B])
+        self._answers([proc for proc, _ in asks])
+        if B < SUM_SPLIT_MIN or not self.procs:
+            _sum_range(tree, grads[:n, :B], B, total, 0, B)
+        else:
+            ways = min(self.n + 1, max(1, B // SUM_SPLIT_MIN))
+            cuts = [B * j // ways for j in range(ways + 1)]
+            asks = [(proc, ("sum", tree, B, cuts[j + 1], cuts[j + 2]))
+                    for j, proc in enumerate(self.procs[: ways - 1])]
+            self._ask(asks)
+            _sum_range(tree, grads[:n, :B], B, total, cuts[0], cuts[1])
+            self._answers([proc for proc, _ in asks])
+        return total[:B].copy()
+
+
+_pools: dict[int, Pool] = {}
+_pools_lock = threading.Lock()
+
+
+def pool(helpers: int) -> Pool | None:
+    """This process's pool of ``helpers`` core processes (None where none can be had)."""
+    if helpers < 1 or not supported():
+        return None
+    with _pools_lock:
+        if os.getpid() not in _pools:
+            _pools[os.getpid()] = Pool(helpers)
+            atexit.register(_pools[os.getpid()].close)
+        p = _pools[os.getpid()]
+        if p.n != helpers:
+            p.close()
+            p.n = helpers
+        return p
+
+
+if __name__ == "__main__":
+    _main(int(sys.argv[1]))

@@ -1,0 +1,185 @@
+"""A graph optimization: a window whose tasks all sit on one worker runs as one task.
+
+The builders always build a window step by step (``forward-backward``,
+``reduce``, ``update``, ``evaluate``: the keys, the pictures and the structure
+tests see every step).  When every task of a window is pinned to one worker,
+as on a laptop, one node or one GPU, nothing crosses between workers and each
+step's scheduler round trip (3-5 ms) buys nothing.  This pass, run by the
+engine after the builder, turns such a window into what Dask's own
+``fuse_linear_task_spec`` makes of a linear chain: one task,
+``window-<first step>-<last step>-<run>``, that runs the window's tasks in
+order in one call on that worker, and for each key the engine waits for (the
+end state, the evaluations) a tiny task that picks its value out of the
+window's result.  The maths is the same functions on the same inputs in the
+same order: the same bytes.  ``graph.fuse_steps = false`` turns the pass off.
+
+Inside, each task is timed by kind, and each output marked with when it was
+done (seconds before the window's end), so the engine can still say how long
+each epoch and each kind of work took.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dask.task_spec import DataNode, GraphNode, Task, TaskRef
+
+from dtrain.core import keys
+from dtrain.taskgraph.window import Window
+
+META = "meta"       # the part that names a fused window's timings key
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The tasks of a fused window in an order that runs each after its inputs (the order
+    the builder added them, but for a task added before its inputs), with what runs them
+    needs.
+
+    ``inputs``: keys from outside the window (shards, held-out data), in the order the fused
+    task receives their values; ``outputs``: the keys the engine asked for; ``kinds``: each
+    task's kind, for the timings; ``uses``: how many tasks read each key, so a value is
+    dropped once its last reader ran (a window of 1,000 steps never holds 1,000 gradients).
+    """
+
+    nodes: tuple[GraphNode, ...]
+    kinds: tuple[str | None, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    uses: tuple[tuple[str, int], ...]
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What a fused window returns: the outputs' values in order, the seconds spent in each
+    kind of task, and how long before the window's end each output was done."""
+
+    values: tuple[Any, ...]
+    seconds: dict[str, float]
+    before_end: tuple[float, ...]
+    steps: int
+
+
+def run_chain(chain: Chain, *inputs: Any) -> Ran:
+    """Run a fused window's tasks in order, in this thread; see :class:`Chain`."""
+    cache: dict[str, Any] = dict(zip(chain.inputs, inputs))
+    left = dict(chain.uses)
+    wanted = set(chain.outputs)
+    seconds: Counter[str] = Counter()
+    done: dict[str, float] = {}
+    clock = time.perf_counter
+    for node, kind in zip(chain.nodes, chain.kinds):
+        start = clock()
+        cache[node.key] = node(cache)
+        now = clock()
+        seconds[kind or "other"] += now - start
+        if node.key in wanted:
+            done[node.key] = now
+        for dep in node.dependencies:
+            left[dep] -= 1
+            if not left[dep] and dep not in wanted:
+                del cache[dep]
+    end = clock()
+    return Ran(tuple(cache[k] for k in chain.outputs), dict(seconds),
+               tuple(end - done.get(k, end) for k in chain.outputs), chain.steps)
+
+
+def pick(ran: Ran, i: int) -> Any:
+    """Output ``i`` of a fused window."""
+    return ran.values[i]
+
+
+def meta(ran: Ran) -> Ran:
+    """A fused window's timings, without its values (what the driver fetches of them)."""
+    return Ran((), ran.seconds, ran.before_end, ran.steps)
+
+
+def in_order(dsk: dict[str, GraphNode]) -> list[str]:
+    """The keys of ``dsk`` with every task after the tasks it reads, otherwise in the order
+    they were added (a builder adds a reduce tree before the leaves it sums)."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for top in dsk:
+        stack = [(top, False)]
+        while stack:
+            key, ready = stack.pop()
+            if ready:
+                out.append(key)
+                continue
+            if key in seen:
+                continue
+            seen.add(key)
+            stack.append((key, True))
+            stack.extend((dep, False) for dep in sorted(dsk[key].dependencies, reverse=True)
+                         if dep in dsk and dep not in seen)
+    return out
+
+
+def one_worker(win: Window) -> str | None:
+    """The worker every task of ``win`` is pinned to, or None if there are several."""
+    workers = {where[0] for where in win.where.values()}
+    return workers.pop() if len(workers) == 1 else None
+
+
+def steps(win: Window, first: int, last: int, run: str) -> Window:
+    """``win`` with its tasks fused into one ``window-<first>-<last>`` task when they all sit
+    on one worker (unchanged otherwise): the ends and evaluations keep their keys, as tasks
+    that pick their values out of the window's result, and ``window-<first>-<last>-meta``
+    holds the timings (:class:`Ran`).
+
+    Parameters
+    ----------
+    win
+        A window as a builder made it, its tasks in the order they were added.
+    first, last
+        The window's first and last step (they name the fused task).
+    run
+        The run id that ends every key.
+    """
+    worker = one_worker(win)
+    if worker is None or not win.dsk:
+        return win
+    outputs = (*win.ends, *win.evals.values())
+    inside = set(win.dsk)
+    uses: Counter[str] = Counter()
+    external: list[str] = []
+    for node in win.dsk.values():
+        for dep in node.dependencies:
+            uses[dep] += 1
+            if dep not in inside and dep not in external:
+                external.append(dep)
+    order = in_order(win.dsk)
+    chain = Chain(tuple(win.dsk[k] for k in order), tuple(map(keys.kind_of, order)),
+                  tuple(external), outputs, tuple(uses.items()), last - first + 1)
+    name = keys.make(keys.WINDOW, first, last, run=run)
+    out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
+    out.add(Task(name, run_chain, chain, *map(TaskRef, external)), worker,
+            sum(win.nbytes.get(k, 0) for k in outputs))
+    for i, key in enumerate(outputs):
+        out.add(Task(key, pick, TaskRef(name), i), worker, win.nbytes.get(key, 0))
+    out.meta = out.add(Task(keys.make(keys.WINDOW, first, last, META, run=run), meta,
+                            TaskRef(name)), worker)
+    out.steps_fused = chain
+    return out
+
+
+def is_fused(win: Window) -> bool:
+    """Whether ``win`` came out of :func:`steps` as one task."""
+    return win.meta is not None
+
+
+def epoch_ends(win: Window, ran: Ran, arrived: float) -> dict[int, float]:
+    """When each epoch of a fused window ended, on the driver's clock: the window's result
+    ``arrived`` at that moment, and each evaluation was done ``ran.before_end`` earlier."""
+    outputs = (*win.ends, *win.evals.values())
+    before = dict(zip(outputs, ran.before_end))
+    return {epoch: arrived - before.get(key, 0.0) for epoch, key in win.evals.items()}
+
+
+def stands_for(win: Window) -> Sequence[DataNode | Task]:
+    """The tasks a fused window runs inside (none if it is not fused)."""
+    return win.steps_fused.nodes if win.steps_fused is not None else ()

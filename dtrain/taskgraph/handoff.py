@@ -1,0 +1,125 @@
+"""A graph pass: the state between two windows stays on the worker where the first ended.
+
+A window's graph starts from the state as a literal (``state-<step>``, a
+``DataNode``), which the driver had fetched from the previous window: every
+window the state crossed worker -> driver -> scheduler -> worker, and a big
+model made each graph a big message (distributed warns "Sending large graph"
+for a 784-2048-2048-10 net's 23 MB).  This pass, run by the engine after the
+builder, makes the window's end ``kept-<step>``: a task beside the end state
+that keeps it in that worker's memory as well as returning it; and, once the
+previous window ended on the worker where this one starts, it replaces the
+literal by ``state-<step>`` = :func:`take`, which hands the kept state over.
+The driver still fetches each window's end, for the checkpoint and the
+epoch's early stopping, but nothing goes back: the graph is a few kilobytes
+whatever the model.  The state a worker keeps is one per run, replaced each
+window and dropped when the run ends.
+
+If the worker that kept the state left, or the scheduler ran ``take``
+somewhere else, ``take`` raises :class:`StateGone` and the engine submits
+the window again with the literal it fetched: the same state, the same bytes.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from dask.task_spec import DataNode, Task, TaskRef
+
+from dtrain.core import keys
+from dtrain.core.arrays import to_host
+from dtrain.maths.optim import TrainState
+from dtrain.taskgraph.window import Window
+
+KEEP_RUNS = 4           # runs whose last state a worker keeps at once (one each)
+
+
+class StateGone(Exception):
+    """The worker running ``state-<step>`` does not hold the state the last window kept."""
+
+
+@dataclass(frozen=True)
+class Handed:
+    """A kept state's name: its run and the step it stands before."""
+
+    run: str
+    step: int
+
+
+class _Kept:
+    """The states this process keeps: the newest of each run (at most ``KEEP_RUNS`` runs)."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, tuple[int, TrainState]] = {}
+        self.lock = threading.Lock()
+
+    def put(self, handed: Handed, state: TrainState) -> None:
+        with self.lock:
+            self.states.pop(handed.run, None)
+            while len(self.states) >= KEEP_RUNS:
+                self.states.pop(next(iter(self.states)))
+            self.states[handed.run] = (handed.step, state)
+
+    def get(self, handed: Handed) -> TrainState:
+        with self.lock:
+            step, state = self.states.get(handed.run, (None, None))
+        if step != handed.step:
+            raise StateGone(f"this worker holds no state of run {handed.run} before step "
+                            f"{handed.step}")
+        return state
+
+    def drop(self, run: str) -> bool:
+        with self.lock:
+            return self.states.pop(run, None) is not None
+
+
+_kept = _Kept()
+
+
+def keep(handed: Handed, state: TrainState) -> TrainState:
+    """``kept-<step>``: keep ``state`` here for the next window, and return it in host memory
+    for the driver."""
+    _kept.put(handed, state)
+    return state.with_vector(to_host(state.vector))
+
+
+def take(handed: Handed) -> TrainState:
+    """``state-<step>``: the state the last window kept here (raises :class:`StateGone`)."""
+    return _kept.get(handed)
+
+
+def drop(run: str) -> bool:
+    """Forget the state this process keeps for ``run`` (the run ended); True if it had one."""
+    return _kept.drop(run)
+
+
+def start_node(win: Window) -> str | None:
+    """The key of the literal state a window starts from, or None where it has none or
+    several (model-parallel windows start from a state per slice)."""
+    found = [k for k, node in win.dsk.items()
+             if isinstance(node, DataNode) and keys.kind_of(k) == keys.STATE]
+    return found[0] if len(found) == 1 and len(win.ends) == 1 else None
+
+
+def rewrite(win: Window, run: str, start: int, stop: int, take_kept: bool) -> Window:
+    """``win`` ending in ``kept-<stop>`` (see the module docstring) and, if ``take_kept``,
+    starting from the state kept before step ``start`` instead of the literal.  A window
+    this pass does not fit (:func:`start_node` None) comes back unchanged.
+    """
+    first = start_node(win)
+    if first is None:
+        return win
+    if take_kept:
+        win.dsk[first] = Task(first, take, Handed(run, start))
+    (end,) = win.ends
+    where = win.where[end][0]
+    win.ends = [win.add(Task(keys.make(keys.KEPT, stop, run=run), keep, Handed(run, stop),
+                             TaskRef(end)), where, win.nbytes.get(end, 0))]
+    return win
+
+
+def literal_size(win: Window) -> int:
+    """Bytes of the literal state in ``win`` (0 once it is handed over)."""
+    first = start_node(win)
+    node: Any = win.dsk.get(first) if first else None
+    return win.nbytes.get(first, 0) if isinstance(node, DataNode) else 0

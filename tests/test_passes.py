@@ -1,0 +1,253 @@
+"""The engine's graph passes (a window on one worker fused into one task; the state handed
+over between windows) and the core processes a worker computes its shards on: tested on
+structure (keys, pinning, what crosses) and on values (the same bytes as without them)."""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+import pytest
+from dask.task_spec import DataNode, Task, TaskRef
+
+from dtrain.core import keys
+from dtrain.core.arrays import sum_in_order
+from dtrain.core.config import load_config
+from dtrain.data.shards import Shard, load_shard
+from dtrain.maths.model import Network
+from dtrain.taskgraph import cores, fuse, handoff
+from dtrain.taskgraph.placement import Worker
+from dtrain.taskgraph.tasks import _nested_sum
+from dtrain.training.plan import plan
+
+RUN = "t0"
+
+
+def _window(sets=(), workers=("w0",), steps=range(14), val=True):
+    p = plan(load_config(None, ["train.epochs=2", *sets]))
+    placement = p.builder.place([Worker(w, False, 1.0, 2) for w in workers])
+    refs = [TaskRef(f"load-shard-{i}-{RUN}") for i in range(len(p.ranges))]
+    win = p.builder.window([p.schedule[t] for t in steps], p.initial_state(), refs,
+                           TaskRef(f"load-val-{RUN}") if val else None, placement, RUN)
+    return p, win
+
+
+def _run(win, p, values):
+    """Run a window's graph in this process, in an order that respects its edges."""
+    cache = dict(values)
+    for key in fuse.in_order(win.dsk):
+        cache[key] = win.dsk[key](cache)
+    return cache
+
+
+def _inputs(p):
+    shards = {f"load-shard-{i}-{RUN}": load_shard(s) for i, s in enumerate(p.sources)}
+    from dtrain.data.shards import load_part
+    return {**shards, f"load-val-{RUN}": load_part(p.config.data, "val", p.config.model.dtype,
+                                                    norm=p.norm)}
+
+
+# --- fusing a window on one worker ---------------------------------------------------------
+
+def test_a_window_on_one_worker_is_one_task_that_keeps_the_keys_the_engine_reads():
+    p, win = _window(["graph.update=root"])
+    outputs = (*win.ends, *win.evals.values())
+    fused = fuse.steps(win, 0, 13, RUN)
+    body = f"window-0-13-{RUN}"
+    assert list(fused.dsk) == [body, *outputs, f"window-0-13-meta-{RUN}"]
+    assert keys.kind_of(body) == keys.WINDOW and keys.label(body) == "window\\nsteps 0-13"
+    assert all(w == ["w0"] for w in fused.where.values())
+    # the one task reads the shards and the held-out data, nothing of its own graph
+    assert fused.dsk[body].dependencies == {f"load-shard-{i}-{RUN}" for i in range(4)} | \
+        {f"load-val-{RUN}"}
+    assert all(fused.dsk[k].dependencies == {body} for k in outputs)
+    # it runs every step's tasks inside: as many updates as steps, each after its inputs
+    chain = fused.steps_fused
+    assert sum(k == keys.UPDATE for k in chain.kinds) == 14 == chain.steps
+    at = {node.key: i for i, node in enumerate(chain.nodes)}
+    assert all(at[d] < at[node.key] for node in chain.nodes for d in node.dependencies
+               if d in at)
+    assert fused.step_tasks() == 2 and win.step_tasks() > 14
+
+
+def test_a_window_across_workers_is_left_as_it_is():
+    _, win = _window(workers=("w0", "w1"))
+    assert fuse.one_worker(win) is None
+    assert fuse.steps(win, 0, 13, RUN) is win
+
+
+def test_fused_and_unfused_windows_compute_the_same_bytes():
+    """The pass only reorders who calls what: the end state and the evaluations equal the
+    step-by-step graph's to the bit (replicated updates, whose builder adds a reduce tree
+    before its leaves, included)."""
+    for update in ("root", "replicated"):
+        p, win = _window([f"graph.update={update}", "graph.fuse_shards=false"])
+        values = _inputs(p)
+        plain = _run(win, p, values)
+        fused = fuse.steps(win, 0, 13, RUN)
+        got = _run(fused, p, values)
+        end = win.ends[0]
+        assert got[end].vector.tobytes() == plain[end].vector.tobytes()
+        for key in win.evals.values():
+            assert got[key] == plain[key]
+        ran = got[fused.meta]
+        assert ran.steps == 14 and ran.seconds[keys.FORWARD_BACKWARD] > 0
+        assert len(ran.before_end) == 1 + len(win.evals)
+
+
+def test_a_fused_window_drops_each_value_after_its_last_reader():
+    """A long window holds a few buffers at a time, not one per step."""
+    p, win = _window(["graph.fuse_shards=false", "graph.update=root"], steps=range(14))
+    chain = fuse.steps(win, 0, 13, RUN).steps_fused
+    held, peak = set(), 0
+    left = dict(chain.uses)
+    for node in chain.nodes:
+        held.add(node.key)
+        for dep in node.dependencies:
+            left[dep] -= 1
+            if not left[dep] and dep not in chain.outputs:
+                held.discard(dep)
+        peak = max(peak, len(held))
+    assert peak <= 8 and len(chain.nodes) > 14 * 7     # 4 shards, 2 sums, the update
+
+
+def test_epoch_ends_come_from_when_each_evaluation_was_done():
+    p, win = _window()
+    ran = fuse.Ran((), {}, (0.0, 0.5, 0.0), 14)       # the end, epoch 1's, epoch 2's
+    assert fuse.epoch_ends(win, ran, 10.0) == {0: 9.5, 1: 10.0}
+
+
+# --- handing the state over ------------------------------------------------------------------
+
+def test_the_state_is_kept_where_the_window_ends_and_taken_there_next():
+    p, win = _window(steps=range(7))
+    first = handoff.start_node(win)
+    assert first == f"state-0-{RUN}" and isinstance(win.dsk[first], DataNode)
+    win = handoff.rewrite(win, RUN, 0, 7, take_kept=False)
+    assert win.ends == [f"kept-7-{RUN}"] and win.where[win.ends[0]] == ["w0"]
+    assert handoff.literal_size(win) > 0
+    _, nxt = _window(steps=range(7, 14))
+    nxt = handoff.rewrite(nxt, RUN, 7, 14, take_kept=True)
+    assert isinstance(nxt.dsk[f"state-7-{RUN}"], Task) and handoff.literal_size(nxt) == 0
+    # values: run both windows here; the second starts from what the first kept
+    values = _inputs(p)
+    got = _run(win, p, values)
+    kept = got[win.ends[0]]
+    taken = _run(nxt, p, values)[f"state-7-{RUN}"]
+    assert taken.vector.tobytes() == kept.vector.tobytes()
+    assert handoff.drop(RUN) and not handoff.drop(RUN)
+
+
+def test_a_worker_without_the_state_says_so():
+    handoff.drop(RUN)
+    with pytest.raises(handoff.StateGone, match="no state of run t0 before step 7"):
+        handoff.take(handoff.Handed(RUN, 7))
+    handoff.keep(handoff.Handed(RUN, 5), _window(steps=range(1))[0].initial_state())
+    with pytest.raises(handoff.StateGone):          # a state of another step is not it
+        handoff.take(handoff.Handed(RUN, 7))
+    handoff.drop(RUN)
+
+
+def test_model_parallel_windows_keep_their_literals():
+    _, win = _window(["graph.strategy=model-parallel", "graph.slices=2"], steps=range(3))
+    assert handoff.start_node(win) is None
+    assert handoff.rewrite(win, RUN, 0, 3, take_kept=True) is win
+
+
+# --- core processes ----------------------------------------------------------------------------
+
+NET = Network((30, 64, 5), "sigmoid", "cross-entropy", "float32")
+
+
+def _shards(n=5, rows=40, seed=0, dtype="float32"):
+    rng = np.random.default_rng(seed)
+    return [Shard(i, rng.standard_normal((rows, 30)).astype(dtype), rng.integers(0, 5, rows))
+            for i in range(n)]
+
+
+def _reference(net, shards, rows, tree, params, epoch=1, seed=3):
+    bufs = [net.loss_and_grad(params, *s.batch(epoch, *r, seed)) for s, r in zip(shards, rows)]
+    return _nested_sum(tree, bufs)
+
+
+@pytest.fixture
+def pool():
+    p = cores.Pool(2)
+    yield p
+    p.close()
+
+
+def _helpers(pool):
+    return [p.popen for p in pool.procs]
+
+
+@pytest.mark.skipif(not cores.supported(), reason="needs memfd_create (Linux)")
+def test_core_processes_give_the_bytes_of_one_process(pool):
+    shards = _shards()
+    rows = [(0, 9), (3, 12), (0, 0), (5, 40), (1, 2)]          # an empty one among them
+    tree = ((0, 1), (2, (3, 4)))
+    for dtype in ("float32", "float64"):
+        net = Network(NET.layers, NET.activation, NET.loss, dtype)
+        params = net.init(7)
+        data = _shards(dtype=dtype)
+        got = pool.group_sum(net, 1, 3, rows, tree, params, data)
+        assert got.tobytes() == _reference(net, data, rows, tree, params).tobytes()
+    assert len(pool.procs) == 2 and all(p.poll() is None for p in _helpers(pool))
+
+
+@pytest.mark.skipif(not cores.supported(), reason="needs memfd_create (Linux)")
+def test_a_long_buffer_is_summed_in_ranges_by_every_process(pool, monkeypatch):
+    monkeypatch.setattr(cores, "SUM_SPLIT_MIN", 64)        # split even this small net's sum
+    params = NET.init(1)
+    shards = _shards(n=4)
+    rows = [(0, 10)] * 4
+    got = pool.group_sum(NET, 0, None, rows, ((0, 1), (2, 3)), params, shards)
+    assert got.tobytes() == _reference(NET, shards, rows, ((0, 1), (2, 3)), params, 0,
+                                       None).tobytes()
+
+
+@pytest.mark.skipif(not cores.supported(), reason="needs memfd_create (Linux)")
+def test_a_dead_core_process_costs_a_retry_not_the_run(pool):
+    shards = _shards()
+    rows, tree = [(0, 8)] * 5, (0, 1, 2, 3, 4)
+    params = NET.init(2)
+    want = _reference(NET, shards, rows, tree, params).tobytes()
+    assert pool.group_sum(NET, 1, 3, rows, tree, params, shards).tobytes() == want
+    victim = _helpers(pool)[0]
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(5)
+    with pytest.raises(cores.Broken, match="died"):
+        pool.group_sum(NET, 1, 3, rows, tree, params, shards)
+    assert pool.procs == []                             # stopped: started afresh next time
+    assert pool.group_sum(NET, 1, 3, rows, tree, params, shards).tobytes() == want
+    assert victim.pid not in [p.pid for p in _helpers(pool)]
+
+
+@pytest.mark.skipif(not cores.supported(), reason="needs memfd_create (Linux)")
+def test_core_processes_end_with_their_worker_and_forget_freed_shards(pool):
+    shards = _shards()
+    params = NET.init(0)
+    pool.group_sum(NET, 0, 1, [(0, 4)] * 5, (0, 1, 2, 3, 4), params, shards)
+    assert len(pool.slots) == 5
+    del shards
+    gc.collect()
+    other = _shards(n=2, seed=1)
+    pool.group_sum(NET, 0, 1, [(0, 4)] * 2, (0, 1), params, other)
+    assert len(pool.slots) == 2                         # the freed shards' copies are gone
+    helpers = _helpers(pool)
+    pool.close()
+    for h in helpers:
+        assert h.wait(5) == 0
+    # helpers never outlive a worker that dies without closing them: they read EOF
+    assert not [c for c in psutil.Process().children() if c.pid in {h.pid for h in helpers}]
+
+
+def test_the_helper_environment_has_one_blas_thread_and_glibcs_own_thresholds(monkeypatch):
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    env = cores._env()
+    assert "MALLOC_TRIM_THRESHOLD_" not in env
+    assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "1"
