@@ -48,8 +48,7 @@ class TrainingData:
     label column's name when ``y`` named one.  ``targets`` is the number of a
     regression's targets, or of a multilabel ``y``'s labels (0/1 indicators,
     ``multilabel``; ``classes`` are then their indices); ``dtype`` what
-    ``predict`` returns for a multilabel ``y``, and ``float32`` whether ``X``
-    was float32 (the estimator's outputs are then float32 too).
+    ``predict`` returns for a multilabel ``y``.
     """
 
     features: int
@@ -62,7 +61,6 @@ class TrainingData:
     targets: int = 1
     multilabel: bool = False
     dtype: Any = None
-    float32: bool = False
 
     def collection(self, client: Client) -> Collection:
         return self.make(client)
@@ -117,7 +115,6 @@ def shard_count(shards: int | str, rows: int) -> int:
 
 def _in_memory(X: Any, y: Any, shards: int | str, classifier: bool,
                sample_weight: Any = None) -> TrainingData:
-    from scipy import sparse
     from sklearn.utils import check_array
 
     frame = _is_frame(X)
@@ -128,18 +125,15 @@ def _in_memory(X: Any, y: Any, shards: int | str, classifier: bool,
                              f"of a column of a DataFrame X")
         label, y = y, X[y]
         X = X.drop(columns=[label])
-    float32 = False
     if frame:
         _shape_ok(X.shape)
         collections.check_numeric(X.dtypes.to_dict(), list(X.columns), "X")
         columns = tuple(X.columns)
-        float32 = all(str(t) == "float32" for t in X.dtypes)
         check_finite(X.to_numpy(dtype=np.float64, na_value=np.nan), "X", columns, FIX)
     else:
         X = check_array(X, dtype="numeric", ensure_all_finite=False, ensure_2d=True,
                         accept_sparse="csr")
         columns = None
-        float32 = X.dtype == np.float32
         _check_finite_rows(X)
     y = _labels(y, X.shape[0], classifier)
     multilabel = classifier and y.ndim == 2
@@ -159,9 +153,7 @@ def _in_memory(X: Any, y: Any, shards: int | str, classifier: bool,
         y = np.asarray(y, dtype=np.float64)          # 0/1 indicators, or real targets
     make = _frame_maker(X, y, cuts) if frame else _array_maker(X, y, cuts, weights)
     return TrainingData(X.shape[1], make, False, classes, columns, feature_names(columns),
-                        label, 1 if y.ndim == 1 else y.shape[1], multilabel, label_dtype,
-                        bool(float32) and
-                        not sparse.issparse(X))
+                        label, 1 if y.ndim == 1 else y.shape[1], multilabel, label_dtype)
 
 
 def _check_finite_rows(X: Any) -> None:
@@ -341,7 +333,7 @@ def _dask_array(X: Any, y: Any, classifier: bool = True, w: Any = None) -> Train
     return TrainingData(int(X.shape[1]), make, True,
                         np.arange(y.shape[1]) if multilabel else None,
                         targets=1 if y.ndim == 1 else int(y.shape[1]), multilabel=multilabel,
-                        dtype=y.dtype if multilabel else None, float32=X.dtype == np.float32)
+                        dtype=y.dtype if multilabel else None)
 
 
 def _dask_frame(X: Any, y: Any, w: Any = None) -> TrainingData:
@@ -360,8 +352,7 @@ def _dask_frame(X: Any, y: Any, w: Any = None) -> TrainingData:
 
     def make(client: Client) -> Collection:
         return collections.from_frame(client, X, y, where="X", weight=w)
-    return TrainingData(len(columns), make, True, None, columns, feature_names(columns), label,
-                        float32=all(str(X.dtypes[c]) == "float32" for c in columns))
+    return TrainingData(len(columns), make, True, None, columns, feature_names(columns), label)
 
 
 # --- predict ----------------------------------------------------------------------------------
