@@ -470,9 +470,9 @@ def test_numpy_without_a_client_runs_on_one_shared_embedded_cluster():
     from dtrain.estimators import cluster
 
     x, y = _iris()
-    first = dtrain.MLPClassifier(max_iter=5).fit(x, y)
+    first = dtrain.MLPClassifier(max_iter=5, random_state=0).fit(x, y)
     embedded = cluster.embedded()
-    second = dtrain.MLPClassifier(max_iter=5).fit(x, y)
+    second = dtrain.MLPClassifier(max_iter=5, random_state=0).fit(x, y)
     assert cluster.embedded() is embedded and _same_bytes(first, second)
     shape = local_shape(ClusterConfig())             # the command line's embedded cluster
     assert (second.summary_["workers"], second.summary_["threads"]) == \
