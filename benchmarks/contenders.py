@@ -26,6 +26,7 @@ from benchmarks.workloads import Workload
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_SGD_SYNC_EVERY = 4          # graph.sync_every of dtrain-local-sgd
+AUTO_WORKERS = 4                  # dtrain-auto's Dask workers: the GPU's and CPU workers
 
 
 def torch_unsupported(cfg: Config) -> str | None:
@@ -34,6 +35,17 @@ def torch_unsupported(cfg: Config) -> str | None:
     if m.loss != "cross-entropy" or m.l2 or o.name not in ("sgd", "momentum"):
         return "torch-ddp runs softmax + cross-entropy with SGD or momentum, no L2"
     return None
+
+
+def gpu_name() -> str:
+    """The first GPU ``nvidia-smi`` lists, or "" where there is none."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return ""
+    done = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
+                          capture_output=True, text=True)
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() \
+        else ""
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,8 @@ class Tools:
     mpi4py: bool
     torch: bool
     scheduler_rank: bool          # dtrain's CLI has --scheduler-rank (issue 3)
+    gpu: str = ""                 # the first NVIDIA GPU nvidia-smi lists ("": none)
+    cupy: bool = False
 
     @classmethod
     def discover(cls) -> Tools:
@@ -57,7 +71,8 @@ class Tools:
         helptext = subprocess.run([PYTHON, "-m", "dtrain", "--help"], capture_output=True,
                                   text=True, cwd=REPO).stdout
         return cls(mpiexec, open_mpi, importlib.util.find_spec("mpi4py") is not None,
-                   importlib.util.find_spec("torch") is not None, "--scheduler-rank" in helptext)
+                   importlib.util.find_spec("torch") is not None, "--scheduler-rank" in helptext,
+                   gpu_name(), importlib.util.find_spec("cupy") is not None)
 
     def mpi_command(self, ranks: int) -> list[str]:
         extra = ["--oversubscribe"] if self.open_mpi else []
@@ -96,6 +111,7 @@ class Contender:
     threads: bool = False         # one worker process, one thread per training worker
     layout: bool = False          # the shape cluster.layout gives on this machine
     fuse: str = ""                # graph.fuse_shards
+    device: str = ""              # cluster.device: "gpu" (one GPU worker), "auto" (GPU + CPUs)
 
     @property
     def trains(self) -> bool:
@@ -115,15 +131,26 @@ class Contender:
         parameters differ from the serial reference's by design (not checked)."""
         return self.trains and self.strategy != "local-sgd"
 
+    @property
+    def on_gpu(self) -> bool:
+        """Needs a CUDA GPU."""
+        return bool(self.device) or self.kind in ("torch-gpu", "cupy")
+
     def dask_workers(self, workers: int) -> int:
         """cluster.workers for a LocalCluster: the server is a Dask worker too (0: as the
         layout says)."""
+        if self.device:
+            return AUTO_WORKERS if self.device == "auto" else 1
         if self.layout:
             return 0
         return 1 if self.threads else workers + self.server
 
     def shape(self, workers: int) -> tuple[int, int]:
         """(worker processes, threads each) of its LocalCluster on this machine."""
+        if self.kind in ("torch-gpu", "cupy"):
+            return 1, 1
+        if self.device:
+            return self.dask_workers(workers), 1
         if self.layout:
             s = local_shape(ClusterConfig(), 1 + self.server, workers)
             return s.workers, s.threads
@@ -131,7 +158,7 @@ class Contender:
 
     def processes(self, workers: int) -> int:
         """Processes that compete for the cores while it trains (1 for serial)."""
-        if self.strategy == "serial":
+        if self.strategy == "serial" or self.kind in ("torch-gpu", "cupy"):
             return 1
         return self.shape(workers)[0] + self.driver
 
@@ -160,6 +187,8 @@ class Contender:
             cluster["threads_per_worker"] = 0
         if self.kind == "dtrain-mpi":           # N worker ranks, each a single-thread worker
             cluster["layout"] = "flat"
+        if self.device:                         # CPU workers (auto): the node's cores shared
+            cluster.update(device=self.device, threads_per_worker=0)
         return {"graph": graph, "cluster": cluster}
 
     def config_for(self, wl: Workload, workers: int, data_dir: Path) -> Config:
@@ -173,7 +202,11 @@ class Contender:
             return "needs mpiexec and mpi4py: pip install -e '.[bench]'"
         if self.kind == "dtrain-mpi" and not tools.scheduler_rank:
             return "this dtrain has no --scheduler-rank yet (issue 3)"
-        if self.kind == "torch":
+        if self.on_gpu and not tools.gpu:
+            return "no NVIDIA GPU here (nvidia-smi lists none)"
+        if self.on_gpu and self.kind != "torch-gpu" and not tools.cupy:
+            return "CuPy is not installed: pip install 'dtrain[gpu]'"
+        if self.kind in ("torch", "torch-gpu"):
             return "torch is not installed: pip install torch==2.13.0" if not tools.torch \
                 else torch_unsupported(cfg)
         return None
@@ -208,6 +241,10 @@ class Contender:
             return [PYTHON, "-m", "benchmarks.local", str(run_dir)]
         if self.kind == "torch":
             return [PYTHON, "-m", "benchmarks.torch_ddp", str(run_dir), str(workers)]
+        if self.kind == "torch-gpu":
+            return [PYTHON, "-m", "benchmarks.torch_gpu", str(run_dir)]
+        if self.kind == "cupy":
+            return [PYTHON, "-m", "benchmarks.cupy_floor", str(run_dir)]
         if self.kind in ("floor", "chain"):
             return [PYTHON, "-m", "benchmarks.floor", str(run_dir), self.kind]
         ranks = self.processes(workers)
@@ -257,4 +294,17 @@ CONTENDERS = [
     Contender("dtrain-mpi-ps", "dtrain parameter-server under mpiexec (--scheduler-rank 0)",
               "dtrain-mpi", "parameter-server", driver=True),
 ]
+GPU_CONTENDERS = [
+    Contender("dtrain-gpu", "dtrain allreduce on one GPU worker (cluster.device = gpu): the "
+              "shards in GPU memory, a window of steps one task", "local", "allreduce",
+              driver=True, device="gpu"),
+    Contender("dtrain-auto", f"dtrain allreduce with cluster.device = auto: the GPU worker and "
+              f"CPU workers ({AUTO_WORKERS} in all), the shards where the predicted step is "
+              f"shortest", "local", "allreduce", driver=True, device="auto"),
+    Contender("torch-gpu", "a plain PyTorch loop of the same net on the GPU (the training set "
+              "on the GPU, each epoch's rows one index array there)", "torch-gpu", "allreduce"),
+    Contender("cupy-floor", "dtrain's maths on CuPy in a plain loop, no Dask: the floor under "
+              "dtrain-gpu", "cupy", "allreduce"),
+]
+CONTENDERS += GPU_CONTENDERS
 BY_NAME = {c.name: c for c in CONTENDERS}

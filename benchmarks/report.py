@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks import layouts
+from benchmarks import layouts, peers
 
 REFERENCE = "mpi-allreduce"                 # the "x MPI" column and the targets' yardstick
 DTRAIN_TARGETED = ("dtrain-default", "dtrain-allreduce", "dtrain-threads",
@@ -45,7 +45,8 @@ def machine(args: Any, tools: Any) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[dist] = None
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip() or None
+                            text=True, cwd=Path(__file__).parent).stdout.strip() or \
+        os.environ.get("DTRAIN_COMMIT") or None     # a copy without .git (benchmarks/device.sh)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "command": " ".join(["python -m benchmarks", *sys.argv[1:]]),
@@ -54,7 +55,7 @@ def machine(args: Any, tools: Any) -> dict[str, Any]:
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "python": platform.python_version(), "platform": platform.platform(),
         "versions": versions, "dtrain_commit": commit,
-        "mpiexec": tools.mpiexec, "load_before": os.getloadavg(),
+        "mpiexec": tools.mpiexec, "load_before": os.getloadavg(), "gpu": tools.gpu or None,
     }
 
 
@@ -210,7 +211,7 @@ WHAT = {"mpi_ratio": "dtrain / mpi4py Allreduce", "torch_ratio": "dtrain / PyTor
 
 def tables(results: dict[str, Any]) -> list[Table]:
     """Every table of the report: one per workload, then targets, strong and weak scaling."""
-    meta, out = results["meta"], []
+    meta, out = results["meta"], list(peers.tables(results))
     star = (f"procs marked * : more busy processes (a threaded worker's compute threads "
             f"counted one by one) than the {meta['cores']} cores (oversubscribed).")
     header = ["workers", "contender", "procs", "epoch s", "samples/s", "ms/step", "x serial",
@@ -293,8 +294,9 @@ def targets_table(checks: list[dict[str, Any]]) -> Table:
 def headline(meta: dict[str, Any]) -> str:
     """When, where and how: the first lines of every rendering."""
     after = meta.get("load_after", [float("nan")])[0]
+    gpu = f", {meta['gpu']}" if meta.get("gpu") else ""
     return (f"Benchmark of {meta['date']} on {meta['cpu']} ({meta['cores']} cores, "
-            f"{meta['memory_gib']} GiB), load average {meta['load_before'][0]:.2f} before, "
+            f"{meta['memory_gib']} GiB{gpu}), load average {meta['load_before'][0]:.2f} before, "
             f"{after:.2f} after; dtrain {meta['dtrain_commit'] or '(no git checkout)'}.\n"
             f"`{meta['command']}`")
 
@@ -374,3 +376,4 @@ def write(results: dict[str, Any], out: Path) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     (out / "results.md").write_text(markdown(results) + "\n")
     (out / "results.html").write_text(html(results))
+    peers.picture(results, out / "results-speedup.png")

@@ -95,7 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", default=None,
                         help="comma-separated training-worker counts, = shards (default 1,2,4; "
                              "--quick: 1,2; the layout study: 1,2,4,8,16)")
-    parser.add_argument("--contenders", help="comma-separated names (default: all): "
+    parser.add_argument("--contenders", help="comma-separated names (default: all), each "
+                        "optionally at some worker counts only (torch-ddp@16, serial@1/16): "
                         + ", ".join(c.name for c in CONTENDERS))
     parser.add_argument("--repeat", type=int, default=1, help="runs per cell, interleaved (default 1)")
     parser.add_argument("--quick", action="store_true",
@@ -119,6 +120,20 @@ def _names(text: str | None, known: list[str], what: str, default: list[str]) ->
         raise UsageError(f"unknown {what} {', '.join(unknown) or repr(text)}; choose from "
                          f"{', '.join(known)}")
     return names
+
+
+def _only(text: str | None) -> dict[str, list[int] | None]:
+    """``--contenders`` as ``{name: worker counts it runs at (None: every one)}``, in order
+    (``torch-ddp@16`` runs at 16 workers only, ``serial@1/16`` at 1 and 16)."""
+    out: dict[str, list[int] | None] = {}
+    for item in filter(None, (t.strip() for t in (text or "").split(","))):
+        name, _, at = item.partition("@")
+        try:
+            out[name] = _workers(at.replace("/", ",")) if at else None
+        except UsageError:
+            raise UsageError(f"--contenders {item!r}: after @ come worker counts, e.g. "
+                             f"torch-ddp@16 or serial@1/16") from None
+    return out
 
 
 def _workers(text: str) -> list[int]:
@@ -246,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         workloads = load_workloads(args.quick)
         names = _names(args.workloads, list(workloads), "workload",
                        QUICK_WORKLOADS if args.quick else list(workloads))
-        contenders = [BY_NAME[n] for n in _names(args.contenders, list(BY_NAME), "contender",
-                                                 list(BY_NAME))]
+        only = _only(args.contenders)
+        contenders = [BY_NAME[n] for n in _names(",".join(only) if only else None,
+                                                 list(BY_NAME), "contender", list(BY_NAME))]
         counts = _workers(args.workers or ("1,2" if args.quick else "1,2,4"))
         if args.repeat < 1:
             raise UsageError(f"--repeat {args.repeat}: needs at least 1")
@@ -258,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.out / "runs", ignore_errors=True)
     meta = report.machine(args, tools)
     cells = [(r, workloads[w], n, c) for r in range(args.repeat) for w in names
-             for n in counts for c in contenders]
+             for n in counts for c in contenders if only.get(c.name) is None or n in only[c.name]]
     runs = []
     try:
         for i, (repeat, wl, n, c) in enumerate(cells, start=1):
@@ -276,5 +292,5 @@ def main(argv: list[str] | None = None) -> int:
                            [asdict(r) | {"timed": r.timed} for r in runs])
     report.write(results, args.out)
     print(report.markdown(results))
-    print(f"\nwrote {args.out / 'results.json'}, results.md, results.html")
+    print(f"\nwrote {args.out / 'results.json'}, results.md, results.html, results-speedup.png")
     return 1 if any(r.status == "failed" for r in runs) else 0

@@ -29,8 +29,8 @@ def test_every_workload_is_a_valid_dtrain_run(quick, shared_data):
     """Each workload, at 1 and 4 workers, is a config dtrain accepts and plans against the
     real data (features and classes match the files, the sizes are the issue's)."""
     workloads = load_workloads(quick)
-    assert list(workloads) == ["P1", "P2", "P3", "fullbatch", "weak", "in784", "in3248",
-                               "in12544", "iris"]
+    assert list(workloads) == ["P1", "P2", "P3", "P4", "fullbatch", "weak", "in784",
+                               "in3248", "in12544", "iris"]
     sizes = {}
     for wl in workloads.values():
         for n in (1, 4):
@@ -49,6 +49,7 @@ def test_every_workload_is_a_valid_dtrain_run(quick, shared_data):
         assert sizes["P1", 1] == (20000, 8192, (784, 1024, 10))
         assert sizes["P2", 1] == (10000, 1024, (784, 1024, 10))
         assert sizes["P3", 1] == (10000, 256, (784, 128, 10))
+        assert sizes["P4", 1] == (20000, 8192, (784, 2048, 2048, 10))
         assert sizes["fullbatch", 4] == (60000, 60000, (784, 1024, 10))
         assert [sizes["weak", n][0] for n in (1, 4)] == [5000, 20000]      # 5k per worker
         assert [sizes[f"in{d}", 1][2] for d in (784, 3248, 12544)] == [(784, 10), (3248, 10),

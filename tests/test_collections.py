@@ -181,6 +181,27 @@ def test_files_are_checked_before_anything_starts(tmp_path, capfd):
         assert not (tmp_path / "x").exists()
 
 
+def test_a_parquet_files_index_is_not_a_feature(client, tmp_path):
+    """dask's to_parquet writes its index as a column (``__null_dask_index__``), pandas' a
+    named index too (``id``); the pandas metadata names them index columns, so the check of
+    the files, the label by default and the workers' read all see 64 features, not 65."""
+    from sklearn.datasets import load_digits
+
+    from dtrain.core.config import DataConfig
+
+    frame = load_digits(as_frame=True).frame.iloc[:300]                 # 64 pixels, "target"
+    dd.from_pandas(frame, npartitions=3).to_parquet(tmp_path / "dask")  # index written
+    named = frame.set_axis(pd.Index((frame.index * 7) % 301, name="id"))    # not a range
+    named.to_parquet(tmp_path / "named.parquet")
+    for path, index in [(tmp_path / "dask" / "*.parquet", "__null_dask_index__"),
+                        (tmp_path / "named.parquet", "id")]:
+        cfg = DataConfig(dataset="parquet", path=str(path))             # label: the last
+        collections.check_files(cfg, (64, 16, 10))     # was: "has 65 feature columns"
+        coll = collections.from_files(client, cfg)
+        assert coll.columns.label == "target" and coll.features == 64, (path, coll.columns)
+        assert coll.names == tuple(frame.columns[:-1]) and index not in coll.names
+
+
 @pytest.mark.slow
 def test_a_regression_trains_on_dask_arrays_where_they_sit(client, tmp_path):
     """Real-valued targets through the same pipeline: y float (rows,) blocks beside X."""

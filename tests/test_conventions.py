@@ -142,12 +142,28 @@ def test_a_stop_by_a_signal_is_not_swallowed_by_except_exception(tmp_path):
 
 # --- the exit codes (item 9) -------------------------------------------------------------------
 
-def test_readme_lists_every_exit_code_in_one_table():
-    text = (REPO / "README.md").read_text()
-    table = re.search(r"\| exit code \| meaning \|\n\| --- \| --- \|\n((?:\|.*\|\n)+)", text)
-    assert table, "no exit-code table in README.md"
+def test_the_docs_list_every_exit_code_in_one_table():
+    """The exit codes are one table, on the troubleshooting page (README.md is a first visit
+    now): a row per code, in order, every code dtrain's errors and the CLI give among them,
+    and no second exit-code table on any page to disagree with it."""
+    from dtrain.cli.main import EXIT_BROKEN_PIPE
+    from dtrain.core.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USER_ERROR
+
+    docs = REPO / "docs"
+    text = (docs / "troubleshooting.md").read_text()
+    section = text.split("(exit-codes)=\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    table = re.search(r"^\| exit code \| what happened \| what to do \|\n\| --- \| --- \| --- \|\n"
+                      r"((?:\|.*\|\n)+)", section, re.M)
+    assert table, "no exit-code table under 'Exit codes' in docs/troubleshooting.md"
     codes = [row.split("|")[1].strip().strip("`") for row in table.group(1).splitlines()]
-    assert codes == ["0", "2", "3", "75", "130", "any other"], codes
+    assert codes == ["0", "2", "3", "75", "130", "141", "any other"], codes
+    assert {str(c) for c in (EXIT_USER_ERROR, EXIT_DIVERGED, EXIT_STOPPED, EXIT_INTERRUPTED,
+                             EXIT_BROKEN_PIPE)} <= set(codes)
+    assert "Python is still importing Dask" in section and "dtrain.Stopped" in section
+    pages = {p.name: p.read_text() for p in [REPO / "README.md", *docs.glob("*.md")]}
+    tables = [name for name, page in pages.items()
+              for _ in re.finditer(r"^\| (exit )?code \|", page, re.M)]
+    assert tables == ["troubleshooting.md"], tables
 
 
 # --- small promises (item 10) ------------------------------------------------------------------

@@ -68,7 +68,7 @@ class Stopped(BaseException):
 
     @property
     def code(self) -> int:
-        """130 for Ctrl-C, :data:`EXIT_STOPPED` for SIGTERM and SIGUSR1 (a scheduler's
+        """130 for Ctrl-C, 75 (``EXIT_STOPPED``) for SIGTERM and SIGUSR1 (a scheduler's
         warning that the job must end: the run is meant to be resumed)."""
         return EXIT_INTERRUPTED if self.signal == "SIGINT" else EXIT_STOPPED
 

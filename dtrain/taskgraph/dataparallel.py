@@ -83,6 +83,12 @@ def fuse_choice(recipe: Recipe, placement: Placement, rows: int) -> tuple[bool, 
         return recipe.fuse_shards == "true", f"graph.fuse_shards = {recipe.fuse_shards}"
     if width < 2:
         return False, "auto: one shard per worker, nothing to fuse"
+    if any(w in placement.gpus for w, n in Counter(placement.leaves).items() if n > 1):
+        return True, "auto: a GPU computes its shards of a step in one pass"
+    if recipe.fuse_steps and len(set(placement.leaves)) == 1 and placement.root in placement.leaves:
+        return True, ("auto: one worker holds every shard, so each window runs as one task "
+                      "(graph.fuse_steps) and its shards share a forward-backward, computed on "
+                      "the worker's cores")
     flops = recipe.net.flops(rows)
     fused = flops <= FUSE_FLOPS_PER_TASK * (width - 1)
     what = (f"auto: up to {width} shards per worker of {flops / 1e6:.3g} MFLOP each ({rows} "

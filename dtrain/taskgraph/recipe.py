@@ -34,6 +34,7 @@ class Recipe:
                                    # "false", "auto" (see dataparallel.fuse_choice)
     step_event_gap: float = 0.0    # step events: at most one per this many seconds per worker
     keep_states: bool = False      # evaluations return their epoch's state (early stopping)
+    fuse_steps: bool = False       # a window on one worker runs as one task (taskgraph.fuse)
     cores: str = "threads"         # a worker's shards in one task: on its core processes
                                    # ("processes", "auto") or its threads (taskgraph.cores)
 

@@ -81,7 +81,7 @@ class Strategy:
                       state_every=g.state_every, fuse_shards=g.fuse_shards,
                       step_event_gap=g.step_event_gap,
                       keep_states=cfg.train.patience > 0 or cfg.train.keep_best,
-                      cores=cfg.cluster.cores)
+                      cores=cfg.cluster.cores, fuse_steps=g.fuse_steps)
 
     def builder(self, recipe: Recipe, cfg: Config,
                 sources: Sequence[ShardSource]) -> Builder | None:

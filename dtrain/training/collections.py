@@ -245,7 +245,11 @@ def _paths(cfg: DataConfig) -> list[str]:
 
 def _columns(cfg: DataConfig, path: str) -> tuple[list[str], dict[str, bool]]:
     """A file's column names and whether each is numeric: from its Parquet schema (the
-    footer only), or its CSV header (numeric: as dask finds the sample's types)."""
+    footer only), or its CSV header (numeric: as dask finds the sample's types).
+
+    A Parquet file's index columns are not among them: those its pandas metadata names
+    (dask's ``__null_dask_index__``, a pandas index written as a column, ``id`` or
+    ``__index_level_0__``), which ``dd.read_parquet`` reads as the index, as pandas does."""
     if cfg.dataset == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -254,7 +258,10 @@ def _columns(cfg: DataConfig, path: str) -> tuple[list[str], dict[str, bool]]:
             schema = pq.read_schema(path)
         except (OSError, pa.ArrowException) as exc:
             raise DataError(f"cannot read {path} as Parquet: {exc}") from None
-        names = [n for n in schema.names if not n.startswith("__index_level_")]
+        index = {c for c in (schema.pandas_metadata or {}).get("index_columns", [])
+                 if isinstance(c, str)}          # a dict is a RangeIndex: no column
+        names = [n for n in schema.names
+                 if n not in index and not n.startswith("__index_level_")]
         kind = pa.types
         return names, {n: kind.is_integer(t) or kind.is_floating(t) or kind.is_boolean(t)
                        for n, t in ((n, schema.field(n).type) for n in names)}

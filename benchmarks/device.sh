@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Every table of issues 27 and 29 on a lent machine with 16 cores and one NVIDIA GPU, from a
+# bare start, in one call (under 8 minutes): the in-node table, dtrain beside serial NumPy,
+# mpi4py and PyTorch DDP at 1-16 workers, the one-GPU table, then the GPU tests.
+#
+# The machine has Python with torch, CuPy, NumPy, pandas, pyarrow, scikit-learn and mpi4py,
+# no network, and no dask, distributed or bokeh: those come as wheels carried in .whl/, and
+# MNIST's t10k files in .data/mnist/ (both git-ignored; benchmarks/README.md, "On a lent GPU
+# machine", says how to make them).  Run from the repository root:
+#
+#     DTRAIN_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/device.sh
+#
+# The results are made in /tmp/dtrain-bench; eight files of them are copied to $OUT (the
+# device tool's folder, which brings back at most eight) or benchmarks/results-device/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+keep=${OUT:-benchmarks/results-device}
+workers=${WORKERS:-1,2,4,8,16}             # WORKERS=1,2 QUICK=--quick: a dry run anywhere
+quick=${QUICK:-}
+out=/tmp/dtrain-bench
+rm -rf "$out"; mkdir -p "$out" "$keep"
+began=$SECONDS
+say() { echo; echo "=== $* ($((SECONDS - began)) s)"; }
+
+say "install the carried wheels"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/dtrain-site .whl/*.whl || { echo "device.sh: the wheels in .whl/ did not install"; exit 1; }
+export PYTHONPATH=/tmp/dtrain-site:$PWD PATH=/tmp/dtrain-site/bin:$PATH PYTHONUNBUFFERED=1
+export DTRAIN_COMMIT=${DTRAIN_COMMIT:-unknown}
+[ -f .data/mnist/t10k-images-idx3-ubyte.gz ] || { echo "device.sh: no .data/mnist/ carried"; exit 1; }
+
+say "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 - <<'EOF'
+import os, platform
+from importlib import metadata
+print(platform.python_version(), os.cpu_count(), "cores")
+for d in ("numpy", "dask", "distributed", "cupy-cuda13x", "torch", "mpi4py", "mpich"):
+    try:
+        print(f"  {d} {metadata.version(d)}")
+    except metadata.PackageNotFoundError:
+        print(f"  {d} -")
+import dtrain.core.arrays as a
+print("  CuPy GPUs:", a.gpu_count(), a.gpu_problem())
+EOF
+
+timeout 30 mpiexec -n 2 python3 -c "from mpi4py import MPI; c = MPI.COMM_WORLD; \
+print('mpi rank', c.Get_rank(), 'of', c.Get_size(), MPI.Get_library_version().split(chr(10))[0])"
+
+say "inside one node"
+timeout 60 python3 -m benchmarks.innode "${workers##*,}" | tee "$out/innode.md"
+
+say "dtrain beside serial NumPy, mpi4py and PyTorch DDP (1-16 workers)"
+timeout 280 python3 -m benchmarks $quick --workloads P1,P2,P3 --workers "$workers" \
+    --contenders "serial,dtrain-default,mpi-allreduce,torch-ddp@${workers##*,},dtrain-allreduce@${workers##*,}" \
+    --data-dir .data --out "$out/cpu" --timeout 120 > "$out/cpu.log" 2> "$out/cpu.err"
+sed -n '1,/^### P1/p' "$out/cpu/results.md" | head -n -1
+grep -A 30 "^### Strong scaling" "$out/cpu/results.md" | head -12
+grep "failed" "$out/cpu.err" | head -5
+
+say "one GPU"
+timeout 170 python3 -m benchmarks $quick --workloads P1,P2,P3,P4 --workers "${workers##*,}" \
+    --contenders dtrain-gpu,dtrain-auto,torch-gpu,cupy-floor \
+    --data-dir .data --out "$out/gpu" --timeout 90 > "$out/gpu.log" 2> "$out/gpu.err"
+sed -n '1,/^### P1/p' "$out/gpu/results.md" | head -n -1
+grep "failed" "$out/gpu.err" | head -5
+python3 - "$out" <<'EOF'
+import json, sys
+for run in json.load(open(f"{sys.argv[1]}/gpu/results.json"))["runs"]:
+    if run["contender"] == "dtrain-auto" and run["status"] == "ok":
+        import pathlib
+        d = pathlib.Path(sys.argv[1]) / "gpu" / "runs" / run["workload"] / f"{run['workers']}w" / "dtrain-auto" / "r0"
+        s = json.loads((d / "summary.json").read_text())
+        print(run["workload"], "auto chose:", (s.get("device_choice") or {}).get("why"))
+EOF
+
+say "tests on the GPU and the core processes"
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_device.py tests/test_passes.py \
+    > "$out/tests.txt" 2>&1; tail -15 "$out/tests.txt"
+
+cp "$out/innode.md" "$keep/innode.md"; cp "$out/tests.txt" "$keep/tests.txt"
+cp "$out/cpu/results.md" "$keep/cpu.md"; cp "$out/cpu/results.json" "$keep/cpu.json"
+cp "$out/cpu/results-speedup.png" "$keep/cpu-speedup.png"
+cp "$out/gpu/results.md" "$keep/gpu.md"; cp "$out/gpu/results.json" "$keep/gpu.json"
+cat "$out"/*.err > "$keep/stderr.txt"
+say "done"
