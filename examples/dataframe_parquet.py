@@ -29,7 +29,8 @@ def main(path: str = "digits-parquet") -> None:
             Client(cluster) as client:
         df = dd.read_parquet(path)                        # 4 partitions, read by the workers
         train, test = df.random_split([0.8, 0.2], random_state=0)
-        clf = dtrain.MLPClassifier(hidden_layer_sizes=(64,), max_iter=30, client=client)
+        clf = dtrain.MLPClassifier(hidden_layer_sizes=(64,), max_iter=30, random_state=0,
+                                   client=client)
         clf.fit(train, "target")        # each partition a shard where it sits; "target" is y
         labels = clf.predict(test)      # lazy: nothing is read or computed yet
         print(labels)

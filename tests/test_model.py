@@ -24,26 +24,114 @@ def _analytic(net: Network, l2: float, params, x, y):
     return params - new.vector           # lr = 1: the step is the gradient
 
 
-@pytest.mark.parametrize("activation", ["sigmoid", "tanh", "relu"])
-@pytest.mark.parametrize("loss", ["cross-entropy", "mse", "squared-error"])
+def _targets(net: Network, rng: np.random.Generator, rows: int) -> np.ndarray:
+    """Real targets (B, T), 0/1 label indicators (B, L) of logistic outputs, two classes
+    (B,) of one logistic output, or class indices (B,)."""
+    outputs = net.layers[-1]
+    if net.regression:
+        return 2 * rng.standard_normal((rows, outputs))
+    if net.loss == "binary-cross-entropy":
+        return rng.integers(0, 2, rows) if outputs == 1 else \
+            rng.integers(0, 2, (rows, outputs)).astype(float)
+    return rng.integers(0, outputs, rows)
+
+
+def _numeric(f, params: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """Central differences of ``f`` at ``params``."""
+    out = np.empty(params.size)
+    for i in range(params.size):
+        e = np.zeros(params.size)
+        e[i] = eps
+        out[i] = (f(params + e) - f(params - e)) / (2 * eps)
+    return out
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "tanh", "relu", "identity"])
+@pytest.mark.parametrize("loss", ["cross-entropy", "mse", "squared-error", "binary-cross-entropy"])
 @pytest.mark.parametrize("layers", [(5, 4), (5, 7, 4), (5, 6, 6, 4)], ids=["0h", "1h", "2h"])
 def test_gradient_matches_central_differences(activation, loss, layers):
     net = Network(layers, activation, loss, "float64")
     rng = np.random.default_rng(3)
     params = net.init(1) + 0.1 * rng.standard_normal(net.size)   # nonzero biases too
     x = rng.standard_normal((9, layers[0]))
-    y = 2 * rng.standard_normal((9, layers[-1])) if net.regression \
-        else rng.integers(0, layers[-1], 9)                      # real targets (B, T) or classes
+    y = _targets(net, rng, 9)                     # real targets (B, T), indicators or classes
     l2 = 0.03
     grad = _analytic(net, l2, params, x, y)
-    eps = 1e-6
-    numeric = np.empty(net.size)
-    for i in range(net.size):
-        e = np.zeros(net.size)
-        e[i] = eps
-        numeric[i] = (_objective(net, l2, params + e, x, y)
-                      - _objective(net, l2, params - e, x, y)) / (2 * eps)
+    numeric = _numeric(lambda p: _objective(net, l2, p, x, y), params)
     np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("loss, outputs", [("cross-entropy", 3), ("mse", 3),
+                                           ("squared-error", 2), ("binary-cross-entropy", 1),
+                                           ("binary-cross-entropy", 3)])
+def test_weighted_loss_and_gradient_match_central_differences(loss, outputs):
+    """With sample weights the buffer holds sum_i w_i loss_i and its gradient: checked
+    against central differences of the weighted loss written out row by row, and, for
+    integer weights, against the rows repeated that many times (a weight 0 drops a row)."""
+    net = Network((4, 6, outputs), "tanh", loss, "float64")
+    rng = np.random.default_rng(7)
+    params = net.init(3) + 0.1 * rng.standard_normal(net.size)
+    x, y = rng.standard_normal((8, 4)), _targets(net, rng, 8)
+    w = np.array([0.0, 1.0, 2.0, 3.0, 0.5, 1.0, 4.0, 1.5])
+    P = net.size
+
+    def weighted(p: np.ndarray) -> float:
+        return sum(w[i] * float(net.loss_and_grad(p, x[i:i + 1], y[i:i + 1])[P])
+                   for i in range(len(w)))
+
+    buf = net.loss_and_grad(params, x, y, w)
+    assert buf[P] == pytest.approx(weighted(params), rel=1e-12)
+    np.testing.assert_allclose(buf[:P], _numeric(weighted, params), rtol=1e-6, atol=1e-8)
+    assert buf[P + 1] == net.loss_and_grad(params, x, y)[P + 1]      # rows, not weights
+    counts = np.array([0, 1, 2, 3, 0, 1, 4, 1])
+    repeated = net.loss_and_grad(params, x.repeat(counts, axis=0), y.repeat(counts, axis=0))
+    by_weight = net.loss_and_grad(params, x, y, counts.astype(float))
+    np.testing.assert_allclose(by_weight[:P + 1], repeated[:P + 1], rtol=1e-12, atol=1e-12)
+    ones = net.loss_and_grad(params, x, y, np.ones(8))
+    np.testing.assert_allclose(ones, net.loss_and_grad(params, x, y), rtol=1e-15, atol=0)
+
+
+def test_binary_cross_entropy_is_scikit_learns_log_loss():
+    """One logistic output for two classes: scikit-learn's log loss of the probability of
+    the second class; several outputs: its binary log loss summed over the labels."""
+    from sklearn.metrics import log_loss
+    from sklearn.neural_network._base import binary_log_loss
+
+    from dtrain.maths.model import binary_cross_entropy, sigmoid
+
+    rng = np.random.default_rng(0)
+    z, y = 3 * rng.standard_normal((20, 1)), rng.integers(0, 2, 20)
+    loss, dz = binary_cross_entropy(np, z, y)
+    p = sigmoid(np, z)[:, 0]
+    assert loss / 20 == pytest.approx(log_loss(y, p), rel=1e-12)
+    np.testing.assert_allclose(dz[:, 0], p - y, rtol=1e-15)
+    z, t = 3 * rng.standard_normal((20, 4)), rng.integers(0, 2, (20, 4)).astype(float)
+    loss, _ = binary_cross_entropy(np, z, t)
+    assert loss / 20 == pytest.approx(binary_log_loss(t, sigmoid(np, z)), rel=1e-12)
+    big = binary_cross_entropy(np, np.array([[800.0], [-800.0]]), np.array([0, 1]))[0]
+    assert big == pytest.approx(1600.0)                       # no overflow, no log(0)
+    net = Network((3, 1), "tanh", "binary-cross-entropy", "float64")
+    z = np.array([[2.0], [-1.0], [0.5]])
+    assert net.correct(z, np.array([1, 1, 0])) == 1           # z > 0 predicts the second class
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid"])
+def test_scikit_learn_init_is_scikit_learns_numbers(activation):
+    """model.init = "scikit-learn": the very weights and biases scikit-learn's MLPs start
+    from with the same integer random_state (its RandomState, its order, its bounds)."""
+    from sklearn.neural_network import MLPRegressor
+
+    layers = (5, 7, 6, 2)
+    net = Network(layers, activation, "squared-error", "float64", "scikit-learn")
+    sk = MLPRegressor(activation="logistic" if activation == "sigmoid" else activation)
+    sk._random_state = np.random.RandomState(11)
+    sk._initialize(np.zeros((1, 2)), list(layers), np.float64)
+    ours = net.unflatten(net.init(11))
+    for (W, b), coef, intercept in zip(ours, sk.coefs_, sk.intercepts_):
+        assert (W.T == coef).all() and (b == intercept).all()
+    assert net.init(2 ** 40).shape == (net.size,)             # seeds beyond 32 bits work
+    assert Network(layers, activation, "squared-error", "float32",
+                   "scikit-learn").init(11).dtype == np.float32
 
 
 def test_buffer_layout_and_views():

@@ -153,3 +153,97 @@ def test_checkpoints_keep_every_epoch_sum(tmp_path):
     back = checkpoint.load(tmp_path)[0].state
     assert (back.epoch_loss, back.epoch_samples, back.epoch_correct) == (2.5, 48, 31)
     assert (back.vector == state.vector).all()
+
+
+# --- scikit-learn's SGD: Nesterov's momentum and the schedules ---------------------------------
+
+def _sklearn_sgd(lr: float, momentum: float, nesterov: bool, schedule: str = "constant"):
+    from sklearn.neural_network._stochastic_optimizers import SGDOptimizer
+
+    return SGDOptimizer([np.zeros(6)], lr, schedule, momentum, nesterov, 0.5)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_momentum_steps_as_scikit_learns_sgd(nesterov):
+    """optim.nesterov: scikit-learn's Nesterov momentum, step for step, also while the rate
+    changes (invscaling); without it, classical momentum, the same steps at a constant rate."""
+    cfg = OptimConfig(name="momentum", momentum=0.9, nesterov=nesterov)
+    opt, sk = Optimizer(cfg, NET), _sklearn_sgd(0.1, 0.9, nesterov)
+    params, mine = [np.zeros(6)], opt.init_state(np.zeros(6))
+    rng = np.random.default_rng(4)
+    rates = [0.1, 0.1, 0.1] if not nesterov else [0.1, 0.05, 0.02, 0.02]
+    for t, lr in enumerate(rates):
+        g = rng.standard_normal(6)
+        sk.learning_rate = lr
+        sk.update_params(params, [g])
+        mine = opt.apply(mine, _grad(g), _step(index=t, count=1, lr=lr))
+        np.testing.assert_allclose(opt.params(mine), params[0], rtol=1e-12, atol=1e-15)
+
+
+def test_nesterov_needs_momentum():
+    import dtrain
+
+    with pytest.raises(dtrain.UserError, match="optim.nesterov = true .* needs optim.name = "
+                                               "'momentum'"):
+        dtrain.load_config(None, ["optim.nesterov=true", "optim.name=adam"])
+    assert dtrain.load_config().optim.nesterov is False       # classical: the bytes as before
+
+
+def test_invscaling_is_scikit_learns_rate_per_epoch():
+    """lr / (t + 1) ** power_t, t the samples seen before the epoch (samples_seen: before
+    the run), as scikit-learn's iteration_ends sets it."""
+    cfg = OptimConfig(lr=0.1, schedule="invscaling", power_t=0.5)
+    sk = _sklearn_sgd(0.1, 0.9, True, "invscaling")
+    rates = []
+    for epoch in range(4):
+        rates.append(sk.learning_rate)
+        sk.iteration_ends((epoch + 1) * 150)
+    assert [learning_rate(cfg, e, 4, 150) for e in range(4)] == pytest.approx(rates, rel=1e-15)
+    assert rates[1] == pytest.approx(0.1 / 151 ** 0.5)
+    later = OptimConfig(lr=0.1, schedule="invscaling", power_t=0.25, samples_seen=300)
+    assert learning_rate(later, 0, 1, 150) == pytest.approx(0.1 / 301 ** 0.25)
+    sch = Schedule([50, 50, 50], batch_size=30, cfg=cfg, epochs=3)
+    assert [sch[t].lr for t in (0, 5, 10)] == pytest.approx(rates[:3])
+
+
+def test_adaptive_divides_the_rate_as_scikit_learn():
+    """The rate is decided inside the update at each epoch's first step, from the epoch
+    before it (the state's running sums): after more than patience epochs without the
+    training loss improving on the best by min_delta it falls by gamma, and is 0 once it
+    would fall while at or below min_lr, where scikit-learn stops."""
+    cfg = OptimConfig(name="sgd", lr=0.1, schedule="adaptive", patience=2, min_delta=1e-4,
+                      gamma=0.2, min_lr=1e-3)
+    opt, sk = Optimizer(cfg, NET), _sklearn_sgd(0.1, 0.0, False, "adaptive")
+    losses = [1.0, 0.9, 0.95, 0.9, 0.89995, 0.92, 0.5, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6,
+              0.6, 0.6, 0.6, 0.6]
+    state = opt.init_state(np.zeros(6))
+    assert state.vector.size == 6 + 3 and list(state.vector[6:]) == [1.0, np.inf, 0.0]
+    best, count, stopped = np.inf, 0, None
+    for epoch, loss in enumerate(losses):              # scikit-learn's bookkeeping
+        count = count + 1 if loss > best - 1e-4 else 0
+        best = min(best, loss)
+        if count > 2:
+            if sk.learning_rate <= 1e-3:
+                stopped = epoch
+                break
+            sk.learning_rate /= 5.0
+            count = 0
+        # dtrain: epoch `epoch` ends with this mean loss; the next epoch's first step decides
+        state = TrainState(state.vector, loss * 4, 4, 0)
+        state = opt.apply(state, _grad([0.0] * 6), Step(epoch + 1, epoch + 1, 0, 0.1, 4, True,
+                                                        False, ()))
+        assert 0.1 * state.vector[6] == pytest.approx(sk.learning_rate, rel=1e-12), epoch
+    assert stopped is not None
+    state = opt.apply(TrainState(state.vector, 0.6 * 4, 4, 0), _grad([1.0] * 6),
+                      Step(99, 99, 0, 0.1, 4, True, False, ()))
+    assert state.vector[6] == 0.0 and (opt.params(state) == 0).all()   # stopped: no step
+
+
+def test_adaptive_needs_the_whole_steps_loss_in_one_update():
+    import dtrain
+
+    for sets in (["graph.strategy=local-sgd", "graph.sync_every=4"],
+                 ["graph.strategy=model-parallel", "model.layers=[4, 8, 3]"]):
+        with pytest.raises(dtrain.UserError, match="optim.schedule = 'adaptive'"):
+            dtrain.load_config(None, ["optim.schedule=adaptive", *sets])
+    dtrain.load_config(None, ["optim.schedule=adaptive", "graph.strategy=parameter-server"])

@@ -54,6 +54,7 @@ STRATEGIES_MODULE = "dtrain.taskgraph.strategies"
 DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "parquet", "synthetic",
             "collection")       # collection: a Dask collection handed in from Python
 VALUE_LOSSES = ("squared-error",)    # losses whose targets are real numbers (regression)
+LABEL_LOSSES = ("binary-cross-entropy",)    # may also learn 0/1 label indicators (multilabel)
 VALUE_DATASETS = ("csv", "parquet", "synthetic", "collection")    # datasets that can hold such targets
 
 
@@ -106,16 +107,25 @@ class ModelConfig:
         lambda v: len(v) >= 2 and min(v) >= 1,
         "layer sizes: the input features first, the classes (or targets) last; checked "
         "against the data")
-    activation: str = choice("tanh", "sigmoid", "tanh", "relu",
-                             doc="the hidden layers' activation")
-    loss: str = choice("cross-entropy", "cross-entropy", "mse", "squared-error",
+    activation: str = choice("tanh", "sigmoid", "tanh", "relu", "identity",
+                             doc="the hidden layers' activation (identity: linear)")
+    loss: str = choice("cross-entropy", "cross-entropy", "mse", "binary-cross-entropy",
+                       "squared-error",
                        doc="cross-entropy: softmax outputs; mse: sigmoid outputs against "
-                       "one-hot classes; squared-error: identity outputs against real targets "
+                       "one-hot classes; binary-cross-entropy: one logistic output for two "
+                       "classes (model.layers[-1] = 1; the second class's probability), or "
+                       "one per label with data.target = 'value' (0/1 label indicators: "
+                       "multilabel); squared-error: identity outputs against real targets "
                        "(regression)")
     l2: float = at_least(0.0, 0.0, "L2 weight penalty (weights, not biases)")
     dtype: str = choice("auto", "auto", "float32", "float64",
                         doc="auto: float32 where the run uses GPUs, else float64")
     seed: int = at_least(0, 0, "seeds the initial parameters")
+    init: str = choice("auto", "auto", "scikit-learn",
+                       doc="the initial parameters: auto, Glorot-uniform (sigmoid, tanh) or "
+                       "He-normal (relu) weights and zero biases; scikit-learn, as its MLPs "
+                       "draw them (Glorot-uniform weights and biases, numpy's RandomState "
+                       "seeded by model.seed)")
     init_from: str = free("", "a finished run directory: start from its parameters and its "
                           "input normalization, with a fresh optimizer (--init-from)")
 
@@ -124,16 +134,33 @@ class ModelConfig:
 class OptimConfig:
     name: str = choice("sgd", "sgd", "momentum", "adam", doc="the optimizer")
     lr: float = positive(0.1, "the learning rate (the schedule's starting value)")
-    momentum: float = unit_open(0.9, "momentum: the velocity's decay (classical momentum)")
+    momentum: float = unit_open(0.9, "momentum: the velocity's decay (classical momentum, or "
+                                "Nesterov's with nesterov = true)")
     beta1: float = unit_open(0.9, "adam: decay of the first-moment estimate")
     beta2: float = unit_open(0.999, "adam: decay of the second-moment estimate")
     eps: float = positive(1e-8, "adam: added to the denominator's square root")
-    schedule: str = choice("constant", "constant", "step", "cosine",
+    nesterov: bool = free(False, "momentum: Nesterov's momentum, as scikit-learn computes it "
+                          "(v = momentum v - lr g; params += momentum v - lr g)")
+    schedule: str = choice("constant", "constant", "step", "cosine", "invscaling", "adaptive",
                            doc="the learning rate over the epochs: constant; step, times "
                            "gamma every decay_every epochs; cosine, from lr towards 0 over "
-                           "train.epochs")
+                           "train.epochs; invscaling, lr / (t + 1) ** power_t with t the "
+                           "training samples seen before the epoch; adaptive, times gamma "
+                           "after more than patience epochs in a row whose training loss is "
+                           "not below the best by more than min_delta, then 0 once it would "
+                           "fall while at or below min_lr (scikit-learn's learning_rate)")
     decay_every: int = at_least(10, 1, "step schedule: epochs between decays")
-    gamma: float = opt(0.5, "in (0, 1]", lambda v: 0 < v <= 1, "step schedule: factor")
+    gamma: float = opt(0.5, "in (0, 1]", lambda v: 0 < v <= 1,
+                       "step, adaptive schedules: factor")
+    power_t: float = at_least(0.5, 0.0, "invscaling schedule: exponent")
+    samples_seen: int = at_least(0, 0, "invscaling schedule: training samples seen before "
+                                 "this run (going on from another)")
+    patience: int = at_least(10, 1, "adaptive schedule: the rate falls after more than this "
+                             "many epochs in a row without an improvement of the training loss")
+    min_delta: float = at_least(1e-4, 0.0, "adaptive schedule: the least decrease of the "
+                                "training loss below its best that counts as an improvement")
+    min_lr: float = at_least(1e-6, 0.0, "adaptive schedule: a rate that would fall while at or "
+                             "below this is 0 instead: training has stopped")
 
 
 @dataclass(frozen=True)
@@ -340,12 +367,18 @@ def _check_consistency(cfg: Config, source: str) -> None:
                           f"needs {needs_path[cfg.data.dataset]} "
                           f"(e.g. --set data.path=/data/{cfg.data.dataset})")
     STRATEGIES[cfg.graph.strategy].check(cfg, source)
-    if cfg.data.target != "auto" and cfg.data.target != _auto_target(cfg):
+    if cfg.optim.nesterov and cfg.optim.name != "momentum":
+        raise ConfigError(f"optim.nesterov = true in {source} but optim.name = "
+                          f"'{cfg.optim.name}': Nesterov's momentum needs optim.name = "
+                          f"'momentum'; set optim.nesterov = false or use momentum")
+    indicators = cfg.data.target == "value" and cfg.model.loss in LABEL_LOSSES   # multilabel
+    if cfg.data.target != "auto" and cfg.data.target != _auto_target(cfg) and not indicators:
         raise ConfigError(f"data.target = '{cfg.data.target}' in {source} but model.loss = "
                           f"'{cfg.model.loss}' learns {_auto_target(cfg)} targets; set "
                           f"data.target = 'auto' (or '{_auto_target(cfg)}'), or a loss for "
                           f"{cfg.data.target} targets")
-    if _auto_target(cfg) == "value" and cfg.data.dataset not in VALUE_DATASETS:
+    if (indicators or _auto_target(cfg) == "value") and \
+            cfg.data.dataset not in VALUE_DATASETS:
         raise ConfigError(f"model.loss = '{cfg.model.loss}' in {source} learns real-valued "
                           f"targets, but dataset '{cfg.data.dataset}' has classes; use one of "
                           f"{', '.join(map(repr, VALUE_DATASETS))}, or a classification loss")

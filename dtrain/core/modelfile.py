@@ -29,6 +29,11 @@ are the predictions, targets as given in training, not normalized) has
 ``classes``.  That is an optional field added to version 1, not a change of
 meaning: a classifier's file is as before, and a dtrain that predates
 regression refuses a regressor's file by its unknown loss.
+
+A ``logistic`` output (loss ``binary-cross-entropy``) is a sigmoid per output:
+one output for two ``classes`` (the probability of the second), or one per
+label of a multilabel model, whose ``classes`` then name the labels, one per
+output.  Also an optional addition: older dtrains refuse it by its loss.
 """
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ from dtrain.core.errors import UserError
 FORMAT = "dtrain-model"
 VERSION = 1
 OUTPUTS = {"cross-entropy": "softmax", "mse": "sigmoid",   # the loss decides the output layer
-           "squared-error": "identity"}
+           "binary-cross-entropy": "logistic", "squared-error": "identity"}
 Label = str | int
 
 
@@ -122,9 +127,16 @@ class ModelSpec:
 
     @property
     def output(self) -> str:
-        """``"softmax"`` (cross-entropy), ``"sigmoid"`` (mse) or ``"identity"``
-        (squared-error): what the outputs pass through."""
+        """``"softmax"`` (cross-entropy), ``"sigmoid"`` (mse), ``"logistic"``
+        (binary-cross-entropy) or ``"identity"`` (squared-error): what the outputs pass
+        through."""
         return OUTPUTS[self.loss]
+
+    @property
+    def multilabel(self) -> bool:
+        """Whether each output is a label of its own (logistic outputs, one per class
+        name), rather than one of the classes (two classes: one logistic output)."""
+        return self.output == "logistic" and len(self.classes) == self.layers[-1]
 
     def to_dict(self) -> dict[str, Any]:
         names = {"targets": list(self.targets)} if self.regression \
@@ -201,7 +213,8 @@ def _check(spec: ModelSpec, where: str) -> None:
     if spec.loss not in OUTPUTS or spec.dtype not in ("float32", "float64"):
         raise ModelFileError(f"{where}: unknown loss {spec.loss!r} or dtype {spec.dtype!r}")
     names, what = (spec.targets, "targets") if spec.regression else (spec.classes, "classes")
-    if len(names) != spec.layers[-1]:
+    binary = spec.output == "logistic" and spec.layers[-1] == 1 and len(names) == 2
+    if len(names) != spec.layers[-1] and not binary:
         raise ModelFileError(f"{where}: {len(names)} {what} for {spec.layers[-1]} outputs")
     if spec.regression and spec.classes or not spec.regression and spec.targets:
         right, wrong = ("targets", "classes") if spec.regression else ("classes", "targets")

@@ -15,6 +15,12 @@ sees a row.  A run on partitioned data goes:
 3. :func:`shard` builds partition ``i``'s training rows as shard ``i``,
    normalized and with labels as output indices; :func:`held_out` its
    validation or test rows.
+
+Sample weights, where the data has them (a weight column, or a third array
+block), travel with their rows: the statistics are weighted (a row of weight 0
+counts as absent, one of weight 2 as two) and each training shard carries its
+rows' weights, scaled so that they average 1 over the training rows (a step's
+loss and gradient are then ``sum_i w_i l_i / B``); held-out rows are unweighted.
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ class Columns:
 
     features: tuple[Any, ...] | None = None      # column labels as the frame has them
     label: str | None = None
+    weight: str | None = None       # a frame's sample-weight column (arrays: a third block)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class PartSpec:
     gpu: bool = False
     regression: bool = False        # the label is one or more real-valued targets
     missing: str = "error"          # "drop": rows with a missing value are left out
+    weight_scale: float = 1.0       # sample weights times this average 1 on training rows
 
 
 @dataclass(frozen=True)
@@ -102,12 +110,18 @@ class PartStats:
     bad: Bad | None = None
     sizes: tuple[int, ...] = ()      # training rows of each partition, in order
     dropped: int = 0
+    mass: float | None = None        # the training rows' summed sample weights (None: none)
+
+    @property
+    def weight(self) -> float | int:
+        """What the training rows weigh: their summed sample weights, or their count."""
+        return self.train if self.mass is None else self.mass
 
 
 def rows_of(part: Any, columns: Columns) -> tuple[np.ndarray, np.ndarray]:
     """A partition's features (n, D) as float64 and its labels (n,) as they are."""
     if columns.label is None:
-        x, y = part
+        x, y = part[0], part[1]
         if len(x) != len(y):
             raise DataError(f"a partition holds {len(x)} rows of X but {len(y)} labels; X and "
                             f"y must be cut into the same blocks of rows")
@@ -128,18 +142,34 @@ def split(n: int, spec: PartSpec, index: int) -> tuple[np.ndarray, np.ndarray, n
             np.sort(order[val:val + test]))
 
 
+def weights_of(part: Any, columns: Columns) -> np.ndarray | None:
+    """A partition's sample weights (n,) as float64, or None if it has none."""
+    if columns.label is None:
+        return None if len(part) < 3 else np.asarray(part[2], dtype=np.float64)
+    if columns.weight is None:
+        return None
+    return part[columns.weight].to_numpy(dtype=np.float64, na_value=np.nan)
+
+
 def usable_rows(spec: PartSpec, part: Any) -> tuple[np.ndarray, np.ndarray, int]:
     """A partition's features (n, D) and labels as :func:`rows_of` reads them, less the
     rows with a missing value where ``spec.missing`` is ``"drop"``, and how many went."""
+    x, y, _, dropped = _usable(spec, part)
+    return x, y, dropped
+
+
+def _usable(spec: PartSpec, part: Any) -> tuple[np.ndarray, np.ndarray, Any, int]:
+    """:func:`usable_rows` and the sample weights (n,) of the rows kept, or None."""
     x, y = rows_of(part, spec.columns)
+    w = weights_of(part, spec.columns)
     if spec.missing != "drop":
-        return x, y, 0
+        return x, y, w, 0
     bad = missing_values.dropped_rows(x, y if not spec.regression else None)
     if spec.regression:
         bad |= ~_finite_targets(y)
     if not bad.any():
-        return x, y, 0
-    return x[~bad], y[~bad], int(bad.sum())
+        return x, y, w, 0
+    return x[~bad], y[~bad], None if w is None else w[~bad], int(bad.sum())
 
 
 def _finite_targets(y: np.ndarray) -> np.ndarray:
@@ -162,26 +192,40 @@ def _is_finite_number(v: Any) -> bool:
 
 def part_stats(spec: PartSpec, index: int, part: Any) -> PartStats:
     """Task: partition ``index``'s :class:`PartStats`."""
-    x, y, dropped = usable_rows(spec, part)
+    x, y, w, dropped = _usable(spec, part)
     train, val, test = split(len(y), spec, index)
-    bad = _first_bad(spec, index, x, y)
+    bad = _first_bad(spec, index, x, y, w)
     xt = x[train]                                                        # (n_train, D)
     d = x.shape[1]
+    mass = None
+    if w is not None:
+        wt = np.where(np.isfinite(w[train]) & (w[train] > 0), w[train], 0.0)   # (n_train,)
+        mass = float(wt.sum())
+        xt, wt = xt[wt > 0], wt[wt > 0]          # a row of weight 0 counts as absent
     with np.errstate(invalid="ignore", over="ignore"):     # non-finite: reported in ``bad``
-        mean = xt.mean(axis=0) if len(xt) else np.zeros(d)
-        m2 = ((xt - mean) ** 2).sum(axis=0) if len(xt) else np.zeros(d)
+        if w is None:
+            mean = xt.mean(axis=0) if len(xt) else np.zeros(d)
+            m2 = ((xt - mean) ** 2).sum(axis=0) if len(xt) else np.zeros(d)
+        else:
+            mean = wt @ xt / mass if len(xt) else np.zeros(d)                  # (D,)
+            m2 = wt @ ((xt - mean) ** 2) if len(xt) else np.zeros(d)           # (D,)
     low = xt.min(axis=0) if len(xt) else np.full(d, np.inf)
     high = xt.max(axis=0) if len(xt) else np.full(d, -np.inf)
     labels = () if spec.regression else \
         tuple(np.unique(y[~missing_values.missing_labels(y)]).tolist())
     return PartStats(len(y), len(train), len(val), len(test), labels, mean, m2, low, high, bad,
-                     (len(train),), dropped)
+                     (len(train),), dropped, mass)
 
 
-def _first_bad(spec: PartSpec, index: int, x: np.ndarray, y: np.ndarray) -> Bad | None:
+def _first_bad(spec: PartSpec, index: int, x: np.ndarray, y: np.ndarray,
+               w: np.ndarray | None = None) -> Bad | None:
     """The first row of the partition with a missing or non-finite feature, or a missing
-    label (a regression: a target that is not a finite number), whichever comes first."""
+    label (a regression: a target that is not a finite number), or a sample weight that is
+    not a finite number >= 0, whichever comes first."""
     found = []
+    if w is not None and not (np.isfinite(w) & (w >= 0)).all():
+        r = int(np.argmax(~(np.isfinite(w) & (w >= 0))))
+        found.append(Bad("sample_weight", index, r, missing_values.shown(w[r])))
     cell = missing_values.first_bad(x)
     if cell is not None:
         r, c = cell
@@ -207,7 +251,7 @@ def _merged(parts: tuple[PartStats, ...]) -> PartStats:
     """The merge itself (see :func:`merge`)."""
     total = parts[0]
     for p in parts[1:]:
-        n_a, n_b = total.train, p.train
+        n_a, n_b = total.weight, p.weight       # counts, or summed sample weights
         n = n_a + n_b
         if n_b == 0:
             mean, m2 = total.mean, total.m2
@@ -217,10 +261,12 @@ def _merged(parts: tuple[PartStats, ...]) -> PartStats:
             delta = p.mean - total.mean                                   # (D,)
             mean = total.mean + delta * (n_b / n)
             m2 = total.m2 + p.m2 + delta * delta * (n_a * n_b / n)
-        total = PartStats(total.rows + p.rows, n, total.val + p.val, total.test + p.test,
+        total = PartStats(total.rows + p.rows, total.train + p.train, total.val + p.val,
+                          total.test + p.test,
                           tuple(sorted(set(total.labels) | set(p.labels), key=_order)),
                           mean, m2, np.minimum(total.low, p.low), np.maximum(total.high, p.high),
-                          total.bad or p.bad, total.sizes + p.sizes, total.dropped + p.dropped)
+                          total.bad or p.bad, total.sizes + p.sizes, total.dropped + p.dropped,
+                          None if total.mass is None else n)
     return total
 
 
@@ -233,7 +279,8 @@ def normalization(stats: PartStats, kind: str) -> Normalization:
     """The normalization of ``kind`` from merged statistics (population standard
     deviation, as ``np.std``); a constant feature gets scale 1."""
     if kind == "standardize":
-        shift, scale = stats.mean, np.sqrt(stats.m2 / max(stats.train, 1))
+        shift, scale = stats.mean, np.sqrt(stats.m2 / (max(stats.train, 1) if stats.mass is None
+                                                       else stats.mass or 1.0))
     elif kind == "minmax":
         shift, scale = stats.low, stats.high - stats.low
     else:
@@ -247,12 +294,15 @@ def _encode(y: np.ndarray, classes: tuple[Any, ...]) -> np.ndarray:
 
 
 def _rows(spec: PartSpec, index: int, part: Any, which: int) -> Shard:
-    x, y, _ = usable_rows(spec, part)
+    x, y, w, _ = _usable(spec, part)
     rows = split(len(y), spec, index)[which]
     xs = spec.norm.apply(x[rows], spec.dtype)                            # (n, D)
     ys = np.asarray(y[rows], dtype=spec.dtype).reshape(len(rows), -1) if spec.regression \
         else _encode(y[rows], spec.classes)                              # (n, T) or (n,)
-    return Shard(index if which == 0 else -1, on_device(xs, spec.gpu), on_device(ys, spec.gpu))
+    ws = None if w is None or which != 0 else on_device(                 # held out: unweighted
+        np.asarray(w[rows] * spec.weight_scale, dtype=spec.dtype), spec.gpu)   # (n,)
+    return Shard(index if which == 0 else -1, on_device(xs, spec.gpu), on_device(ys, spec.gpu),
+                 ws)
 
 
 def shard(spec: PartSpec, index: int, part: Any) -> Shard:
@@ -279,8 +329,9 @@ def check(stats: PartStats, shards_needed: int = 1, regression: bool = False,
         b = stats.bad
         place = b.place or f"partition {b.partition}, row {b.row}"
         if not b.label:
-            raise DataError(f"{place}, column {b.column!r}: {b.value}; features must be "
-                            f"finite numbers: {fix}")
+            what = "sample weights must be finite numbers >= 0" \
+                if b.column == "sample_weight" else "features must be finite numbers"
+            raise DataError(f"{place}, column {b.column!r}: {b.value}; {what}: {fix}")
         what = f"the target (column {b.column!r}) is {b.value}, not a finite number" \
             if regression else f"the label (column {b.column!r}) is {b.value}"
         raise DataError(f"{place}: {what}; every row needs one: {fix}")

@@ -34,7 +34,8 @@ class Shard:
     index: int
     x: Any            # (n, D)
     y: Any            # (n,) class indices, or (n, T) a regression's targets in x's dtype
-    _arrays = ("x", "y")
+    w: Any = None     # (n,) sample weights in x's dtype, or None: unweighted
+    _arrays = ("x", "y", "w")
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -54,10 +55,14 @@ class Shard:
         rows = self.rows(epoch, lo, hi, seed)
         return self.x[rows], self.y[rows]
 
+    def weights(self, epoch: int, lo: int, hi: int, seed: int | None):
+        """The sample weights of :meth:`batch`'s rows (B,), or None for an unweighted shard."""
+        return None if self.w is None else self.w[self.rows(epoch, lo, hi, seed)]
+
 
 @sizeof.register(Shard)
 def _sizeof_shard(shard: Shard) -> int:
-    return int(shard.x.nbytes + shard.y.nbytes)
+    return int(shard.x.nbytes + shard.y.nbytes + (0 if shard.w is None else shard.w.nbytes))
 
 
 @functools.lru_cache(maxsize=64)

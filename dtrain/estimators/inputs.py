@@ -6,8 +6,10 @@ returns a :class:`TrainingData` whose ``collection(client)`` puts them on the
 cluster as a :class:`~dtrain.training.collections.Collection`:
 
 * NumPy and pandas inputs are cut into ``shards`` blocks of consecutive rows
-  (as ``numpy.array_split`` cuts them), each block its own key of a Dask
-  graph, so a lost worker's partitions can be computed again;
+  (as ``numpy.array_split`` cuts them; ``"auto"``: 4, or one per row of
+  fewer), each block its own key of a Dask graph, so a lost worker's
+  partitions can be computed again; a scipy.sparse ``X`` travels sparse, each
+  block made dense by its own task on the worker that holds it;
 * a dask.array or dask.dataframe keeps its own partitions, each computed
   where the scheduler puts it (or where it already is): nothing is gathered
   to the driver or concatenated anywhere.
@@ -26,7 +28,7 @@ import numpy as np
 from distributed import Client
 
 from dtrain.core.errors import DataError
-from dtrain.data.missing import check_finite, first_bad, missing_labels, shown
+from dtrain.data.missing import array_cell, check_finite, first_bad, missing_labels, shown
 from dtrain.training import collections
 from dtrain.training.collections import Collection
 
@@ -43,7 +45,10 @@ class TrainingData:
     Dask ones (the partitions' statistics find them).  ``columns`` are the
     feature columns of a dataframe, as it names them; ``names`` their names
     where all are strings (scikit-learn's ``feature_names_in_``); ``label`` the
-    label column's name when ``y`` named one.
+    label column's name when ``y`` named one.  ``targets`` is the number of a
+    regression's targets, or of a multilabel ``y``'s labels (0/1 indicators,
+    ``multilabel``; ``classes`` are then their indices); ``dtype`` what
+    ``predict`` returns for a multilabel ``y``.
     """
 
     features: int
@@ -53,6 +58,9 @@ class TrainingData:
     columns: tuple[Any, ...] | None = None
     names: np.ndarray | None = None
     label: str = ""
+    targets: int = 1
+    multilabel: bool = False
+    dtype: Any = None
 
     def collection(self, client: Client) -> Collection:
         return self.make(client)
@@ -67,9 +75,11 @@ def _is_frame(obj: Any) -> bool:
     return hasattr(obj, "columns") and hasattr(obj, "dtypes") and getattr(obj, "ndim", 2) == 2
 
 
-def training_data(X: Any, y: Any, *, shards: int, classifier: bool) -> TrainingData:
-    """``X`` and ``y`` as :class:`TrainingData`; a ``ValueError`` (or ``TypeError`` for
-    sparse input) saying what is wrong with them, before any cluster is involved."""
+def training_data(X: Any, y: Any, *, shards: int | str, classifier: bool,
+                  sample_weight: Any = None) -> TrainingData:
+    """``X`` and ``y`` (and ``sample_weight``, one per row, or None) as
+    :class:`TrainingData`; a ``ValueError`` saying what is wrong with them, before any
+    cluster is involved."""
     if y is None:
         raise ValueError("requires y to be passed, but the target y is None: pass the labels, "
                          "or the name of X's label column")
@@ -77,8 +87,12 @@ def training_data(X: Any, y: Any, *, shards: int, classifier: bool) -> TrainingD
         if not is_dask(X):
             raise ValueError("y is a Dask collection but X is not; pass X as a dask.array or "
                              "dask.dataframe with the same partitions as y")
-        return _dask_frame(X, y) if _is_frame(X) else _dask_array(X, y)
-    return _in_memory(X, y, shards, classifier)
+        if sample_weight is not None and not is_dask(sample_weight):
+            raise ValueError("sample_weight is in memory but X is a Dask collection; pass it "
+                             "as a dask array or Series with X's partitions")
+        return _dask_frame(X, y, sample_weight) if _is_frame(X) \
+            else _dask_array(X, y, classifier, sample_weight)
+    return _in_memory(X, y, shards, classifier, sample_weight)
 
 
 # --- NumPy and pandas -------------------------------------------------------------------------
@@ -90,7 +104,17 @@ def blocks(rows: int, shards: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _in_memory(X: Any, y: Any, shards: int, classifier: bool) -> TrainingData:
+AUTO_SHARDS = 4     # shards="auto": this many blocks of rows, or one per row of fewer
+
+
+def shard_count(shards: int | str, rows: int) -> int:
+    """The blocks NumPy and pandas inputs are cut into: ``shards``, or for ``"auto"``
+    :data:`AUTO_SHARDS` (one per row where there are fewer rows)."""
+    return min(AUTO_SHARDS, rows) if shards == "auto" else int(shards)
+
+
+def _in_memory(X: Any, y: Any, shards: int | str, classifier: bool,
+               sample_weight: Any = None) -> TrainingData:
     from sklearn.utils import check_array
 
     frame = _is_frame(X)
@@ -107,19 +131,65 @@ def _in_memory(X: Any, y: Any, shards: int, classifier: bool) -> TrainingData:
         columns = tuple(X.columns)
         check_finite(X.to_numpy(dtype=np.float64, na_value=np.nan), "X", columns, FIX)
     else:
-        X = check_array(X, dtype="numeric", ensure_all_finite=False, ensure_2d=True)
+        X = check_array(X, dtype="numeric", ensure_all_finite=False, ensure_2d=True,
+                        accept_sparse="csr")
         columns = None
-        check_finite(X, "X", fix=FIX)
+        _check_finite_rows(X)
     y = _labels(y, X.shape[0], classifier)
-    classes = np.unique(y) if classifier else None
+    multilabel = classifier and y.ndim == 2
+    classes = (np.arange(y.shape[1]) if multilabel else np.unique(y)) if classifier else None
+    weights = _weights(sample_weight, X.shape[0], y if classifier and not multilabel else None)
+    shards = shard_count(shards, X.shape[0])
     if X.shape[0] < shards:
         raise ValueError(f"X has {X.shape[0]} sample{'s' if X.shape[0] > 1 else ''} for "
                          f"shards = {shards}: each shard needs at least one training sample; "
                          f"pass shards <= {X.shape[0]}")
     cuts = blocks(X.shape[0], shards)
-    make = _frame_maker(X, y, cuts) if frame else _array_maker(X, y, cuts)
+    if frame and (y.ndim == 2 or weights is not None):  # several label columns, or weights
+        X = X.to_numpy(dtype=np.float64, na_value=np.nan)
+        frame = False
+    label_dtype = y.dtype if multilabel else None  # what predict gives back
+    if multilabel or not classifier:
+        y = np.asarray(y, dtype=np.float64)          # 0/1 indicators, or real targets
+    make = _frame_maker(X, y, cuts) if frame else _array_maker(X, y, cuts, weights)
     return TrainingData(X.shape[1], make, False, classes, columns, feature_names(columns),
-                        label)
+                        label, 1 if y.ndim == 1 else y.shape[1], multilabel, label_dtype)
+
+
+def _check_finite_rows(X: Any) -> None:
+    """:func:`~dtrain.data.missing.check_finite` of an array, or of a sparse matrix's stored
+    values (its first bad one, in row order), without making it dense."""
+    from scipy import sparse
+
+    if not sparse.issparse(X):
+        check_finite(X, "X", fix=FIX)
+        return
+    coo = X.tocoo()
+    bad = ~np.isfinite(coo.data)
+    if bad.any():
+        at = np.lexsort((coo.col[bad], coo.row[bad]))[0]
+        r, c, v = int(coo.row[bad][at]), int(coo.col[bad][at]), coo.data[bad][at]
+        raise DataError(f"{array_cell('X', r, c, v)}: features must be finite numbers; {FIX}")
+
+
+def _weights(sample_weight: Any, rows: int, labels: np.ndarray | None) -> np.ndarray | None:
+    """``sample_weight`` as a float64 (rows,) copy: finite, not negative, not all zero, and
+    (``labels``: a classifier's) leaving at least two classes of positive weight."""
+    if sample_weight is None:
+        return None
+    from sklearn.utils.validation import _check_sample_weight
+
+    w = _check_sample_weight(sample_weight, np.empty((rows, 0)), dtype=np.float64, copy=True)
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ValueError("sample_weight holds NaN, infinite or negative values; give each row a "
+                         "finite weight >= 0")
+    if not w.any():
+        raise ValueError("sample_weight is zero for every row: sample weights must contain at "
+                         "least one non-zero number")
+    if labels is not None and len(kept := np.unique(labels[w > 0])) < 2:
+        raise ValueError(f"sample_weight leaves 1 class of positive weight ({kept[0]!r}); a "
+                         f"classifier needs at least 2 classes")
+    return w
 
 
 def _shape_ok(shape: tuple[int, ...]) -> None:
@@ -133,16 +203,19 @@ def _shape_ok(shape: tuple[int, ...]) -> None:
 
 
 def _labels(y: Any, rows: int, classifier: bool) -> np.ndarray:
-    """``y`` as a 1-d array of ``rows`` labels (a column vector is taken, with scikit-learn's
-    warning); classification targets must be classes, not real values."""
-    from sklearn.utils.multiclass import check_classification_targets
+    """``y`` as ``rows`` labels: a 1-d array (a column vector is taken, with scikit-learn's
+    warning), or (rows, labels) 0/1 indicators of a multilabel classifier, or (rows,
+    targets) of a regression; classification targets must be classes, a regression's
+    numbers."""
+    from sklearn.utils.multiclass import check_classification_targets, type_of_target
     from sklearn.utils.validation import column_or_1d
 
     y = np.asarray(y)
-    if y.ndim == 2 and y.shape[1] != 1 or y.ndim > 2:
-        raise ValueError(f"y has shape {y.shape}; dtrain learns one label per row: pass y of "
-                         f"shape ({rows},)")
-    y = column_or_1d(y, warn=True)
+    if y.ndim > 2 or y.ndim == 2 and y.shape[1] == 0:
+        raise ValueError(f"y has shape {y.shape}; pass y of shape ({rows},) or ({rows}, "
+                         f"{'labels' if classifier else 'targets'})")
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = column_or_1d(y, warn=True)
     if y.shape[0] != rows:
         raise ValueError(f"X has {rows} rows but y has {y.shape[0]}; pass one label per row")
     if classifier:
@@ -152,26 +225,49 @@ def _labels(y: Any, rows: int, classifier: bool) -> np.ndarray:
             raise ValueError(f"y[{r}] is {shown(y[r])}: every row needs a label; drop the "
                              f"rows without one")
         check_classification_targets(y)
-    else:
+        if y.ndim == 2 and type_of_target(y) != "multilabel-indicator":
+            raise ValueError(f"y has shape {y.shape} but is not 0/1 label indicators; a "
+                             f"classifier takes one label per row, or a 0/1 column per label "
+                             f"(multilabel)")
+        return y
+    try:
         t = np.asarray(y, dtype=np.float64)
-        if not np.isfinite(t).all():
-            r = int(np.argmax(~np.isfinite(t)))
-            raise ValueError(f"y[{r}] is {shown(t[r])}: the targets must be finite numbers "
-                             f"(Input y contains NaN or infinity); drop or fix those rows")
-    return y
+    except (TypeError, ValueError):
+        raise ValueError(f"y holds {y.dtype} values that are not numbers; a regressor takes "
+                         f"real-valued targets") from None
+    if not np.isfinite(t).all():
+        r = int(np.argmax(~np.isfinite(t).reshape(len(t), -1).all(axis=1)))
+        v = next(v for v in np.ravel(t[r]) if not np.isfinite(v))
+        raise ValueError(f"y[{r}] is {shown(v)}: the targets must be finite numbers "
+                         f"(Input y contains NaN or infinity); drop or fix those rows")
+    return t
 
 
-def _array_maker(x: np.ndarray, y: np.ndarray, cuts: list[tuple[int, int]]
-                 ) -> Callable[[Client], Collection]:
+def _array_maker(x: Any, y: np.ndarray, cuts: list[tuple[int, int]],
+                 w: np.ndarray | None = None) -> Callable[[Client], Collection]:
     def make(client: Client) -> Collection:
+        import dask
         import dask.array as da
+        from scipy import sparse
 
         # one key per block (not one array sliced by every block's task): each worker
-        # receives its own rows only
-        xs = da.concatenate([da.from_array(x[a:b], chunks=x[a:b].shape) for a, b in cuts])
-        ys = da.concatenate([da.from_array(y[a:b], chunks=(b - a,)) for a, b in cuts])
-        return collections.from_arrays(client, xs, ys)
+        # receives its own rows only; a sparse block is made dense by its own task, there
+        if sparse.issparse(x):
+            xs = da.concatenate([da.from_delayed(dask.delayed(_dense, pure=True)(x[a:b]),
+                                                 (b - a, x.shape[1]), x.dtype)
+                                 for a, b in cuts])
+        else:
+            xs = da.concatenate([da.from_array(x[a:b], chunks=x[a:b].shape) for a, b in cuts])
+        ys = da.concatenate([da.from_array(y[a:b], chunks=y[a:b].shape) for a, b in cuts])
+        ws = None if w is None else \
+            da.concatenate([da.from_array(w[a:b], chunks=(b - a,)) for a, b in cuts])
+        return collections.from_arrays(client, xs, ys, ws)
     return make
+
+
+def _dense(block: Any) -> np.ndarray:
+    """A block of a sparse ``X`` as the dense rows it stands for (on the worker)."""
+    return block.toarray()
 
 
 def _frame_maker(X: Any, y: np.ndarray, cuts: list[tuple[int, int]]
@@ -200,7 +296,7 @@ def feature_names(columns: tuple[Any, ...] | None) -> np.ndarray | None:
 
 # --- Dask collections -------------------------------------------------------------------------
 
-def _dask_array(X: Any, y: Any) -> TrainingData:
+def _dask_array(X: Any, y: Any, classifier: bool = True, w: Any = None) -> TrainingData:
     import dask.array as da
 
     if not isinstance(X, da.Array):
@@ -223,17 +319,24 @@ def _dask_array(X: Any, y: Any) -> TrainingData:
         y = np.asarray(y)
     elif not isinstance(y, da.Array):
         y = y.to_dask_array()
-    if y.ndim != 1:
-        raise ValueError(f"y has shape {y.shape}; dtrain learns one label per row")
+    if y.ndim not in (1, 2):
+        raise ValueError(f"y has shape {y.shape}; pass one label (or a row of targets or 0/1 "
+                         f"label indicators) per row")
     if not is_dask(y):
         y = da.from_array(y, chunks=-1)        # cut as X is by from_arrays, which checks lengths
+    if w is not None and not isinstance(w, da.Array):
+        w = w.to_dask_array()
 
     def make(client: Client) -> Collection:
-        return collections.from_arrays(client, X, y)
-    return TrainingData(int(X.shape[1]), make, True)
+        return collections.from_arrays(client, X, y, w)
+    multilabel = classifier and y.ndim == 2
+    return TrainingData(int(X.shape[1]), make, True,
+                        np.arange(y.shape[1]) if multilabel else None,
+                        targets=1 if y.ndim == 1 else int(y.shape[1]), multilabel=multilabel,
+                        dtype=y.dtype if multilabel else None)
 
 
-def _dask_frame(X: Any, y: Any) -> TrainingData:
+def _dask_frame(X: Any, y: Any, w: Any = None) -> TrainingData:
     label = y if isinstance(y, str) else ""
     if label and label not in X.columns:
         raise ValueError(f"y = {y!r} names no column of X; its columns are "
@@ -248,7 +351,7 @@ def _dask_frame(X: Any, y: Any) -> TrainingData:
     collections.check_numeric(X.dtypes.to_dict(), list(columns), "X")
 
     def make(client: Client) -> Collection:
-        return collections.from_frame(client, X, y, where="X")
+        return collections.from_frame(client, X, y, where="X", weight=w)
     return TrainingData(len(columns), make, True, None, columns, feature_names(columns), label)
 
 
@@ -266,7 +369,10 @@ def predict_input(est: Any, X: Any) -> Any:
     if _is_frame(X) and columns is not None and list(X.columns) != list(columns) and \
             set(columns) <= set(X.columns):
         X = X[list(columns)]
-    x = validate_data(est, X, reset=False, dtype="numeric", ensure_all_finite=False)
+    x = validate_data(est, X, reset=False, dtype="numeric", ensure_all_finite=False,
+                      accept_sparse="csr")
+    if hasattr(x, "toarray"):
+        x = x.toarray()                                                 # sparse: dense rows
     check_finite(x, "X", columns if _is_frame(X) else None)
     return x
 

@@ -7,26 +7,30 @@ on the worker that holds it.  ``predict`` is the trained
 :class:`dtrain.Model`: on NumPy in this process, on a Dask collection as a
 lazy Dask array (one task per block, the model one key of the graph).
 
-Where the two APIs differ:
+The parameters, fitted attributes and outputs are scikit-learn's (its MLPs'
+initialization, two classes as one logistic output, multilabel and
+multi-output targets, sample weights, the learning-rate schedules, Nesterov's
+momentum).  Where the two differ (README, "From Python and Dask", lists
+every parameter and attribute):
 
-* ``random_state=None`` seeds with 0 (dtrain's runs are reproducible;
-  scikit-learn draws a seed); the same data in the same partitions gives the
-  same bytes on any number of workers.
 * The inputs are normalized as dtrain's runs normalize them (``normalize``,
   statistics from the training rows), and the normalization is part of the
   model, so ``coefs_`` and ``intercepts_`` act on normalized features.
-* ``loss_curve_`` is dtrain's ``train_loss`` per epoch: the mean per-sample
-  loss of the epoch's minibatches, without the L2 term.
-* ``solver="sgd"`` with ``momentum > 0`` is classical momentum, not
-  Nesterov's; ``learning_rate`` schedules other than constant are not offered.
+* ``loss_curve_`` and ``loss_`` are dtrain's ``train_loss``: the mean
+  per-sample loss of the epoch's minibatches, without the L2 term.
 * Early stopping watches the validation *loss* (scikit-learn: the validation
   accuracy) and keeps the best epoch's parameters; without it, the training
   loss, with the same patience.  dtrain stops after ``n_iter_no_change``
   epochs without an improvement by more than ``tol`` (scikit-learn after one
   more).
+* A minibatch's weighted gradient is divided by its rows, with the weights
+  scaled to average 1 over the training rows (scikit-learn: by the
+  minibatch's summed weights); the same for a full batch.
 * ``partial_fit`` and a ``warm_start`` fit go on from the last state
   (parameters and optimizer slots) with the first fit's normalization; Adam's
   bias correction starts again with each call.
+* No ``solver="lbfgs"`` (``max_fun`` is accepted, unused), no
+  ``loss="poisson"``.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ from dtrain.data.partitions import PartSpec
 from dtrain.estimators import cluster, inputs, settings
 from dtrain.estimators.inputs import TrainingData, is_dask
 from dtrain.inference.model import Model
-from dtrain.maths.optim import SLOTS, TrainState
+from dtrain.maths.optim import TrainState, state_size
 from dtrain.training import collections
 from dtrain.training.trainer import RunResult, train_on
 
@@ -57,26 +61,29 @@ from dtrain.training.trainer import RunResult, train_on
 class _MLP(BaseEstimator):
     """What the classifier and the regressor share: parameters, fitting, predicting."""
 
-    _loss = "cross-entropy"
     _classifier = True
     _val_score = "val_accuracy"         # an epoch row's validation score (higher is better)
 
     def __init__(self, hidden_layer_sizes: Any = (100,), activation: str = "relu", *,
                  solver: str = "adam", alpha: float = 0.0001, batch_size: int | str = "auto",
-                 learning_rate_init: float = 0.001, max_iter: int = 200, shuffle: bool = True,
+                 learning_rate: str = "constant", learning_rate_init: float = 0.001,
+                 power_t: float = 0.5, max_iter: int = 200, shuffle: bool = True,
                  random_state: Any = None, tol: float = 1e-4, verbose: bool = False,
-                 warm_start: bool = False, momentum: float = 0.9, early_stopping: bool = False,
+                 warm_start: bool = False, momentum: float = 0.9,
+                 nesterovs_momentum: bool = True, early_stopping: bool = False,
                  validation_fraction: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
-                 epsilon: float = 1e-8, n_iter_no_change: int = 10, client: Any = None,
-                 strategy: str = "allreduce", fan_in: int = 2, dtype: str = "float64",
-                 normalize: str = "standardize", shards: int = 4,
-                 out: str | Path | None = None):
+                 epsilon: float = 1e-8, n_iter_no_change: int = 10, max_fun: int = 15000,
+                 client: Any = None, strategy: str = "allreduce", fan_in: int = 2,
+                 dtype: str = "float64", normalize: str = "standardize",
+                 shards: int | str = "auto", out: str | Path | None = None):
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
         self.solver = solver
         self.alpha = alpha
         self.batch_size = batch_size
+        self.learning_rate = learning_rate
         self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
         self.max_iter = max_iter
         self.shuffle = shuffle
         self.random_state = random_state
@@ -84,12 +91,14 @@ class _MLP(BaseEstimator):
         self.verbose = verbose
         self.warm_start = warm_start
         self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
         self.early_stopping = early_stopping
         self.validation_fraction = validation_fraction
         self.beta_1 = beta_1
         self.beta_2 = beta_2
         self.epsilon = epsilon
         self.n_iter_no_change = n_iter_no_change
+        self.max_fun = max_fun
         self.client = client
         self.strategy = strategy
         self.fan_in = fan_in
@@ -123,26 +132,33 @@ class _MLP(BaseEstimator):
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = False
+        tags.input_tags.sparse = True       # densified block by block, on the workers
         return tags
 
     # --- fitting ---------------------------------------------------------------------------
 
-    def fit(self, X: Any, y: Any) -> _MLP:
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> _MLP:
         """Train on ``X`` (rows by features) and ``y`` (their labels or values).
 
-        ``X`` may be a NumPy array, a pandas DataFrame, a dask.array or a
-        dask.dataframe; ``y`` an array, a Series (pandas or Dask, with
-        ``X``'s partitions) or the name of ``X``'s label column.
+        ``X`` may be a NumPy array, a scipy.sparse matrix, a pandas DataFrame, a
+        dask.array or a dask.dataframe; ``y`` an array (a classifier's labels or 0/1
+        label indicators, a regressor's targets), a Series (pandas or Dask, with ``X``'s
+        partitions) or the name of ``X``'s label column; ``sample_weight`` one weight per
+        row (for Dask inputs a dask array or Series with ``X``'s partitions), or None.
 
         Returns
         -------
         self
         """
-        return self._fit(X, y, incremental=False)
+        return self._fit(X, y, incremental=False, sample_weight=sample_weight)
 
-    def _fit(self, X: Any, y: Any, *, incremental: bool, classes: Any = None) -> _MLP:
+    def _fit(self, X: Any, y: Any, *, incremental: bool, classes: Any = None,
+             sample_weight: Any = None) -> _MLP:
         settings.check_params(self)
-        data = inputs.training_data(X, y, shards=self.shards, classifier=self._classifier)
+        if incremental and self.early_stopping:
+            raise ValueError("partial_fit does not support early_stopping=True")
+        data = inputs.training_data(X, y, shards=self.shards, classifier=self._classifier,
+                                    sample_weight=sample_weight)
         going_on = (incremental or self.warm_start) and hasattr(self, "model_")
         if going_on and data.features != self.n_features_in_:
             raise ValueError(f"X has {data.features} features, but {type(self).__name__} is "
@@ -159,21 +175,24 @@ class _MLP(BaseEstimator):
         statistics, and run."""
         seed = settings.seed(self.random_state)
         coll = data.collection(client)
-        if wanted is not None:
+        values = not self._classifier or data.multilabel      # real targets, or indicators
+        if wanted is not None and not values:
             coll.classes = tuple(wanted.tolist())
-        values = {} if self._classifier else {"regression": True}    # real-valued targets
         stats = collections.describe(client, coll, PartSpec(
-            coll.columns, settings.split(self, incremental), seed, **values), self.fan_in)
-        partitions.check(stats, len(coll.futures), **values)
+            coll.columns, settings.split(self, incremental), seed, regression=values),
+            self.fan_in)
+        partitions.check(stats, len(coll.futures), regression=values)
         found = np.asarray(stats.labels) if wanted is None else wanted
         if going_on and self._classifier and not incremental:
             self._same_classes(found)
-        shape = settings.Shape(data.features, self._outputs(found), stats.train,
-                               len(coll.futures), data.label)
+        loss, outputs = self._output(found, data)
+        shape = settings.Shape(data.features, outputs, stats.train, len(coll.futures),
+                               data.label, values, stats.train / stats.mass if stats.mass else 1.0)
+        seen = self.t_ if going_on and incremental else 0
         with self._start(going_on) as (init_from, initial):
             try:
-                cfg = settings.config(self, shape, self._loss, incremental=incremental,
-                                      init_from=init_from, seed_value=seed)
+                cfg = settings.config(self, shape, loss, incremental=incremental,
+                                      init_from=init_from, seed_value=seed, samples_seen=seen)
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
             if initial is not None:
@@ -188,12 +207,29 @@ class _MLP(BaseEstimator):
         self._record(result, data, found, going_on, incremental)
         return self
 
+    def _output(self, classes: np.ndarray, data: TrainingData) -> tuple[str, int]:
+        """The loss and the number of outputs: softmax outputs for three classes or more,
+        one logistic output for two, one per label of a multilabel ``y``."""
+        if data.multilabel:
+            return "binary-cross-entropy", len(classes)
+        if len(classes) == 2:
+            return "binary-cross-entropy", 1
+        return "cross-entropy", len(classes)
+
     def _wanted_classes(self, data: TrainingData, classes: Any, going_on: bool,
                         incremental: bool) -> np.ndarray | None:
         """The classes to learn, where known before the data is on the cluster: the
         fitted ones (going on), ``partial_fit``'s ``classes``, or an in-memory ``y``'s."""
         if not self._classifier:
             return None
+        if going_on and data.multilabel != getattr(self, "_multilabel", False):
+            raise ValueError("y is multilabel (0/1 indicators) in one fit and not in the other; "
+                             "fit with warm_start=False to start again")
+        if data.multilabel:
+            if going_on and len(data.classes) != len(self.classes_):
+                raise ValueError(f"y has {len(data.classes)} labels, the fitted model "
+                                 f"{len(self.classes_)}")
+            return data.classes
         if incremental:
             return self.classes_ if going_on else np.unique(np.asarray(classes))
         if data.classes is not None and len(data.classes) < 2:
@@ -206,9 +242,6 @@ class _MLP(BaseEstimator):
             raise ValueError(f"warm_start can only be used where `y` has the same classes as "
                              f"in the previous call to fit. Previously got {self.classes_}, "
                              f"`y` has {found}")
-
-    def _outputs(self, classes: np.ndarray) -> int:
-        return len(classes)
 
     @contextlib.contextmanager
     def _start(self, going_on: bool) -> Iterator[tuple[str, TrainState | None]]:
@@ -231,10 +264,11 @@ class _MLP(BaseEstimator):
 
     def _record(self, result: RunResult, data: TrainingData, found: np.ndarray,
                 going_on: bool, incremental: bool) -> None:
-        """The fitted attributes of a finished run."""
+        """The fitted attributes of a finished run, as scikit-learn names and counts them."""
         rows = result.metrics
         if self._classifier:
             self.classes_ = found
+            self._multilabel, self._label_dtype = data.multilabel, data.dtype
         self.n_features_in_ = data.features
         if data.names is not None:
             self.feature_names_in_ = data.names
@@ -242,12 +276,13 @@ class _MLP(BaseEstimator):
             del self.feature_names_in_
         self._columns = data.columns
         model = Model(result.model, result.params)
-        if self._classifier:
+        if self._classifier and not data.multilabel:
             model.classes_ = self.classes_         # predictions of the labels' own dtype
         self.model_, self._params, self._state = model, result.params, result.state
         losses = [float(r["train_loss"]) for r in rows]
         self.loss_curve_ = (self.loss_curve_ if going_on else []) + losses
-        self.n_iter_ = (self.n_iter_ if going_on else 0) + len(rows)
+        self.loss_ = self.loss_curve_[-1]
+        self.n_iter_ = len(rows)                   # this fit's epochs (partial_fit: 1)
         self.t_ = (self.t_ if going_on else 0) + result.summary["train_samples"] * len(rows)
         stopping = self.early_stopping and not incremental
         self.best_loss_ = None if stopping else min(self.loss_curve_)
@@ -270,11 +305,18 @@ class _MLP(BaseEstimator):
 
     # --- predicting ------------------------------------------------------------------------
 
+    def _rows(self, X: Any) -> Any:
+        check_is_fitted(self)
+        return inputs.predict_input(self, X)
+
     def predict(self, X: Any) -> Any:
         """The prediction for each row of ``X``: a NumPy array, or for a Dask collection a
         lazy dask.array (nothing is computed until asked)."""
-        check_is_fitted(self)
-        return self.model_.predict(inputs.predict_input(self, X))
+        rows = self._rows(X)
+        out = self.model_.predict(rows)
+        if getattr(self, "_multilabel", False):         # indicators, in y's own dtype
+            return out.astype(self._label_dtype)
+        return _as_input_float(out, rows) if not self._classifier else out
 
     def _compute(self, lazy: Any) -> Any:
         """A lazy result computed on the estimator's cluster (its client, the default
@@ -293,42 +335,63 @@ class _MLP(BaseEstimator):
         return y if is_dask(y) else da.from_array(np.asarray(y))
 
 
+def _as_input_float(out: Any, rows: Any) -> Any:
+    """``out`` as float32 where the rows given were float32 (scikit-learn's outputs keep
+    the input's precision); else as it is."""
+    return out.astype(np.float32) if getattr(rows, "dtype", None) == np.float32 else out
+
+
 def _fit_state(state: TrainState, cfg: Any) -> TrainState:
     """The last state (of the same network) in this fit's optimizer and dtype: its slots
-    kept if the optimizer is of the same kind, zeroed if not."""
+    kept if the optimizer is of the same kind, zeroed if not; its epoch sums kept (the
+    adaptive schedule judges the last epoch from them)."""
     layers = cfg.model.layers
     size = sum(o * (i + 1) for i, o in zip(layers[:-1], layers[1:]))
-    vector = np.asarray(state.vector)                                    # (P * (1 + k),)
-    slots = SLOTS[cfg.optim.name]
-    if vector.size != size * (1 + slots):
-        vector = np.concatenate([vector[:size], np.zeros(size * slots)])   # (P * (1 + k),)
-    return TrainState(vector.astype(cfg.model.dtype))
+    vector = np.asarray(state.vector)                                    # (state size,)
+    wanted = state_size(cfg.optim, size)
+    if vector.size != wanted:
+        fresh = np.zeros(wanted)
+        if cfg.optim.schedule == "adaptive":
+            fresh[-3:] = (1.0, np.inf, 0.0)
+        fresh[:size] = vector[:size]
+        vector = fresh
+    return TrainState(vector.astype(cfg.model.dtype), state.epoch_loss, state.epoch_samples,
+                      state.epoch_correct)
 
 
 class MLPClassifier(ClassifierMixin, _MLP):
     __doc__ = f"""A multi-layer perceptron classifier trained by dtrain on a Dask cluster.
 
-    scikit-learn's ``MLPClassifier`` API (with its parameter names where they exist), for
-    NumPy, pandas, dask.array and dask.dataframe inputs; see :mod:`dtrain.estimators.mlp`
-    for where it differs.
+    scikit-learn's ``MLPClassifier`` API (with its parameter names), for NumPy, scipy.sparse,
+    pandas, dask.array and dask.dataframe inputs: softmax outputs for three classes or more,
+    one logistic output for two, one per label for multilabel 0/1 indicators; see
+    :mod:`dtrain.estimators.mlp` for where it differs.
     {settings.PARAMS_DOC}
     Attributes
     ----------
     classes_ : ndarray
-        The class labels, sorted.
+        The class labels, sorted (multilabel: the label indices).
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when ``X`` had string column names.
+    loss_ : float
+        The last epoch's training loss.
     loss_curve_ : list of float
-        The training loss of each epoch.
+        The training loss of each epoch (over ``partial_fit`` and warm-start fits).
     n_iter_ : int
-        Epochs trained (over ``partial_fit`` and warm-start fits).
+        Epochs of the last fit (``partial_fit``: 1).
+    t_ : int
+        Training samples seen (over ``partial_fit`` and warm-start fits).
     best_loss_ : float or None
         The lowest training loss (None with early stopping).
     validation_scores_, best_validation_score_ : list of float, float
         With early stopping: each epoch's validation accuracy, and the best.
     coefs_, intercepts_ : list of ndarray
         Layer ``i``'s weights ``(inputs, outputs)`` and biases, on normalized inputs.
+    n_layers_, n_outputs_ : int
+        Layers (input and output included) and outputs (two classes: 1).
+    out_activation_ : str
+        ``"softmax"`` or ``"logistic"``.
     model_ : dtrain.Model
         The trained model (its normalization, network and classes).
     summary_ : dict
@@ -344,7 +407,13 @@ class MLPClassifier(ClassifierMixin, _MLP):
     >>> clf.score(X, y)                                         # doctest: +SKIP
     """
 
-    def partial_fit(self, X: Any, y: Any, classes: Any = None) -> MLPClassifier:
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_label = True
+        return tags
+
+    def partial_fit(self, X: Any, y: Any, sample_weight: Any = None,
+                    classes: Any = None) -> MLPClassifier:
         """One epoch on ``X`` and ``y`` from the current state (optimizer slots included).
 
         ``classes``, every class the calls will see, is required on the first call (as in
@@ -355,54 +424,83 @@ class MLPClassifier(ClassifierMixin, _MLP):
                 raise ValueError("classes must be passed on the first call to partial_fit.")
             if len(np.unique(np.asarray(classes))) < 2:
                 raise ValueError(f"classes = {classes!r}: a classifier needs at least 2")
-        elif classes is not None and not np.array_equal(np.unique(np.asarray(classes)),
-                                                         self.classes_):
+        elif classes is not None and not getattr(self, "_multilabel", False) and \
+                not np.array_equal(np.unique(np.asarray(classes)), self.classes_):
             raise ValueError(f"`classes={classes!r}` is not the same as on last call to "
                              f"partial_fit, was: {self.classes_!r}")
-        return self._fit(X, y, incremental=True, classes=classes)
+        return self._fit(X, y, incremental=True, classes=classes, sample_weight=sample_weight)
 
     def predict_proba(self, X: Any) -> Any:
-        """Class probabilities ``(rows, classes)``, columns in ``classes_`` order; lazy for
-        a Dask collection."""
-        check_is_fitted(self)
-        return self.model_.predict_proba(inputs.predict_input(self, X))
+        """Class probabilities ``(rows, classes)``, columns in ``classes_`` order (two
+        classes: ``1 - p`` and ``p`` of the logistic output; multilabel: each label's); lazy
+        for a Dask collection; float32 for float32 rows."""
+        rows = self._rows(X)
+        return _as_input_float(self.model_.predict_proba(rows), rows)
 
     def predict_log_proba(self, X: Any) -> Any:
         """The logarithm of :meth:`predict_proba`."""
         return np.log(self.predict_proba(X))
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
-        """Accuracy on ``X`` and ``y``; for Dask inputs computed on the cluster, partition
-        by partition (``y`` may name ``X``'s label column)."""
+        """Accuracy on ``X`` and ``y`` (multilabel: rows with every label right); for Dask
+        inputs computed on the cluster, partition by partition (``y`` may name ``X``'s
+        label column)."""
         if not (is_dask(X) or is_dask(y)):
             return super().score(X, y, sample_weight)
         if sample_weight is not None:
             raise ValueError("sample_weight is not supported with Dask inputs")
         hits = self.predict(X) == self._dask_y(X, y)
+        if getattr(self, "_multilabel", False):
+            hits = hits.all(axis=1)
         return float(self._compute(hits.mean()))
 
 
 class MLPRegressor(RegressorMixin, _MLP):
     __doc__ = f"""A multi-layer perceptron regressor trained by dtrain on a Dask cluster.
 
-    scikit-learn's ``MLPRegressor`` API: identity outputs, squared error (dtrain's
-    ``model.loss = "squared-error"``), R^2 score; one target.
-    {settings.PARAMS_DOC}
+    scikit-learn's ``MLPRegressor`` API: identity outputs, half the squared error (dtrain's
+    ``model.loss = "squared-error"``), R^2 score; one target or several.
+
+    {settings.PARAMS_DOC.replace("----------", "----------" + settings.LOSS_DOC, 1)}
     """
 
-    _loss = "squared-error"
     _classifier = False
     _val_score = "val_r2"
 
-    def _outputs(self, classes: np.ndarray) -> int:
-        return 1
+    def __init__(self, loss: str = "squared_error", hidden_layer_sizes: Any = (100,),
+                 activation: str = "relu", *, solver: str = "adam", alpha: float = 0.0001,
+                 batch_size: int | str = "auto", learning_rate: str = "constant",
+                 learning_rate_init: float = 0.001, power_t: float = 0.5, max_iter: int = 200,
+                 shuffle: bool = True, random_state: Any = None, tol: float = 1e-4,
+                 verbose: bool = False, warm_start: bool = False, momentum: float = 0.9,
+                 nesterovs_momentum: bool = True, early_stopping: bool = False,
+                 validation_fraction: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
+                 epsilon: float = 1e-8, n_iter_no_change: int = 10, max_fun: int = 15000,
+                 client: Any = None, strategy: str = "allreduce", fan_in: int = 2,
+                 dtype: str = "float64", normalize: str = "standardize",
+                 shards: int | str = "auto", out: str | Path | None = None):
+        self.loss = loss
+        super().__init__(
+            hidden_layer_sizes, activation, solver=solver, alpha=alpha, batch_size=batch_size,
+            learning_rate=learning_rate, learning_rate_init=learning_rate_init,
+            power_t=power_t, max_iter=max_iter, shuffle=shuffle, random_state=random_state,
+            tol=tol, verbose=verbose, warm_start=warm_start, momentum=momentum,
+            nesterovs_momentum=nesterovs_momentum, early_stopping=early_stopping,
+            validation_fraction=validation_fraction, beta_1=beta_1, beta_2=beta_2,
+            epsilon=epsilon, n_iter_no_change=n_iter_no_change, max_fun=max_fun,
+            client=client, strategy=strategy, fan_in=fan_in, dtype=dtype,
+            normalize=normalize, shards=shards, out=out)
 
-    def partial_fit(self, X: Any, y: Any) -> MLPRegressor:
+    def _output(self, classes: np.ndarray, data: TrainingData) -> tuple[str, int]:
+        return settings.LOSSES[self.loss], data.targets
+
+    def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> MLPRegressor:
         """One epoch on ``X`` and ``y`` from the current state (optimizer slots included)."""
-        return self._fit(X, y, incremental=True)
+        return self._fit(X, y, incremental=True, sample_weight=sample_weight)
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
-        """R^2 on ``X`` and ``y``; for Dask inputs computed on the cluster."""
+        """R^2 on ``X`` and ``y`` (several targets: their mean); for Dask inputs computed on
+        the cluster."""
         if not (is_dask(X) or is_dask(y)):
             return super().score(X, y, sample_weight)
         if sample_weight is not None:
@@ -410,7 +508,9 @@ class MLPRegressor(RegressorMixin, _MLP):
         import dask.array as da
 
         predicted, truth = self.predict(X), self._dask_y(X, y).astype(np.float64)
-        residual = ((truth - predicted) ** 2).sum()
-        total = ((truth - truth.mean()) ** 2).sum()
+        residual = ((truth - predicted) ** 2).sum(axis=0)
+        total = ((truth - truth.mean(axis=0)) ** 2).sum(axis=0)
         res, tot = self._compute(da.stack([residual, total]))
-        return float(1 - res / tot) if tot else 0.0
+        res, tot = np.atleast_1d(res), np.atleast_1d(tot)
+        r2 = np.where(tot > 0, 1 - res / np.where(tot > 0, tot, 1.0), 0.0)
+        return float(r2.mean())

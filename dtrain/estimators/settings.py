@@ -1,13 +1,18 @@
 """An estimator's parameters checked, and turned into the dtrain run config they mean.
 
 scikit-learn's names map to dtrain's keys as :func:`config` says: the
-network is ``[features, *hidden_layer_sizes, outputs]``; ``solver`` and
-``momentum`` pick ``optim.name``; ``alpha`` becomes ``model.l2 = alpha /
-batch`` (scikit-learn adds ``alpha * W / batch`` to the minibatch's mean
-gradient, dtrain adds ``l2 * W``: the same step for a full minibatch);
-``early_stopping`` splits off ``validation_fraction`` of every partition and
-watches the validation loss, otherwise the training loss is watched, in both
-cases with ``train.patience = n_iter_no_change`` and ``train.min_delta = tol``.
+network is ``[features, *hidden_layer_sizes, outputs]``, initialized as
+scikit-learn initializes it (``model.init = "scikit-learn"``); ``solver``,
+``momentum`` and ``nesterovs_momentum`` pick ``optim.name`` and
+``optim.nesterov``; ``learning_rate`` and ``power_t`` (sgd only, as in
+scikit-learn) the schedule; ``alpha`` becomes ``model.l2 = alpha / batch``
+(scikit-learn adds ``alpha * W / batch`` to the minibatch's mean gradient,
+dtrain adds ``l2 * W``: the same step for a full minibatch; with sample
+weights ``alpha / (batch * mean weight)``, as scikit-learn divides by the
+minibatch's summed weights); ``early_stopping`` splits off
+``validation_fraction`` of every partition and watches the validation loss, otherwise the training loss is watched, in both
+cases with ``train.patience = n_iter_no_change`` and ``train.min_delta = tol``
+(the adaptive schedule watches the training loss itself, and stops no run).
 """
 from __future__ import annotations
 
@@ -19,18 +24,20 @@ import numpy as np
 
 from dtrain.core.config import Config, load_config
 
-ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "logistic": "sigmoid"}
+ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "logistic": "sigmoid", "identity": "identity"}
 SOLVERS = ("adam", "sgd")
+SCHEDULES = ("constant", "invscaling", "adaptive")     # learning_rate
+LOSSES = {"squared_error": "squared-error"}            # MLPRegressor's loss
 STRATEGIES = ("allreduce", "parameter-server", "local-sgd")    # those that train on partitions
-DEFAULT_SEED = 0      # random_state=None: runs are reproducible (scikit-learn draws one)
+ADAPTIVE_FACTOR = 0.2   # learning_rate="adaptive" divides the rate by 5, as scikit-learn
 
 PARAMS_DOC = """
     Parameters
     ----------
     hidden_layer_sizes : int or sequence of int, default=(100,)
         Units of each hidden layer.
-    activation : {"relu", "tanh", "logistic"}, default="relu"
-        Hidden-layer activation ("logistic" is dtrain's sigmoid; "identity" is not offered).
+    activation : {"relu", "tanh", "logistic", "identity"}, default="relu"
+        Hidden-layer activation ("logistic" is dtrain's sigmoid).
     solver : {"adam", "sgd"}, default="adam"
         "sgd" is dtrain's sgd, or momentum when ``momentum > 0``.  "lbfgs" is not
         offered: dtrain trains by minibatch.
@@ -38,14 +45,22 @@ PARAMS_DOC = """
         L2 penalty, as scikit-learn's: dtrain's ``model.l2 = alpha / batch``.
     batch_size : int or "auto", default="auto"
         Global minibatch; "auto" is ``min(200, training rows)``.
+    learning_rate : {"constant", "invscaling", "adaptive"}, default="constant"
+        The schedule of ``solver="sgd"`` (Adam's rate is constant, as in scikit-learn):
+        invscaling is ``learning_rate_init / (t + 1) ** power_t`` with ``t`` the samples
+        seen before the epoch; adaptive divides it by 5 after more than
+        ``n_iter_no_change`` epochs without the training loss improving by ``tol``.
     learning_rate_init : float, default=1e-3
-        The (constant) learning rate.
+        The (initial) learning rate.
+    power_t : float, default=0.5
+        The invscaling exponent.
     max_iter : int, default=200
         Epochs.
     shuffle : bool, default=True
         Reshuffle each shard every epoch.
     random_state : int, RandomState or None, default=None
-        Seeds the weights and every shuffle and split; None means 0.
+        Seeds the weights and every shuffle and split; None draws a fresh seed from NumPy's
+        global random state at each fit, as scikit-learn does.
     tol : float, default=1e-4
         The least decrease of the watched loss that counts as an improvement.
     verbose : bool, default=False
@@ -54,6 +69,8 @@ PARAMS_DOC = """
         A fit goes on from the previous fit's state instead of starting afresh.
     momentum : float, default=0.9
         For ``solver="sgd"``; 0 is plain SGD.
+    nesterovs_momentum : bool, default=True
+        Nesterov's momentum (as scikit-learn computes it) for ``solver="sgd"``.
     early_stopping : bool, default=False
         Hold out ``validation_fraction`` of every partition, stop when its loss stops
         improving, and keep the best epoch's parameters.
@@ -63,6 +80,8 @@ PARAMS_DOC = """
         Adam's.
     n_iter_no_change : int, default=10
         Epochs without an improvement by more than ``tol`` before training stops.
+    max_fun : int, default=15000
+        Accepted and checked, not used: it bounds lbfgs, which dtrain does not offer.
     client : distributed.Client or None, default=None
         Train on this Dask cluster.  Without one, Dask inputs use the default client if
         there is one, and everything else a LocalCluster this process starts once and
@@ -75,11 +94,18 @@ PARAMS_DOC = """
         The network's arithmetic.
     normalize : {"standardize", "minmax", "none"}, default="standardize"
         The input normalization fitted on the training rows (part of the model).
-    shards : int, default=4
-        The partitions NumPy and pandas inputs are cut into (Dask inputs keep theirs).
+    shards : int or "auto", default="auto"
+        The partitions NumPy and pandas inputs are cut into (Dask inputs keep theirs);
+        "auto": 4, or one per row for fewer rows.
     out : str, Path or None, default=None
         A run directory: each fit writes a normal dtrain run there (``dtrain.load(out)``).
 """
+
+
+LOSS_DOC = """
+    loss : {"squared_error"}, default="squared_error"
+        The regressor's: half the squared error, as scikit-learn's; "poisson" is not
+        supported."""
 
 
 def _bad(name: str, value: Any, rule: str) -> ValueError:
@@ -107,11 +133,8 @@ def check_params(est: Any) -> None:
                          "minibatch is a Dask task graph); use solver = 'adam' or 'sgd'")
     if est.solver not in SOLVERS:
         raise _bad("solver", est.solver, "'adam' or 'sgd'")
-    if est.activation == "identity":
-        raise ValueError("activation = 'identity' is not supported by dtrain; use 'relu', "
-                         "'tanh' or 'logistic'")
     if est.activation not in ACTIVATIONS:
-        raise _bad("activation", est.activation, "'relu', 'tanh' or 'logistic'")
+        raise _bad("activation", est.activation, "'relu', 'tanh', 'logistic' or 'identity'")
     hidden(est.hidden_layer_sizes)
     if not (est.batch_size == "auto" or isinstance(est.batch_size, numbers.Integral)
             and not isinstance(est.batch_size, bool) and est.batch_size >= 1):
@@ -120,6 +143,18 @@ def check_params(est: Any) -> None:
     _number(est, "learning_rate_init", 0, low_open=True)
     _number(est, "max_iter", 1, integer=True)
     _number(est, "tol", 0)
+    if est.learning_rate not in SCHEDULES:
+        raise _bad("learning_rate", est.learning_rate, "'constant', 'invscaling' or 'adaptive'")
+    _number(est, "power_t", 0)
+    _number(est, "max_fun", 1, integer=True)
+    if not isinstance(est.nesterovs_momentum, (bool, np.bool_)):
+        raise _bad("nesterovs_momentum", est.nesterovs_momentum, "True or False")
+    loss = getattr(est, "loss", None)
+    if loss == "poisson":
+        raise ValueError("loss = 'poisson' is not supported by dtrain (no exponential output "
+                         "layer); use loss = 'squared_error'")
+    if loss is not None and loss not in LOSSES:
+        raise _bad("loss", loss, "'squared_error'")
     _number(est, "momentum", 0, 1, high_open=True)
     _number(est, "beta_1", 0, 1, high_open=True)
     _number(est, "beta_2", 0, 1, high_open=True)
@@ -127,7 +162,8 @@ def check_params(est: Any) -> None:
     _number(est, "validation_fraction", 0, 1, low_open=True, high_open=True)
     _number(est, "n_iter_no_change", 1, integer=True)
     _number(est, "fan_in", 2, integer=True)
-    _number(est, "shards", 1, integer=True)
+    if est.shards != "auto":
+        _number(est, "shards", 1, integer=True)
     if est.strategy not in STRATEGIES:
         raise _bad("strategy", est.strategy, f"one of {', '.join(map(repr, STRATEGIES))} (the "
                    f"strategies that train on partitions where they sit)")
@@ -154,9 +190,10 @@ def hidden(sizes: Any) -> tuple[int, ...]:
 
 def seed(random_state: Any) -> int:
     """The seed of the weights and of every shuffle and split: ``random_state`` if an
-    integer, one drawn from it if a ``RandomState``, :data:`DEFAULT_SEED` if None."""
+    integer; drawn from it if a ``RandomState``, from NumPy's global ``RandomState`` if
+    None (a fresh seed per fit, as scikit-learn's ``check_random_state(None)``)."""
     if random_state is None:
-        return DEFAULT_SEED
+        random_state = np.random.mtrand._rand
     if isinstance(random_state, np.random.RandomState):
         return int(random_state.randint(np.iinfo(np.int32).max))
     if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool) and \
@@ -187,6 +224,8 @@ class Shape:
     train_rows: int
     partitions: int
     label: str = ""
+    values: bool = False        # real targets or 0/1 label indicators, not class labels
+    weight_scale: float = 1.0   # training rows / their summed sample weights
 
 
 def split(est: Any, incremental: bool) -> tuple[float, float, float]:
@@ -196,27 +235,46 @@ def split(est: Any, incremental: bool) -> tuple[float, float, float]:
     return (1.0, 0.0, 0.0)
 
 
+def schedule(est: Any, samples_seen: int = 0) -> dict[str, Any]:
+    """``[optim]``'s schedule keys for ``learning_rate`` (sgd only: scikit-learn's Adam
+    keeps its rate constant); ``samples_seen``: the samples trained on before this fit (a
+    ``partial_fit`` going on), where invscaling's clock starts."""
+    kind = est.learning_rate if est.solver == "sgd" else "constant"
+    if kind == "invscaling":
+        return {"schedule": kind, "power_t": float(est.power_t), "samples_seen": samples_seen}
+    if kind == "adaptive":
+        return {"schedule": kind, "patience": est.n_iter_no_change, "min_delta": float(est.tol),
+                "gamma": ADAPTIVE_FACTOR}
+    return {"schedule": kind}
+
+
 def config(est: Any, shape: Shape, loss: str, *, incremental: bool, init_from: str = "",
-           seed_value: int = DEFAULT_SEED) -> Config:
+           seed_value: int = 0, samples_seen: int = 0) -> Config:
     """The dtrain config of one fit (``incremental``: one epoch of ``partial_fit``)."""
     b = batch(est, shape.train_rows)
+    sched = schedule(est, samples_seen)
+    patience = 0 if sched["schedule"] == "adaptive" and not est.early_stopping \
+        else est.n_iter_no_change           # adaptive: lowers the rate instead of stopping
     stopping = {} if incremental else {
-        "patience": est.n_iter_no_change, "min_delta": float(est.tol),
+        "patience": patience, "min_delta": float(est.tol),
         "monitor": "val_loss" if est.early_stopping else "train_loss",
         "keep_best": bool(est.early_stopping)}
     optim = "adam" if est.solver == "adam" else "momentum" if est.momentum > 0 else "sgd"
     return load_config({
         "data": {"dataset": "collection", "label": shape.label,
                  "split": list(split(est, incremental)), "normalize": est.normalize,
-                 "shards": shape.partitions, "shuffle": bool(est.shuffle), "seed": seed_value},
+                 "shards": shape.partitions, "shuffle": bool(est.shuffle), "seed": seed_value,
+                 **({"target": "value"} if shape.values else {})},
         "model": {"layers": [shape.features, *hidden(est.hidden_layer_sizes), shape.outputs],
                   "activation": ACTIVATIONS[est.activation], "loss": loss,
-                  "l2": float(est.alpha) / b, "dtype": est.dtype, "seed": seed_value,
-                  "init_from": init_from},
+                  "l2": float(est.alpha) / b * shape.weight_scale, "dtype": est.dtype,
+                  "seed": seed_value,
+                  "init": "scikit-learn", "init_from": init_from},
         "optim": {"name": optim, "lr": float(est.learning_rate_init),
-                  **({"momentum": float(est.momentum)} if optim == "momentum" else {}),
+                  **({"momentum": float(est.momentum),
+                      "nesterov": bool(est.nesterovs_momentum)} if optim == "momentum" else {}),
                   "beta1": float(est.beta_1), "beta2": float(est.beta_2),
-                  "eps": float(est.epsilon)},
+                  "eps": float(est.epsilon), **sched},
         "train": {"epochs": 1 if incremental else est.max_iter, "batch_size": b, **stopping},
         "graph": {"strategy": est.strategy, "fan_in": est.fan_in},
         "cluster": {"dashboard_address": ""},

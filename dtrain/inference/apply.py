@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from dtrain.core.errors import UserError
 from dtrain.inference.inputs import Input, Part, read_part
 from dtrain.inference.metrics import Report, ValueReport, confusion, per_class, value_report
 from dtrain.inference.model import Model
@@ -24,9 +25,12 @@ from dtrain.maths.scores import TargetSums
 
 def predict_part(model: Model, part: Part) -> tuple[np.ndarray, np.ndarray]:
     """A part's predicted labels (B,) and probabilities (B, C)."""
+    if model.spec.multilabel:
+        raise UserError("python -m dtrain predict writes one label per row; a multilabel "
+                        "model predicts several: use dtrain.load(run).predict(X)")
     x, _ = read_part(part, labels=False)
     z = model.logits(model.inputs(x))                                  # (B, C)
-    return model.classes_[z.argmax(axis=1)], model._probabilities(z)
+    return model.classes_[model.predicted(z)], model._probabilities(z)
 
 
 def values_part(model: Model, part: Part) -> np.ndarray:
@@ -77,7 +81,7 @@ def tally(model: Model, x: np.ndarray, y: np.ndarray) -> Tally | ValueTally:
     loss, correct, n = model.loss(x, y)
     if model.regression:
         return ValueTally(loss, n, TargetSums.of(model.logits(x), y))
-    return Tally(loss, correct, n, confusion(y, model.logits(x).argmax(axis=1),
+    return Tally(loss, correct, n, confusion(y, model.predicted(model.logits(x)),
                                              len(model.classes_)))
 
 

@@ -15,13 +15,19 @@ dimension, named ``"N"``), and ``T`` the export's float type (``float32`` or
                                    Casts its input to float64 and the result back to
                                    float32); left out for normalization kind "none"
     h_n = act(h_{n-1} W_n^T + b_n) Gemm(transB=1) with initializers W_n (O, I), b_n (O,),
-                                   then Tanh | Sigmoid | Relu, for n = 1 .. L-1
+                                   then Tanh | Sigmoid | Relu | Identity, for n = 1 .. L-1
     z = h_{L-1} W_L^T + b_L        Gemm(transB=1): the logits (N, C)
     probabilities   (N, C) T       Softmax(z, axis=1) (loss cross-entropy)
                                    or Sigmoid(z) (loss mse), as ``predict_proba``
     label           (N,)           Gather(classes, ArgMax(z, axis=1, keepdims=0)):
                                    int64 when every class label is an integer,
                                    else string; ties go to the first class, as in NumPy
+
+A logistic output (loss binary-cross-entropy) of two classes is one column
+``z`` (N, 1): ``probabilities`` is Concat(1 - Sigmoid(z), Sigmoid(z)) (N, 2) and
+``label`` Gather(classes, Cast(Greater(z, 0)) squeezed to (N,)); a multilabel
+model's ``probabilities`` is Sigmoid(z) (N, L) and its ``label`` the int64
+indicators Cast(Greater(z, 0)) (N, L), as ``predict`` gives them.
 
 The outputs are named as skl2onnx names a classifier's (``label``,
 ``probabilities``).  A regression (loss squared-error, output identity) has
@@ -59,7 +65,8 @@ FORMATS = ("onnx",)
 OPSET = 17          # default-domain operator set of the graph
 IR_VERSION = 8      # the ONNX IR version that goes with opset 17 (ONNX 1.12)
 DTYPES = ("float32", "float64")
-_ACTIVATION_OPS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
+_ACTIVATION_OPS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu",
+                   "identity": "Identity"}
 _OUTPUT_OPS = {"softmax": "Softmax", "sigmoid": "Sigmoid"}
 REGRESSION_OUTPUT = "variable"   # a regressor's output, as skl2onnx names it
 
@@ -165,7 +172,7 @@ def _model(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarray], dtype: np.
     h = onnx.helper
     nodes, constants = _nodes_and_constants(onnx, spec, params, dtype)
     outputs = [_value(onnx, REGRESSION_OUTPUT, dtype, ["N", spec.layers[-1]])] \
-        if spec.regression else [_value(onnx, "probabilities", dtype, ["N", spec.layers[-1]]),
+        if spec.regression else [_value(onnx, "probabilities", dtype, ["N", len(spec.classes)]),
                                  _label_value(onnx, spec)]
     graph = h.make_graph(nodes, "dtrain",
                          inputs=[_value(onnx, "input", dtype, ["N", spec.features])],
@@ -202,6 +209,9 @@ def _nodes_and_constants(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarra
                                      name=f"{spec.activation}{n}"))
     if spec.regression:                          # identity outputs: the last Gemm's result
         return nodes, inits
+    if spec.output == "logistic":
+        more_nodes, more_inits = _logistic(onnx, spec, dtype)
+        return nodes + more_nodes, inits + more_inits
     out = _OUTPUT_OPS[spec.output]
     nodes.append(h.make_node(out, ["logits"], ["probabilities"], name=spec.output,
                              **({"axis": 1} if out == "Softmax" else {})))   # (N, C)
@@ -210,6 +220,28 @@ def _nodes_and_constants(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarra
                           keepdims=0),                                       # (N,) int64
               h.make_node("Gather", ["classes", "index"], ["label"], name="label",
                           axis=0)]                                           # (N,)
+    return nodes, inits
+
+
+def _logistic(onnx: Any, spec: ModelSpec, dtype: np.dtype) -> tuple[list[Any], list[Any]]:
+    """From ``logits`` to ``probabilities`` and ``label`` for logistic outputs: two classes
+    in one column, or a multilabel model's indicators."""
+    h, const = onnx.helper, onnx.numpy_helper.from_array
+    nodes = [h.make_node("Sigmoid", ["logits"], ["p"], name="logistic"),             # (N, C)
+             h.make_node("Greater", ["logits", "zero"], ["on"], name="above_half"),  # (N, C)
+             h.make_node("Cast", ["on"], ["index" if not spec.multilabel else "label"],
+                         name="as_int64", to=onnx.TensorProto.INT64)]
+    inits = [const(np.zeros(1, dtype=dtype), "zero")]
+    if spec.multilabel:
+        nodes.append(h.make_node("Identity", ["p"], ["probabilities"], name="probabilities"))
+        return nodes, inits
+    inits += [const(np.ones(1, dtype=dtype), "one"), const(np.array([1], np.int64), "axis1"),
+              _classes_tensor(onnx, spec.classes)]
+    nodes += [h.make_node("Sub", ["one", "p"], ["q"], name="first_class"),          # (N, 1)
+              h.make_node("Concat", ["q", "p"], ["probabilities"], name="probabilities",
+                          axis=1),                                                   # (N, 2)
+              h.make_node("Squeeze", ["index", "axis1"], ["flat"], name="squeeze"),  # (N,)
+              h.make_node("Gather", ["classes", "flat"], ["label"], name="label", axis=0)]
     return nodes, inits
 
 
@@ -250,6 +282,9 @@ def _classes_tensor(onnx: Any, classes: tuple[Any, ...]) -> Any:
 
 
 def _label_value(onnx: Any, spec: ModelSpec) -> Any:
+    if spec.multilabel:                         # 0/1 per label
+        return onnx.helper.make_tensor_value_info("label", onnx.TensorProto.INT64,
+                                                  ["N", len(spec.classes)])
     kind = onnx.TensorProto.INT64 if _int_labels(spec.classes) else onnx.TensorProto.STRING
     return onnx.helper.make_tensor_value_info("label", kind, ["N"])
 

@@ -28,6 +28,8 @@ class Evaluable(Protocol):
 
     def logits(self, x: np.ndarray) -> np.ndarray: ...
 
+    def predicted(self, z: np.ndarray) -> np.ndarray: ...
+
 
 @dataclass(frozen=True)
 class Report:
@@ -129,7 +131,7 @@ def report(model: Evaluable, x: np.ndarray, y: np.ndarray) -> Report | ValueRepo
         loss, _, n = model.loss(x, y)
         return value_report(n, loss, model.spec.targets, TargetSums.of(model.logits(x), y))
     loss, correct, n = model.loss(x, y)
-    predicted = model.logits(x).argmax(axis=1)                          # (N,)
+    predicted = model.predicted(model.logits(x))                        # (N,)
     matrix = confusion(y, predicted, len(model.classes_))
     return Report(n, correct / max(n, 1), loss / max(n, 1), tuple(model.classes_), matrix,
                   per_class(matrix, tuple(model.classes_)))

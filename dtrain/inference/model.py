@@ -9,6 +9,13 @@ one key of the graph, so each worker receives it once.
 A regression model (loss ``squared-error``) behaves as scikit-learn's
 regressors: ``predict`` gives the values, ``score`` is R^2, and it has no
 ``predict_proba`` and no ``classes_`` (``hasattr`` says False).
+
+A model with logistic outputs (loss ``binary-cross-entropy``) behaves as
+scikit-learn's MLPClassifier with them: two classes share one output
+(``predict_proba`` gives both columns, ``1 - p`` and ``p``; the second class is
+predicted where ``p > 0.5``), and a multilabel model predicts a 0/1 indicator
+per label (``(rows, labels)``), scored by the share of rows with every label
+right.
 """
 from __future__ import annotations
 
@@ -142,13 +149,27 @@ class Model:
 
     def _probabilities(self, z: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
-            return _softmax(z) if self.spec.output == "softmax" else sigmoid(np, z)
+            if self.spec.output == "softmax":
+                return _softmax(z)
+            p = sigmoid(np, z)                                          # (B, C)
+        return p if self.spec.output != "logistic" or self.spec.multilabel \
+            else np.hstack([1 - p, p])                                  # (B, 2)
+
+    def predicted(self, z: np.ndarray) -> np.ndarray:
+        """The class index (B,) of each row of outputs ``z`` (B, C): the largest output, or
+        for one logistic output of two classes the second where ``z > 0`` (probability
+        above 0.5); a multilabel model's 0/1 indicators (B, L)."""
+        if self.spec.output != "logistic":
+            return z.argmax(axis=1)
+        on = (z > 0).astype(np.int64)                                   # (B, L)
+        return on if self.spec.multilabel else on[:, 0]
 
     def _proba(self, X: Any) -> np.ndarray:
         return self._probabilities(self.logits(self.inputs(X)))
 
     def _labels(self, X: Any) -> np.ndarray:
-        return self.classes_[self.logits(self.inputs(X)).argmax(axis=1)]
+        found = self.predicted(self.logits(self.inputs(X)))
+        return found if self.spec.multilabel else self.classes_[found]
 
     def _values(self, X: Any) -> np.ndarray:
         z = self.logits(self.inputs(X))                                   # (B, T)
@@ -184,6 +205,8 @@ class Model:
                 return self._lazy(X, _values_block, None if targets == 1 else targets,
                                   self.spec.dtype)
             return self._values(X)
+        if _is_dask(X) and self.spec.multilabel:
+            return self._lazy(X, _predict_block, len(self.classes_), np.int64)
         if _is_dask(X):
             return self._lazy(X, _predict_block, None, self.classes_.dtype)
         return self._labels(X)
@@ -196,8 +219,10 @@ class Model:
         if _is_dask(X) or _is_dask(y):
             import dask.array as da
 
-            return float(da.mean(self.predict(X) == y).compute())
-        return float(np.mean(self.predict(X) == np.asarray(y)))
+            hits = self.predict(X) == y
+            return float(da.mean(hits.all(axis=1) if self.spec.multilabel else hits).compute())
+        hits = self.predict(X) == np.asarray(y)
+        return float(np.mean(hits.all(axis=1) if self.spec.multilabel else hits))
 
     def _r2(self, X: Any, y: Any) -> float:
         predicted = self.predict(X)                      # (rows,) or (rows, T)
@@ -245,6 +270,10 @@ class Model:
 
     def encode(self, y: Any) -> np.ndarray:
         """Labels as output indices; a label the model never saw is a UserError."""
+        if self.spec.multilabel:
+            raise UserError("a multilabel model's evaluation takes 0/1 indicators per label; "
+                            "score it in Python (dtrain.load(run).score(X, Y)) or with "
+                            "scikit-learn's metrics on predict(X)")
         y = np.asarray(y)
         index = {_key(c): i for i, c in enumerate(self.classes_)}
         try:
@@ -277,7 +306,8 @@ def _proba_block(block: np.ndarray, model: Model, block_info: Any = None) -> np.
 
 
 def _predict_block(block: np.ndarray, model: Model, block_info: Any = None) -> np.ndarray:
-    return model.classes_[model.logits(model.inputs(block, *_place(block_info))).argmax(axis=1)]
+    found = model.predicted(model.logits(model.inputs(block, *_place(block_info))))
+    return found if model.spec.multilabel else model.classes_[found]
 
 
 def _values_block(block: np.ndarray, model: Model, block_info: Any = None) -> np.ndarray:

@@ -14,7 +14,13 @@ loss and the number of correct predictions trailing the gradient (``TAIL``).
 A classifier's targets ``y`` are class indices (B,); a regression's
 (``squared-error``, :data:`~dtrain.core.config.VALUE_LOSSES`) are real
 values (B, T), used as given (not normalized), and it counts no correct
-predictions (0).
+predictions (0).  ``binary-cross-entropy`` has one logistic output per
+label: two classes as indices (B,) into one output (the second class's
+probability), or several labels as 0/1 indicators (B, L) (multilabel).
+
+Sample weights ``w`` (B,), where given, weigh each row's loss and its
+gradient (``sum_i w_i loss_i``); None (unweighted) computes exactly what the
+unweighted code always did.
 """
 from __future__ import annotations
 
@@ -48,6 +54,14 @@ def tanh_backward(xp, a):
     return 1 - a * a
 
 
+def identity(xp, z):
+    return z
+
+
+def identity_backward(xp, a):
+    return xp.ones_like(a)
+
+
 def relu(xp, z):
     return xp.maximum(z, 0)
 
@@ -60,6 +74,7 @@ ACTIVATIONS = {
     "sigmoid": (sigmoid, sigmoid_backward),
     "tanh": (tanh, tanh_backward),
     "relu": (relu, relu_backward),
+    "identity": (identity, identity_backward),    # linear hidden layers (a bottleneck)
 }
 
 
@@ -84,33 +99,66 @@ def one_hot(xp, y, classes, dtype):
     return t
 
 
-def cross_entropy(xp, z, y):
+def _weighted(rows, dz, w):
+    """``(sum_i w_i rows_i, w_i dz_i)``: per-row losses ``rows`` (B,) and their gradients
+    ``dz`` (B, C) weighted by ``w`` (B,)."""
+    w = w.astype(dz.dtype, copy=False)
+    return (w * rows).sum(), dz * w[:, None]      # scalar, (B, C)
+
+
+def cross_entropy(xp, z, y, w=None):
     """Softmax + cross-entropy. Returns (loss summed over rows, dL/dz)."""
     shifted = z - z.max(axis=1, keepdims=True)    # (B, C)
     e = xp.exp(shifted)                           # (B, C)
     s = e.sum(axis=1, keepdims=True)              # (B, 1)
     rows = xp.arange(z.shape[0])
-    loss = (xp.log(s[:, 0]) - shifted[rows, y]).sum()
+    per_row = xp.log(s[:, 0]) - shifted[rows, y]  # (B,)
     dz = e / s                                    # (B, C) softmax
     dz[rows, y] -= 1
-    return loss, dz
+    return (per_row.sum(), dz) if w is None else _weighted(per_row, dz, w)
 
 
-def mse(xp, z, y):
+def mse(xp, z, y, w=None):
     """Sigmoid outputs + squared error 0.5*||a - onehot||^2. Returns (loss sum, dL/dz)."""
     a = sigmoid(xp, z)                            # (B, C)
     diff = a - one_hot(xp, y, z.shape[1], z.dtype)
-    return 0.5 * (diff * diff).sum(), diff * sigmoid_backward(xp, a)
+    dz = diff * sigmoid_backward(xp, a)           # (B, C)
+    if w is None:
+        return 0.5 * (diff * diff).sum(), dz
+    return _weighted(0.5 * (diff * diff).sum(axis=1), dz, w)
 
 
-def squared_error(xp, z, t):
+def squared_error(xp, z, t, w=None):
     """Identity outputs + squared error 0.5*||z - t||^2 against real targets ``t`` (B, T).
     Returns (loss summed over rows, dL/dz)."""
     diff = z - t.astype(z.dtype, copy=False)      # (B, T)
-    return 0.5 * (diff * diff).sum(), diff
+    if w is None:
+        return 0.5 * (diff * diff).sum(), diff
+    return _weighted(0.5 * (diff * diff).sum(axis=1), diff, w)
 
 
-LOSSES = {"cross-entropy": cross_entropy, "mse": mse, "squared-error": squared_error}
+def label_targets(z, y):
+    """``y`` as 0/1 targets of the logistic outputs ``z`` (B, L), in ``z``'s dtype: class
+    indices (B,) of two classes for one output, or indicators (B, L)."""
+    return y.reshape(z.shape).astype(z.dtype, copy=False)        # (B, L)
+
+
+def binary_cross_entropy(xp, z, y, w=None):
+    """Logistic outputs + binary cross-entropy, summed over the labels:
+    ``softplus(z) - t z = -t log(a) - (1 - t) log(1 - a)`` with ``a = sigmoid(z)``, in a
+    form that neither overflows nor loses ``log(a)`` to rounding.  ``y``: class indices
+    (B,) of two classes with one output, or 0/1 indicators (B, L).
+    Returns (loss summed over rows, dL/dz)."""
+    t = label_targets(z, y)                                          # (B, L)
+    elementwise = xp.maximum(z, 0) - t * z + xp.log1p(xp.exp(-xp.abs(z)))   # (B, L)
+    dz = sigmoid(xp, z) - t                                          # (B, L)
+    if w is None:
+        return elementwise.sum(), dz
+    return _weighted(elementwise.sum(axis=1), dz, w)
+
+
+LOSSES = {"cross-entropy": cross_entropy, "mse": mse, "squared-error": squared_error,
+          "binary-cross-entropy": binary_cross_entropy}
 
 
 # --- the network ---------------------------------------------------------------------
@@ -124,22 +172,26 @@ class Network:
     layers
         Sizes, input first and classes (or targets) last, e.g. ``(784, 128, 10)``.
     activation
-        Hidden-layer activation: ``"sigmoid"``, ``"tanh"`` or ``"relu"``.
+        Hidden-layer activation: ``"sigmoid"``, ``"tanh"``, ``"relu"`` or ``"identity"``.
     loss
-        ``"cross-entropy"`` (softmax outputs), ``"mse"`` (sigmoid outputs) or
+        ``"cross-entropy"`` (softmax outputs), ``"mse"`` (sigmoid outputs),
+        ``"binary-cross-entropy"`` (a logistic output per label) or
         ``"squared-error"`` (identity outputs, real targets: a regression).
     dtype
         ``"float32"`` or ``"float64"``.
+    init
+        How :meth:`init` draws the parameters: ``"auto"`` or ``"scikit-learn"``.
     """
 
     layers: tuple[int, ...]
     activation: str
     loss: str
     dtype: str
+    init_scheme: str = "auto"
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> Network:
-        return cls(tuple(cfg.layers), cfg.activation, cfg.loss, cfg.dtype)
+        return cls(tuple(cfg.layers), cfg.activation, cfg.loss, cfg.dtype, cfg.init)
 
     @property
     def regression(self) -> bool:
@@ -147,9 +199,14 @@ class Network:
         return self.loss in VALUE_LOSSES
 
     def correct(self, z, y):
-        """Rows whose largest output is their class, as an array scalar where ``z`` lives
-        (no wait for a GPU); 0 for a regression: nothing to count."""
-        return 0 if self.regression else (z.argmax(axis=1) == y).sum()
+        """Rows whose largest output is their class (logistic outputs: every label on the
+        right side of 0), as an array scalar where ``z`` lives (no wait for a GPU); 0 for a
+        regression: nothing to count."""
+        if self.regression:
+            return 0
+        if self.loss == "binary-cross-entropy":
+            return ((z > 0) == (label_targets(z, y) > 0.5)).all(axis=1).sum()
+        return (z.argmax(axis=1) == y).sum()
 
     @cached_property
     def shapes(self) -> list[tuple[int, int]]:
@@ -193,7 +250,11 @@ class Network:
         return out
 
     def init(self, seed: int):
-        """Seeded initial parameters: Glorot-uniform (sigmoid, tanh) or He-normal (relu)."""
+        """Seeded initial parameters.  ``init_scheme`` ``"auto"``: Glorot-uniform (sigmoid,
+        tanh) or He-normal (relu) weights, zero biases; ``"scikit-learn"``: as scikit-learn's
+        MLPs draw them (:func:`sklearn_init`)."""
+        if self.init_scheme == "scikit-learn":
+            return sklearn_init(self, seed)
         rng = np.random.default_rng(seed)
         flat = np.zeros(self.size, dtype=np.float64)
         for (W, _), (o, i) in zip(self.unflatten(flat), self.shapes):
@@ -221,7 +282,7 @@ class Network:
         """Length of a gradient buffer: ``P + TAIL``."""
         return self.size + TAIL
 
-    def loss_and_grad(self, params, x, y, out=None):
+    def loss_and_grad(self, params, x, y, w=None, out=None):
         """Summed loss and gradient over a batch, as one flat buffer.
 
         Returns ``buf`` of length ``P + 2``: ``buf[:P]`` is the gradient of the
@@ -229,8 +290,10 @@ class Network:
         the number of correct predictions (argmax of the outputs, before this
         step's update; 0 for a regression).  Sums (not means) so that shards add up exactly (the
         count is an integer, exact in float); the update divides by the batch
-        size.  ``out``: a contiguous ``(P + 2,)`` buffer to write into (shared memory)
-        instead of a new one; the same values either way.
+        size.  With sample weights ``w`` (B,) the loss and gradient are the weighted sums
+        ``sum_i w_i loss_i`` (the count stays a count of rows).  ``out``: a contiguous
+        ``(P + 2,)`` buffer to write into (shared memory) instead of a new one; the same
+        values either way.
         """
         xp = array_module(params)
         if out is None:
@@ -241,13 +304,14 @@ class Network:
         if x.shape[0] == 0:
             return buf
         with np.errstate(all="ignore"):     # a diverging run is caught by the update's check
-            return self._loss_and_grad(xp, params, x, y, buf)
+            return self._loss_and_grad(xp, params, x, y, buf, w)
 
-    def _loss_and_grad(self, xp, params, x, y, buf):
+    def _loss_and_grad(self, xp, params, x, y, buf, w=None):
         _, act_backward = ACTIVATIONS[self.activation]
         layers = self.unflatten(params)
         outs = self._forward(xp, layers, x)
-        loss, dz = LOSSES[self.loss](xp, outs[-1], y)        # dz (B, C)
+        loss, dz = LOSSES[self.loss](xp, outs[-1], y) if w is None \
+            else LOSSES[self.loss](xp, outs[-1], y, w)      # dz (B, C)
         P = self.size
         buf[P] = loss
         buf[P + 1] = self.correct(outs[-1], y)
@@ -293,6 +357,23 @@ class Layout:
 
     size: int
     weight_slices: tuple[slice, ...]
+
+
+def sklearn_init(net: Network, seed: int) -> np.ndarray:
+    """Parameters as scikit-learn's ``MLPClassifier`` and ``MLPRegressor`` draw them, with
+    ``numpy.random.RandomState(seed)`` (a seed of 2**32 or more through ``MT19937``): layer
+    by layer, weights ``(I, O)`` then biases ``(O,)``, both uniform in ``+-sqrt(6 / (I +
+    O))`` (``sqrt(2 / (I + O))`` for sigmoid hidden layers); so an integer
+    ``random_state`` starts from scikit-learn's very numbers."""
+    rng = np.random.RandomState(seed) if seed < 2 ** 32 \
+        else np.random.RandomState(np.random.MT19937(seed))
+    factor = 2.0 if net.activation == "sigmoid" else 6.0
+    flat = np.zeros(net.size, dtype=np.float64)                     # (P,)
+    for (W, b), (o, i) in zip(net.unflatten(flat), net.shapes):
+        bound = np.sqrt(factor / (i + o))
+        W[...] = rng.uniform(-bound, bound, (i, o)).T                # (O, I)
+        b[...] = rng.uniform(-bound, bound, o)                       # (O,)
+    return flat.astype(net.dtype)
 
 
 def l2_penalty(net: Network, params, l2: float) -> float:

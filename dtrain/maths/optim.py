@@ -1,10 +1,17 @@
 """Optimizers over one flat state vector, the reduce operator, and LR schedules.
 
-The training state is one buffer ``[params | optimizer slots]`` (SGD: no
-slots, momentum: velocity, Adam: first and second moments) plus the running
-sums of the current epoch's training loss and correct predictions.  Every function is pure: it
-returns a new state and never writes into its inputs, which Dask may share
-between tasks.
+The training state is one buffer ``[params | optimizer slots | schedule]`` (SGD:
+no slots, momentum: velocity, Adam: first and second moments; the ``adaptive``
+schedule's three numbers, :data:`ADAPTIVE`, the other schedules none) plus the
+running sums of the current epoch's training loss and correct predictions.
+Every function is pure: it returns a new state and never writes into its inputs,
+which Dask may share between tasks.
+
+The ``adaptive`` schedule (scikit-learn's ``learning_rate="adaptive"``) is decided
+inside the update, from the state alone, so it is the same on any number of
+workers and whatever the driver's windows: the first step of each epoch reads
+the epoch before it from the state's running sums, and divides the rate after
+more than ``patience`` epochs without an improvement.
 """
 from __future__ import annotations
 
@@ -24,6 +31,18 @@ from dtrain.maths.model import Layout, Network
 
 SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
 ROUND_TAIL = 3      # a local SGD leaf's buffer: [w * vector | loss sum | correct | w]
+ADAPTIVE = 3        # the adaptive schedule's numbers after the slots: [scale | best | count]
+
+
+def schedule_size(cfg: OptimConfig) -> int:
+    """Numbers of the state vector after the optimizer slots: the adaptive schedule's
+    ``[rate scale | best training loss | epochs without improvement]``, else none."""
+    return ADAPTIVE if cfg.schedule == "adaptive" else 0
+
+
+def state_size(cfg: OptimConfig, params: int) -> int:
+    """Length of a state vector for ``params`` parameters: ``P (1 + slots) + schedule``."""
+    return params * (1 + SLOTS[cfg.name]) + schedule_size(cfg)
 
 
 @align_on_unpickle
@@ -98,8 +117,10 @@ class Optimizer:
 
     def init_state(self, params) -> TrainState:
         xp = array_module(params)
-        vector = xp.zeros(self.net.size * (1 + self.slots), dtype=params.dtype)
+        vector = xp.zeros(state_size(self.cfg, self.net.size), dtype=params.dtype)
         vector[: self.net.size] = params
+        if self.cfg.schedule == "adaptive":
+            vector[-ADAPTIVE:] = (1.0, math.inf, 0.0)     # full rate, no best yet, no count
         return TrainState(vector)
 
     def params(self, state: TrainState):
@@ -121,15 +142,21 @@ class Optimizer:
         if self.l2:
             for w in self.net.weight_slices:
                 g[w] += self.l2 * old[w]
-        new = state.vector.copy()                          # (P * (1 + k),)
+        new = state.vector.copy()                          # (P * (1 + k) + schedule,)
         p = new[:P]
+        lr = step.lr if cfg.schedule != "adaptive" else step.lr * self.adapt(state, new, step)
         if cfg.name == "sgd":
-            p -= step.lr * g
+            p -= lr * g
+        elif cfg.name == "momentum" and cfg.nesterov:      # scikit-learn's: v in step units
+            v = new[P:2 * P]
+            v *= cfg.momentum
+            v -= lr * g                                    # v = mu v - lr g
+            p += cfg.momentum * v - lr * g                 # the step looks ahead along v
         elif cfg.name == "momentum":
             v = new[P:2 * P]
             v *= cfg.momentum
             v += g
-            p -= step.lr * v
+            p -= lr * v
         else:  # adam
             m, v = new[P:2 * P], new[2 * P:3 * P]
             m *= cfg.beta1
@@ -139,8 +166,28 @@ class Optimizer:
             t = step.index + 1
             m_hat = m / (1 - cfg.beta1 ** t)
             v_hat = v / (1 - cfg.beta2 ** t)
-            p -= step.lr * m_hat / (xp.sqrt(v_hat) + cfg.eps)
+            p -= lr * m_hat / (xp.sqrt(v_hat) + cfg.eps)
         return new
+
+    def adapt(self, state: TrainState, new: Any, step: Step) -> float:
+        """The adaptive schedule: the factor of ``step.lr`` for this step, its numbers in
+        ``new``'s last :data:`ADAPTIVE` entries brought up to date (``new`` is this step's
+        new vector).  At an epoch's first step, the epoch before it (its mean training
+        loss, from ``state``'s running sums) counts as an improvement unless its loss is
+        above the best less ``min_delta``; after more than ``patience`` epochs in a row
+        without one, the factor is multiplied by ``gamma`` and the count restarts, or, if
+        the rate is already at most ``min_lr``, it becomes 0: training stops, as
+        scikit-learn's ``learning_rate="adaptive"`` stops."""
+        cfg, tail = self.cfg, new[-ADAPTIVE:]                # (3,) a view: [scale, best, count]
+        scale, best, count = (float(v) for v in tail)
+        if step.first and state.epoch_samples:
+            loss = state.epoch_loss / state.epoch_samples
+            count = count + 1 if loss > best - cfg.min_delta else 0       # as scikit-learn
+            best = min(best, loss)
+            if count > cfg.patience:
+                scale, count = (0.0 if step.lr * scale <= cfg.min_lr else scale * cfg.gamma), 0
+            tail[:] = (scale, best, count)
+        return scale
 
 
 def _add_to_epoch(state: TrainState, step: Step, vector: Any, loss: float, samples: int,
@@ -193,7 +240,8 @@ def settle(opt: Optimizer, state: TrainState) -> TrainState:
 def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch) -> Any:
     """Run ``steps`` on one shard alone, from ``state``; the local SGD leaf task.
 
-    ``batch(step)`` gives the shard's rows of that step.  Returns one buffer
+    ``batch(step)`` gives the shard's rows of that step (and their sample weights, or
+    None).  Returns one buffer
     ``[w * vector | loss sum | correct | w]`` where ``w`` is the number of
     samples the shard saw and ``correct`` its correct predictions: the tree
     reduce sums these, and :func:`average` divides by the total weight, so the
@@ -204,10 +252,10 @@ def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch)
     xp, P = array_module(state.vector), opt.net.size
     local, loss, correct, seen = TrainState(state.vector), 0.0, 0, 0
     for step in steps:
-        x, y = batch(step)
+        x, y, *weights = batch(step)                             # and (B,) weights, if any
         if len(y) == 0:
             continue
-        grad = opt.net.loss_and_grad(local.vector[:P], x, y)     # [grad | loss | correct]
+        grad = opt.net.loss_and_grad(local.vector[:P], x, y, *weights)   # [grad | loss | correct]
         opt.check_loss(step, float(grad[P]), len(y))
         with np.errstate(all="ignore"):
             local = opt.apply(local, grad, dataclasses.replace(step, count=len(y)))
@@ -229,12 +277,17 @@ def average(opt: Optimizer, step: Step, host: bool, state: TrainState,
     return _add_to_epoch(state, step, to_host(mean) if host else mean, loss, int(seen), correct)
 
 
-def learning_rate(cfg: OptimConfig, epoch: int, epochs: int) -> float:
-    """The learning rate for ``epoch`` (from 0) under ``cfg.schedule``."""
+def learning_rate(cfg: OptimConfig, epoch: int, epochs: int, samples: int = 0) -> float:
+    """The learning rate for ``epoch`` (from 0) under ``cfg.schedule``; ``samples``: the
+    training samples of an epoch (invscaling counts them, as scikit-learn's ``t_``).  The
+    adaptive schedule starts from ``cfg.lr``; its factor lives in the state
+    (:meth:`Optimizer.adapt`)."""
     if cfg.schedule == "step":
         return cfg.lr * cfg.gamma ** (epoch // cfg.decay_every)
     if cfg.schedule == "cosine":
         return 0.5 * cfg.lr * (1 + math.cos(math.pi * epoch / epochs))
+    if cfg.schedule == "invscaling":
+        return cfg.lr / (cfg.samples_seen + epoch * samples + 1) ** cfg.power_t
     return cfg.lr
 
 

@@ -128,10 +128,20 @@ class ParameterServer(Strategy):
         return ""
 
 
+_ADAPTIVE = ("optim.schedule = 'adaptive' in {1} decides the rate from each epoch's training "
+             "loss inside the update, which graph.strategy = '{0}' splits; use another "
+             "schedule or strategy")
+
+
 class LocalSGD(Strategy):
     name = "local-sgd"
     about = "each shard runs graph.sync_every steps alone, then the tree averages the states"
     pictures = {"local-sgd": ("graph.sync_every=4",)}
+
+    def check(self, cfg: Config, source: str) -> None:
+        super().check(cfg, source)
+        if cfg.optim.schedule == "adaptive" and cfg.graph.sync_every > 1:
+            raise ConfigError(_ADAPTIVE.format(self.name, source))
 
     def runs_as(self, cfg: Config) -> Strategy:
         # a one-step round is the synchronous step: run it as one, which is exact for every
@@ -165,6 +175,8 @@ class ModelParallelStrategy(Strategy):
 
     def check(self, cfg: Config, source: str) -> None:
         super().check(cfg, source)
+        if cfg.optim.schedule == "adaptive":
+            raise ConfigError(_ADAPTIVE.format(self.name, source))
         layers, slices = cfg.model.layers, cfg.graph.slices
         if cfg.cluster.device == "gpu":
             raise ConfigError(f"graph.strategy = 'model-parallel' runs on CPU workers only, but "

@@ -34,7 +34,8 @@ def _one_shard(net: Network, shuffle_seed: int | None, epoch: int, rows: tuple[i
     """``[grad (P) | loss | correct]`` of one shard's rows this epoch, computed where the
     shard lives (host or GPU)."""
     x, y = shard.batch(epoch, *rows, shuffle_seed)
-    return net.loss_and_grad(like(state.vector[: net.size], x), x, y)      # (P + 2,)
+    w = None if shard.w is None else shard.weights(epoch, *rows, shuffle_seed)   # (B,)
+    return net.loss_and_grad(like(state.vector[: net.size], x), x, y, w)   # (P + 2,)
 
 
 # --- fused groups: a worker's shards in one task --------------------------------------------
@@ -91,9 +92,10 @@ def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
     """Each shard of the task's group, summed in its subtree's order: on the worker's core
     processes (:mod:`~dtrain.taskgraph.cores`) or its threads (:func:`_summed`)."""
     group = task.group
-    if on_gpu(shards[0].x) and len(shards) > 1:
+    weighted = shards[0].w is not None        # sample weights: on this process's threads
+    if on_gpu(shards[0].x) and len(shards) > 1 and not weighted:
         return _one_pass(task, state, shards)
-    if group.processes:
+    if group.processes and not weighted:
         pool = cores.pool(_worker_threads() - 1)
         if pool is not None:
             try:
@@ -209,7 +211,8 @@ def local_steps(task: LocalSteps, *inputs) -> Any:
     def one(p: int) -> Any:
         shard, i = shards[p], task.group.shards[p]
         return local_sgd(task.opt, task.steps, TrainState(like(state.vector, shard.x)),
-                         lambda s: shard.batch(s.epoch, *s.bounds[i], task.shuffle_seed))
+                         lambda s: (*shard.batch(s.epoch, *s.bounds[i], task.shuffle_seed),
+                                    shard.weights(s.epoch, *s.bounds[i], task.shuffle_seed)))
 
     out = _summed(task.group, one)
     return to_host(out) if task.host else out

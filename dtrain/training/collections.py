@@ -72,10 +72,14 @@ def check_numeric(dtypes: dict[Any, Any], features: list[Any], where: str) -> No
                         f"{'them' if len(bad) > 1 else 'it'} before training")
 
 
-def from_frame(client: Client, frame: Any, label: str | Any, where: str = "the dataframe"
-               ) -> Collection:
+WEIGHT = "__sample_weight__"      # a frame's sample-weight column, where weights are given
+
+
+def from_frame(client: Client, frame: Any, label: str | Any, where: str = "the dataframe",
+               weight: Any = None) -> Collection:
     """A dask.dataframe (features and, by name, the label column; or ``label`` a Series of
-    the same partitions) as a :class:`Collection`."""
+    the same partitions) as a :class:`Collection`; ``weight``, a Series of the same
+    partitions, its rows' sample weights."""
     if not isinstance(label, str):
         name = label.name if label.name is not None and label.name not in frame.columns \
             else "__label__"
@@ -84,16 +88,20 @@ def from_frame(client: Client, frame: Any, label: str | Any, where: str = "the d
     if label not in frame.columns:
         raise DataError(f"the label column {label!r} is not a column of {where}; its columns "
                         f"are {', '.join(map(str, frame.columns))}")
-    features = [c for c in frame.columns if c != label]          # as the frame names them
+    if weight is not None:
+        frame = frame.assign(**{WEIGHT: weight})
+    features = [c for c in frame.columns if c not in (label, WEIGHT)]   # as the frame names them
     check_numeric(frame.dtypes.to_dict(), features, where)
     futures = client.compute(frame.to_delayed())
-    return Collection(futures, Columns(tuple(features), label), len(features),
-                      tuple(map(str, features)), (str(label),))
+    return Collection(futures, Columns(tuple(features), label,
+                                       None if weight is None else WEIGHT),
+                      len(features), tuple(map(str, features)), (str(label),))
 
 
-def from_arrays(client: Client, x: Any, y: Any) -> Collection:
+def from_arrays(client: Client, x: Any, y: Any, w: Any = None) -> Collection:
     """Dask arrays ``x`` (rows, features) and ``y`` (rows,) as a :class:`Collection`: one
-    partition per block of rows of ``x`` (``y`` is cut the same way)."""
+    partition per block of rows of ``x`` (``y`` is cut the same way; so are the sample
+    weights ``w`` (rows,), if given: a partition is then ``(x, y, w)`` blocks)."""
     if x.ndim != 2:
         raise DataError(f"X must be 2-d (rows, features), got {x.ndim}-d")
     x = x.rechunk({1: -1})
@@ -108,15 +116,17 @@ def from_arrays(client: Client, x: Any, y: Any) -> Collection:
         y = y.rechunk({0: x.chunks[0]})
     if y.ndim == 2:                                # several targets: one block of columns
         y = y.rechunk({1: -1})
-    pairs = [dask.delayed(_pair, pure=True)(xb, yb)
-             for xb, yb in zip(x.to_delayed().ravel(), y.to_delayed()[..., 0].ravel()
-                               if y.ndim == 2 else y.to_delayed().ravel())]
+    blocks = [x.to_delayed().ravel(), y.to_delayed()[..., 0].ravel() if y.ndim == 2
+              else y.to_delayed().ravel()]
+    if w is not None:
+        blocks.append(w.rechunk({0: x.chunks[0]}).to_delayed().ravel())
+    pairs = [dask.delayed(_pair, pure=True)(*b) for b in zip(*blocks)]
     targets = ("y",) if y.ndim == 1 else tuple(f"y{j}" for j in range(y.shape[1]))
     return Collection(client.compute(pairs), Columns(), int(x.shape[1]), targets=targets)
 
 
-def _pair(x: Any, y: Any) -> tuple[Any, Any]:
-    return x, y
+def _pair(*blocks: Any) -> tuple[Any, ...]:
+    return blocks
 
 
 def from_files(client: Client, cfg: DataConfig) -> Collection:
@@ -193,8 +203,11 @@ def _with_classes(stats: PartStats, classes: tuple[Any, ...]) -> PartStats:
 
 
 def with_stats(spec: PartSpec, stats: PartStats, norm_kind: str) -> PartSpec:
-    """The spec every shard-building task gets once the statistics are known."""
-    return replace(spec, classes=stats.labels, norm=partitions.normalization(stats, norm_kind))
+    """The spec every shard-building task gets once the statistics are known (sample
+    weights scaled to average 1 over the training rows)."""
+    scale = stats.train / stats.mass if stats.mass else 1.0
+    return replace(spec, classes=stats.labels, norm=partitions.normalization(stats, norm_kind),
+                   weight_scale=scale)
 
 
 def check_files(cfg: DataConfig, layers: tuple[int, ...]) -> None:

@@ -53,7 +53,7 @@ class Schedule:
         self.bounds = epoch_bounds(shard_sizes, min(batch_size, sum(shard_sizes)))
         self.steps_per_epoch = self.bounds.shape[0] - 1
         self.epochs = epochs
-        self.rates = [learning_rate(cfg, e, epochs) for e in range(epochs)]
+        self.rates = [learning_rate(cfg, e, epochs, sum(shard_sizes)) for e in range(epochs)]
 
     def __len__(self) -> int:
         return self.steps_per_epoch * self.epochs
@@ -195,10 +195,16 @@ def _plan(config: Config, info: prepare.DatasetInfo, ranges: list[tuple[int, int
     if layers[0] != info.features:
         raise UserError(f"model.layers[0] = {layers[0]} but {info.name} has {info.features} input "
                         f"features; set model.layers = [{info.features}, ..., {info.classes}]")
-    if layers[-1] != info.classes:
+    logistic = config.model.loss == "binary-cross-entropy" and config.data.target == "class"
+    if logistic and info.classes != 2:
+        raise UserError(f"model.loss = 'binary-cross-entropy' learns two classes (one logistic "
+                        f"output) but {info.name} has {info.classes}; use model.loss = "
+                        f"'cross-entropy'")
+    outputs = 1 if logistic else info.classes       # two classes: one logistic output
+    if layers[-1] != outputs:
         what = "targets" if config.data.target == "value" else "classes"
         raise UserError(f"model.layers[-1] = {layers[-1]} but {info.name} has {info.classes} "
-                        f"{what}; set model.layers = [{info.features}, ..., {info.classes}]")
+                        f"{what}; set model.layers = [{info.features}, ..., {outputs}]")
     train = config.train
     if (train.patience or train.keep_best) and train.monitor == "val_loss" and not info.val:
         raise UserError(f"train.patience = {train.patience}, train.keep_best = "
