@@ -35,7 +35,8 @@ from dtrain.deploy.layout import local_shape
 
 SPECIES = np.array(["setosa", "versicolor", "virginica"])
 FEATURES = ["sepal length", "sepal width", "petal length", "petal width"]
-QUICK = {"hidden_layer_sizes": (8,), "max_iter": 20, "learning_rate_init": 0.05, "random_state": 0}
+QUICK = {"hidden_layer_sizes": (8,), "max_iter": 20, "learning_rate_init": 0.05, "random_state": 0,
+         "strategy": "allreduce"}     # the synchronous step wherever the data sits (auto: below)
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
 
@@ -86,7 +87,7 @@ def test_numpy_fit_predict_and_fitted_attributes(client):
     proba = clf.predict_proba(x)
     np.testing.assert_allclose(proba.sum(axis=1), 1.0)
     assert (clf.classes_[proba.argmax(axis=1)] == clf.predict(x)).all()
-    assert clf.summary_["shards"] == 4 and clf.summary_["train_samples"] == 150
+    assert clf.summary_["shards"] == 1 and clf.summary_["train_samples"] == 150   # tiny step
 
 
 def test_pandas_with_string_labels_and_a_label_column(client):
@@ -421,7 +422,7 @@ def test_predict_with_the_wrong_number_of_features(client):
     ({"learning_rate": "optimal"}, "learning_rate = 'optimal': must be 'constant', "
                                    "'invscaling' or 'adaptive'"),
     ({"max_fun": 0}, "max_fun = 0: must be an integer >= 1"),
-    ({"solver": "sgd", "learning_rate": "adaptive", "strategy": "local-sgd"},
+    ({"solver": "sgd", "learning_rate": "adaptive", "strategy": "local-sgd", "sync_every": 4},
      "optim.schedule = 'adaptive'"),
     ({"loss": "poisson"}, "loss = 'poisson' is not supported by dtrain"),
 ])
@@ -636,7 +637,7 @@ def test_three_rows_fit(client):
     shards = 4")."""
     x, y = _iris()
     clf = dtrain.MLPClassifier(client=client, max_iter=5).fit(x[[0, 60, 120]], y[[0, 60, 120]])
-    assert clf.summary_["shards"] == 3 and clf.predict(x[:2]).shape == (2,)
+    assert clf.summary_["shards"] == 1 and clf.predict(x[:2]).shape == (2,)   # a tiny step
     assert dtrain.MLPClassifier().shards == "auto"
 
 
@@ -714,9 +715,9 @@ def test_several_regression_targets(client):
     X, Y = da.from_array(x, chunks=100), da.from_array(y, chunks=(100, 2))
     assert abs(reg.score(X, Y) - reg.score(x, y)) < 1e-9
     dask_fit = dtrain.MLPRegressor(client=client, hidden_layer_sizes=(16,), max_iter=5,
-                                   random_state=0, shards=3).fit(X, Y)
+                                   random_state=0, shards=3, strategy="allreduce").fit(X, Y)
     memory_fit = dtrain.MLPRegressor(client=client, hidden_layer_sizes=(16,), max_iter=5,
-                                     random_state=0, shards=3).fit(x, y)
+                                     random_state=0, shards=3, strategy="allreduce").fit(x, y)
     assert _same_bytes(dask_fit, memory_fit)
 
 
@@ -840,7 +841,7 @@ def test_the_docs_list_every_scikit_learn_parameter():
         set(dtrain.MLPClassifier().get_params()) - set(_OURS)
 
 
-_OURS = ("client", "strategy", "fan_in", "dtype", "normalize", "shards", "out")
+_OURS = ("client", "strategy", "sync_every", "fan_in", "dtype", "normalize", "shards", "out")
 
 
 def test_the_docs_list_every_fitted_attribute(client):
@@ -864,3 +865,30 @@ def test_the_docs_list_every_fitted_attribute(client):
     missing = [k for k in theirs if not rows[k].startswith("not supported")
                and not hasattr(ours, k)]
     assert not missing, missing
+
+
+def test_auto_averages_partitions_on_several_workers_and_steps_together_on_one(client):
+    """strategy="auto": a Dask input spread over the client's two workers trains a copy per
+    partition, each on minibatches of batch_size of its own rows, averaged once a pass at
+    the rate times the copies (say summary_ and the docs); in-memory data on one worker
+    keeps scikit-learn's synchronous step."""
+    from dtrain.estimators import settings
+    df = _frame()
+    ddf = client.persist(dd.from_pandas(df, npartitions=4))
+    from distributed import futures_of, wait
+    wait(futures_of(ddf))
+    spread = {min(w) for w in client.who_has(futures_of(ddf)).values() if w}
+    assert len(spread) == 2
+    params = {**QUICK, "strategy": "auto", "learning_rate_init": 0.01, "max_iter": 30}
+    clf = dtrain.MLPClassifier(client=client, **params).fit(ddf, "species")
+    s = clf.summary_
+    assert s["strategy"] == "local-sgd" and clf.score(df[FEATURES], df["species"]) >= 0.8
+    with_cfg = settings.config(clf, settings.Shape(4, 3, 120, 4, "species", workers=2),
+                               "cross-entropy", incremental=False)
+    assert with_cfg.graph.strategy == "local-sgd" and with_cfg.train.batch_size == 120
+    assert with_cfg.optim.lr == pytest.approx(0.04) and with_cfg.graph.sync_every == 1
+    one = settings.config(clf, settings.Shape(4, 3, 120, 4, "species"), "cross-entropy",
+                          incremental=False)
+    assert one.graph.strategy == "allreduce" and one.optim.lr == 0.01
+    mem = dtrain.MLPClassifier(client=client, **params).fit(*_iris())
+    assert mem.summary_["strategy"] == "allreduce"

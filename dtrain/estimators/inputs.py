@@ -76,7 +76,7 @@ def _is_frame(obj: Any) -> bool:
 
 
 def training_data(X: Any, y: Any, *, shards: int | str, classifier: bool,
-                  sample_weight: Any = None) -> TrainingData:
+                  sample_weight: Any = None, step_flops: float = 0.0) -> TrainingData:
     """``X`` and ``y`` (and ``sample_weight``, one per row, or None) as
     :class:`TrainingData`; a ``ValueError`` saying what is wrong with them, before any
     cluster is involved."""
@@ -92,7 +92,7 @@ def training_data(X: Any, y: Any, *, shards: int | str, classifier: bool,
                              "as a dask array or Series with X's partitions")
         return _dask_frame(X, y, sample_weight) if _is_frame(X) \
             else _dask_array(X, y, classifier, sample_weight)
-    return _in_memory(X, y, shards, classifier, sample_weight)
+    return _in_memory(X, y, shards, classifier, sample_weight, step_flops)
 
 
 # --- NumPy and pandas -------------------------------------------------------------------------
@@ -104,17 +104,24 @@ def blocks(rows: int, shards: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-AUTO_SHARDS = 4     # shards="auto": this many blocks of rows, or one per row of fewer
+SHARD_FLOPS = 2e7   # shards="auto": a shard per this much of a step's forward-backward
+MAX_AUTO_SHARDS = 16
 
 
-def shard_count(shards: int | str, rows: int) -> int:
-    """The blocks NumPy and pandas inputs are cut into: ``shards``, or for ``"auto"``
-    :data:`AUTO_SHARDS` (one per row where there are fewer rows)."""
-    return min(AUTO_SHARDS, rows) if shards == "auto" else int(shards)
+def shard_count(shards: int | str, rows: int, step_flops: float = 0.0) -> int:
+    """The blocks NumPy and pandas inputs are cut into: ``shards``, or for ``"auto"`` one
+    per :data:`SHARD_FLOPS` of a step's forward-backward (``step_flops``), from 1 to
+    :data:`MAX_AUTO_SHARDS` and at most one per row: a shard's maths is then worth a core
+    of its own, while a small step stays one pass over its minibatch instead of several
+    passes over slivers of it, each paying NumPy's cost per call.  It depends on the data
+    and the network alone, never on the machine, so a fit's bytes do not either."""
+    if shards != "auto":
+        return int(shards)
+    return max(1, min(MAX_AUTO_SHARDS, rows, round(step_flops / SHARD_FLOPS)))
 
 
 def _in_memory(X: Any, y: Any, shards: int | str, classifier: bool,
-               sample_weight: Any = None) -> TrainingData:
+               sample_weight: Any = None, step_flops: float = 0.0) -> TrainingData:
     from sklearn.utils import check_array
 
     frame = _is_frame(X)
@@ -139,7 +146,7 @@ def _in_memory(X: Any, y: Any, shards: int | str, classifier: bool,
     multilabel = classifier and y.ndim == 2
     classes = (np.arange(y.shape[1]) if multilabel else np.unique(y)) if classifier else None
     weights = _weights(sample_weight, X.shape[0], y if classifier and not multilabel else None)
-    shards = shard_count(shards, X.shape[0])
+    shards = shard_count(shards, X.shape[0], step_flops)
     if X.shape[0] < shards:
         raise ValueError(f"X has {X.shape[0]} sample{'s' if X.shape[0] > 1 else ''} for "
                          f"shards = {shards}: each shard needs at least one training sample; "

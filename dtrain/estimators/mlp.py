@@ -73,8 +73,8 @@ class _MLP(BaseEstimator):
                  nesterovs_momentum: bool = True, early_stopping: bool = False,
                  validation_fraction: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
                  epsilon: float = 1e-8, n_iter_no_change: int = 10, max_fun: int = 15000,
-                 client: Any = None, strategy: str = "allreduce", fan_in: int = 2,
-                 dtype: str = "float64", normalize: str = "standardize",
+                 client: Any = None, strategy: str = "auto", sync_every: int | str = "epoch",
+                 fan_in: int = 2, dtype: str = "float64", normalize: str = "standardize",
                  shards: int | str = "auto", out: str | Path | None = None):
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
@@ -101,6 +101,7 @@ class _MLP(BaseEstimator):
         self.max_fun = max_fun
         self.client = client
         self.strategy = strategy
+        self.sync_every = sync_every
         self.fan_in = fan_in
         self.dtype = dtype
         self.normalize = normalize
@@ -158,7 +159,8 @@ class _MLP(BaseEstimator):
         if incremental and self.early_stopping:
             raise ValueError("partial_fit does not support early_stopping=True")
         data = inputs.training_data(X, y, shards=self.shards, classifier=self._classifier,
-                                    sample_weight=sample_weight)
+                                    sample_weight=sample_weight,
+                                    step_flops=settings.step_flops(self, X))
         going_on = (incremental or self.warm_start) and hasattr(self, "model_")
         if going_on and data.features != self.n_features_in_:
             raise ValueError(f"X has {data.features} features, but {type(self).__name__} is "
@@ -187,7 +189,9 @@ class _MLP(BaseEstimator):
             self._same_classes(found)
         loss, outputs = self._output(found, data)
         shape = settings.Shape(data.features, outputs, stats.train, len(coll.futures),
-                               data.label, values, stats.train / stats.mass if stats.mass else 1.0)
+                               data.label, values, stats.train / stats.mass if stats.mass else 1.0,
+                               len({h for h in coll.holders(client) if h is not None})
+                               if data.dask else 1)
         seen = self.t_ if going_on and incremental else 0
         with self._start(going_on) as (init_from, initial):
             try:
@@ -476,8 +480,8 @@ class MLPRegressor(RegressorMixin, _MLP):
                  nesterovs_momentum: bool = True, early_stopping: bool = False,
                  validation_fraction: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
                  epsilon: float = 1e-8, n_iter_no_change: int = 10, max_fun: int = 15000,
-                 client: Any = None, strategy: str = "allreduce", fan_in: int = 2,
-                 dtype: str = "float64", normalize: str = "standardize",
+                 client: Any = None, strategy: str = "auto", sync_every: int | str = "epoch",
+                 fan_in: int = 2, dtype: str = "float64", normalize: str = "standardize",
                  shards: int | str = "auto", out: str | Path | None = None):
         self.loss = loss
         super().__init__(
@@ -488,7 +492,7 @@ class MLPRegressor(RegressorMixin, _MLP):
             nesterovs_momentum=nesterovs_momentum, early_stopping=early_stopping,
             validation_fraction=validation_fraction, beta_1=beta_1, beta_2=beta_2,
             epsilon=epsilon, n_iter_no_change=n_iter_no_change, max_fun=max_fun,
-            client=client, strategy=strategy, fan_in=fan_in, dtype=dtype,
+            client=client, strategy=strategy, sync_every=sync_every, fan_in=fan_in, dtype=dtype,
             normalize=normalize, shards=shards, out=out)
 
     def _output(self, classes: np.ndarray, data: TrainingData) -> tuple[str, int]:

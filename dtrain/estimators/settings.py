@@ -28,8 +28,9 @@ ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "logistic": "sigmoid", "identity"
 SOLVERS = ("adam", "sgd")
 SCHEDULES = ("constant", "invscaling", "adaptive")     # learning_rate
 LOSSES = {"squared_error": "squared-error"}            # MLPRegressor's loss
-STRATEGIES = ("allreduce", "parameter-server", "local-sgd")    # those that train on partitions
+STRATEGIES = ("auto", "allreduce", "parameter-server", "local-sgd")  # those that train on partitions
 ADAPTIVE_FACTOR = 0.2   # learning_rate="adaptive" divides the rate by 5, as scikit-learn
+MAX_SCALE = 8           # strategy="auto" on spread partitions: the rate at most 8 times over
 
 PARAMS_DOC = """
     Parameters
@@ -86,8 +87,19 @@ PARAMS_DOC = """
         Train on this Dask cluster.  Without one, Dask inputs use the default client if
         there is one, and everything else a LocalCluster this process starts once and
         shares (see :mod:`dtrain.estimators.cluster`).
-    strategy : {"allreduce", "parameter-server", "local-sgd"}, default="allreduce"
+    strategy : {"auto", "allreduce", "parameter-server", "local-sgd"}, default="auto"
         dtrain's ``graph.strategy`` (those that train on partitions where they sit).
+        "auto": allreduce (the synchronous minibatch step, scikit-learn's algorithm) where
+        the data sits on one worker, as in-memory inputs on the embedded cluster do;
+        local-sgd where a Dask collection's partitions sit on several workers, so that a
+        step does not wait for a round trip between them: each of the K partitions trains
+        its own copy with minibatches of ``batch_size`` of its own rows, the copies are
+        averaged every ``sync_every`` steps, and the rate is ``learning_rate_init`` times
+        min(K, 8): K copies averaged take a step as one model would with K-times larger
+        minibatches, and a K-times larger minibatch takes a K-times larger rate (the
+        linear scaling rule of Goyal et al., 2017), up to 8 times.
+    sync_every : int or "epoch", default="epoch"
+        local-sgd: the steps between averagings; "epoch": once per pass over the data.
     fan_in : int, default=2
         Children per reduce task.
     dtype : {"float64", "float32"}, default="float64"
@@ -96,7 +108,9 @@ PARAMS_DOC = """
         The input normalization fitted on the training rows (part of the model).
     shards : int or "auto", default="auto"
         The partitions NumPy and pandas inputs are cut into (Dask inputs keep theirs);
-        "auto": 4, or one per row for fewer rows.
+        "auto": one per 20 MFLOP of a step's forward-backward, 1 to 16 (a small step stays
+        one pass over its minibatch), at most one per row; it depends on the data and the
+        network, not on the machine.
     out : str, Path or None, default=None
         A run directory: each fit writes a normal dtrain run there (``dtrain.load(out)``).
 """
@@ -162,6 +176,8 @@ def check_params(est: Any) -> None:
     _number(est, "validation_fraction", 0, 1, low_open=True, high_open=True)
     _number(est, "n_iter_no_change", 1, integer=True)
     _number(est, "fan_in", 2, integer=True)
+    if est.sync_every != "epoch":
+        _number(est, "sync_every", 1, integer=True)
     if est.shards != "auto":
         _number(est, "shards", 1, integer=True)
     if est.strategy not in STRATEGIES:
@@ -202,6 +218,21 @@ def seed(random_state: Any) -> int:
     raise _bad("random_state", random_state, "None, an integer >= 0 or a numpy RandomState")
 
 
+def step_flops(est: Any, X: Any) -> float:
+    """About the FLOP of a step's forward-backward on ``X`` (``6 * batch * parameters``,
+    one output assumed): what ``shards="auto"`` sizes the shards by."""
+    shape = getattr(X, "shape", ())
+    if len(shape) != 2 or not all(isinstance(n, numbers.Integral) for n in shape):
+        return 0.0                                  # a Dask input keeps its own partitions
+    rows, features = shape
+    if not rows:
+        return 0.0
+    layers = [int(features), *hidden(est.hidden_layer_sizes), 1]
+    size = sum(a * b + b for a, b in zip(layers, layers[1:]))
+    b = min(200 if est.batch_size == "auto" else int(est.batch_size), rows)
+    return 6.0 * b * size
+
+
 def batch(est: Any, rows: int) -> int:
     """The minibatch: ``batch_size``, or ``min(200, rows)`` for ``"auto"``; at most the
     training rows (full batch)."""
@@ -226,6 +257,15 @@ class Shape:
     label: str = ""
     values: bool = False        # real targets or 0/1 label indicators, not class labels
     weight_scale: float = 1.0   # training rows / their summed sample weights
+    workers: int = 1            # workers holding a Dask input's partitions (1: in memory)
+
+
+def strategy(est: Any, shape: Shape) -> str:
+    """``graph.strategy`` for ``strategy``: as given, or for "auto" local-sgd where the
+    partitions sit on several workers, allreduce where they sit on one."""
+    if est.strategy != "auto":
+        return est.strategy
+    return "local-sgd" if shape.workers > 1 else "allreduce"
 
 
 def split(est: Any, incremental: bool) -> tuple[float, float, float]:
@@ -251,7 +291,9 @@ def schedule(est: Any, samples_seen: int = 0) -> dict[str, Any]:
 def config(est: Any, shape: Shape, loss: str, *, incremental: bool, init_from: str = "",
            seed_value: int = 0, samples_seen: int = 0) -> Config:
     """The dtrain config of one fit (``incremental``: one epoch of ``partial_fit``)."""
-    b = batch(est, shape.train_rows)
+    graph = strategy(est, shape)
+    copies = shape.partitions if graph == "local-sgd" and est.strategy == "auto" else 1
+    b = batch(est, max(1, shape.train_rows // copies))   # a copy's minibatch of its own rows
     sched = schedule(est, samples_seen)
     patience = 0 if sched["schedule"] == "adaptive" and not est.early_stopping \
         else est.n_iter_no_change           # adaptive: lowers the rate instead of stopping
@@ -270,12 +312,15 @@ def config(est: Any, shape: Shape, loss: str, *, incremental: bool, init_from: s
                   "l2": float(est.alpha) / b * shape.weight_scale, "dtype": est.dtype,
                   "seed": seed_value,
                   "init": "scikit-learn", "init_from": init_from},
-        "optim": {"name": optim, "lr": float(est.learning_rate_init),
+        "optim": {"name": optim, "lr": float(est.learning_rate_init) * min(copies, MAX_SCALE),
                   **({"momentum": float(est.momentum),
                       "nesterov": bool(est.nesterovs_momentum)} if optim == "momentum" else {}),
                   "beta1": float(est.beta_1), "beta2": float(est.beta_2),
                   "eps": float(est.epsilon), **sched},
-        "train": {"epochs": 1 if incremental else est.max_iter, "batch_size": b, **stopping},
-        "graph": {"strategy": est.strategy, "fan_in": est.fan_in},
+        "train": {"epochs": 1 if incremental else est.max_iter,
+                  "batch_size": min(b * copies, shape.train_rows), **stopping},
+        "graph": {"strategy": graph, "fan_in": est.fan_in,
+                  "sync_every": -(-shape.train_rows // (b * copies))
+                  if est.sync_every == "epoch" else est.sync_every},
         "cluster": {"dashboard_address": ""},
     })

@@ -1,0 +1,172 @@
+"""dtrain's estimators beside what scikit-learn users would fit instead, in one run.
+
+``python -m benchmarks.estimators [--epochs N] [--repeat R] [--rows N] [--skip-dask]``
+
+1. In memory: ``dtrain.MLPClassifier`` against scikit-learn's ``MLPClassifier``
+   with the same hyperparameters (scikit-learn's defaults: one hidden layer of
+   100 relu units, Adam, ``batch_size = min(200, n)``), the same epochs (no early
+   stop: ``tol = 0`` and ``n_iter_no_change`` past the epochs), on digits and on a
+   seeded 200,000 x 50 ``make_classification`` set; fit seconds, median of R
+   fits run in turns, and held-out accuracy.  dtrain fits on its embedded
+   cluster, started once before the timed fits (as a process that fits many
+   times pays it once).
+2. Where the partitions sit: a dask.dataframe of the same 200,000 rows in 8
+   partitions on a 2-worker LocalCluster; ``dtrain.MLPClassifier(client=...)``
+   for ``--epochs`` passes against ``dask_ml.wrappers.Incremental`` of
+   scikit-learn's ``MLPClassifier`` (``partial_fit`` over the partitions, once
+   per pass) and ``ParallelPostFit`` (scikit-learn's fit on the whole set in
+   one process); seconds and held-out accuracy.  Needs ``dask-ml``
+   (``pip install -e ".[bench]"``); skipped with a note otherwise.
+
+The goals (issue 27): (1) dtrain's fit within 1.5 times scikit-learn's on both
+sets; (2) faster than Incremental at the same passes, at no lower accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+
+FIT_GOAL = 1.5          # dtrain's fit / scikit-learn's
+ACCURACY_SLACK = 0.005  # "no lower accuracy": within half a point
+
+
+def _sets(rows: int) -> dict[str, tuple[Any, Any, Any, Any]]:
+    from sklearn.datasets import load_digits, make_classification
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+    out = {}
+    x, y = load_digits(return_X_y=True)
+    out["digits"] = (x / 16.0, y)
+    x, y = make_classification(n_samples=rows, n_features=50, n_informative=30,
+                               n_redundant=10, n_classes=2, random_state=0)
+    out[f"synthetic {rows:,} x 50"] = (StandardScaler().fit_transform(x).astype(np.float64), y)
+    return {name: tuple(train_test_split(x, y, test_size=0.2, random_state=0))
+            for name, (x, y) in out.items()}
+
+
+def _params(epochs: int) -> dict[str, Any]:
+    return {"max_iter": epochs, "tol": 0.0, "n_iter_no_change": epochs + 1, "random_state": 0}
+
+
+def in_memory(epochs: int, repeat: int, rows: int) -> list[dict[str, Any]]:
+    import dtrain
+    from sklearn.neural_network import MLPClassifier
+    out = []
+    for name, (xtr, xte, ytr, yte) in _sets(rows).items():
+        dtrain.MLPClassifier(max_iter=1, random_state=0).fit(xtr[:50], ytr[:50])  # cluster up
+        times: dict[str, list[float]] = {"scikit-learn": [], "dtrain": []}
+        scores: dict[str, float] = {}
+        for _ in range(repeat):
+            for who, make in (("scikit-learn", MLPClassifier), ("dtrain", dtrain.MLPClassifier)):
+                est = make(**_params(epochs))
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    start = time.perf_counter()
+                    est.fit(xtr, ytr)
+                    times[who].append(time.perf_counter() - start)
+                scores[who] = float(est.score(xte, yte))
+        sk, dt = statistics.median(times["scikit-learn"]), statistics.median(times["dtrain"])
+        out.append({"set": name, "rows": len(xtr), "epochs": epochs, "sklearn_s": sk,
+                    "dtrain_s": dt, "ratio": dt / sk, "sklearn_acc": scores["scikit-learn"],
+                    "dtrain_acc": scores["dtrain"]})
+    return out
+
+
+def on_dask(epochs: int, rows: int) -> list[dict[str, Any]] | str:
+    if importlib.util.find_spec("dask_ml") is None:
+        return "dask-ml is not installed: pip install -e '.[bench]'"
+    import dask.dataframe as dd
+    import pandas as pd
+    from dask_ml.wrappers import Incremental, ParallelPostFit
+    from distributed import Client, LocalCluster
+    from sklearn.neural_network import MLPClassifier
+
+    import dtrain
+    name = [n for n in _sets(rows) if n.startswith("synthetic")][0]
+    xtr, xte, ytr, yte = _sets(rows)[name]
+    cols = [f"f{i}" for i in range(xtr.shape[1])]
+    frame = pd.DataFrame(xtr, columns=cols).assign(label=ytr)
+    out = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as client:
+        ddf = client.persist(dd.from_pandas(frame, npartitions=8))
+        x, y = ddf[cols], ddf["label"]
+        runs = {
+            "dtrain (client=...)": lambda: dtrain.MLPClassifier(client=client, **_params(epochs))
+            .fit(ddf, "label"),
+            "dask-ml Incremental": lambda: _incremental(Incremental, MLPClassifier, x, y, epochs),
+            "dask-ml ParallelPostFit": lambda: ParallelPostFit(MLPClassifier(**_params(epochs)))
+            .fit(xtr, ytr),
+        }
+        for who, fit in runs.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                start = time.perf_counter()
+                est = fit()
+                seconds = time.perf_counter() - start
+            out.append({"who": who, "seconds": seconds, "passes": epochs,
+                        "accuracy": float(est.score(xte, yte))})
+    return out
+
+
+def _incremental(Incremental, MLPClassifier, x, y, epochs: int):
+    inc = Incremental(MLPClassifier(**_params(epochs)), scoring="accuracy")
+    classes = np.unique(y.compute())
+    for _ in range(epochs):
+        inc.partial_fit(x, y, classes=classes)
+    return inc
+
+
+def table(rows: list[dict[str, Any]], dask_rows: list[dict[str, Any]] | str) -> str:
+    lines = ["### dtrain's estimators beside scikit-learn's (issue 27)", "",
+             "| set | training rows | epochs | scikit-learn fit s | dtrain fit s | dtrain / "
+             f"scikit-learn (<= {FIT_GOAL}) | scikit-learn accuracy | dtrain accuracy |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['set']} | {r['rows']:,} | {r['epochs']} | {r['sklearn_s']:.3f} | "
+                     f"{r['dtrain_s']:.3f} | {r['ratio']:.2f} "
+                     f"{'yes' if r['ratio'] <= FIT_GOAL else 'NO'} | {r['sklearn_acc']:.4f} | "
+                     f"{r['dtrain_acc']:.4f} |")
+    lines += ["", "Same hyperparameters (scikit-learn's defaults: 100 relu units, Adam, batch "
+              "min(200, n)), the same epochs (no early stop); median fit of the repeats, run in "
+              "turns; accuracy on a held-out fifth.", ""]
+    lines += ["### Where the partitions sit: a dask.dataframe, 8 partitions, 2 workers", ""]
+    if isinstance(dask_rows, str):
+        return "\n".join(lines + [dask_rows])
+    inc = next(r for r in dask_rows if r["who"] == "dask-ml Incremental")
+    lines += ["| estimator | passes | seconds | accuracy | vs Incremental |", "|---|---|---|---|---|"]
+    for r in dask_rows:
+        verdict = ""
+        if r["who"].startswith("dtrain"):
+            ok = r["seconds"] < inc["seconds"] and r["accuracy"] >= inc["accuracy"] - ACCURACY_SLACK
+            verdict = f"{r['seconds'] / inc['seconds']:.2f} x, {'yes' if ok else 'NO'}"
+        lines.append(f"| {r['who']} | {r['passes']} | {r['seconds']:.2f} | {r['accuracy']:.4f} | "
+                     f"{verdict} |")
+    lines += ["", "Goal: dtrain faster than Incremental at the same passes, accuracy no lower "
+              f"(within {ACCURACY_SLACK})."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.estimators", description=__doc__
+                                     .splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=20, help="epochs (passes), default 20")
+    parser.add_argument("--repeat", type=int, default=3, help="fits of each, in turns")
+    parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows")
+    parser.add_argument("--skip-dask", action="store_true", help="only the in-memory table")
+    args = parser.parse_args(argv)
+    rows = in_memory(args.epochs, args.repeat, args.rows)
+    dask_rows = "skipped (--skip-dask)" if args.skip_dask else on_dask(args.epochs, args.rows)
+    print(table(rows, dask_rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
