@@ -160,7 +160,15 @@ def _reduce_levels(win, key):
     return max((1 + _reduce_levels(win, d) for d in deps), default=0)
 
 
-@pytest.mark.parametrize("shards, k, workers", [(1, 2, 1), (2, 2, 2), (4, 2, 2), (6, 2, 3),
+def test_one_worker_needs_no_replicated_updates():
+    """Every shard on one worker: its root update is every worker's, so a replicated plan
+    builds the plain chain (update-<step>, each read by the next step), the same sums."""
+    p, win, placement = _replicated(4, 2, ["w0"])
+    assert [k for k in win.dsk if k.startswith("update-")] == \
+        [f"update-{t}-{RUN}" for t in range(3)] and win.ends == [f"update-2-{RUN}"]
+
+
+@pytest.mark.parametrize("shards, k, workers", [(2, 2, 2), (4, 2, 2), (6, 2, 3),
                                                 (8, 4, 2), (9, 3, 3), (16, 2, 4)])
 def test_replicated_update_structure(shards, k, workers):
     names = [f"w{i}" for i in range(workers)]

@@ -285,7 +285,7 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
     state = win.add(DataNode(keys.make(keys.STATE, steps[0].index, run=run), start),
                     placement.root, recipe.state_bytes)
     todo = units(steps, recipe)
-    if recipe.replicated:
+    if recipe.replicated and len(placement.workers) > 1:  # one worker: the root's update is it
         _replicated_window(win, steps, state, shards, val, placement, recipe, run)
     else:
         for n, group in enumerate(todo):
