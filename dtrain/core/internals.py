@@ -226,3 +226,16 @@ def add_worker_handler(worker: Any, op: str, handler: Callable[..., Any]) -> boo
 def worker_threads(worker: Any) -> int:
     """The task threads of a worker (1 if unknown)."""
     return int(getattr(getattr(worker, "state", None), "nthreads", 1) or 1)
+
+
+def log_event_soon(client: Any, topic: str, msg: Any) -> bool:
+    """``client.log_event(topic, msg)`` without waiting for the scheduler's answer: queued on
+    the client's event loop (``Client.log_event`` blocks on a round trip, and a fused
+    window's epochs all arrive at once).  False, having sent it the blocking way, where the
+    client has no scheduler rpc to queue it on."""
+    scheduler, loop = getattr(client, "scheduler", None), getattr(client, "loop", None)
+    if scheduler is None or loop is None or not hasattr(scheduler, "log_event"):
+        client.log_event(topic, msg)
+        return False
+    loop.add_callback(scheduler.log_event, topic=topic, msg=msg)
+    return True

@@ -47,7 +47,7 @@ class LiveFeed:
             self.console.step(msg)
 
     def epoch(self, row: dict[str, Any]) -> None:
-        self.client.log_event(self.topic, {"kind": "epoch", **row})
+        internals.log_event_soon(self.client, self.topic, {"kind": "epoch", **row})
 
     def close(self, timeline: bool) -> dict[str, Any] | None:
         """Say the run has ended; return its task records if ``timeline``."""

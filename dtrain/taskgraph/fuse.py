@@ -45,7 +45,7 @@ class Chain:
     dropped once its last reader ran (a window of 1,000 steps never holds 1,000 gradients).
     """
 
-    nodes: tuple[GraphNode, ...]
+    nodes: tuple[tuple[str, Any, tuple[Any, ...]], ...]   # (key, function, arguments)
     kinds: tuple[str | None, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -72,30 +72,23 @@ def run_chain(chain: Chain, *inputs: Any) -> Ran:
     seconds: Counter[str] = Counter()
     done: dict[str, float] = {}
     clock = time.perf_counter
-    for node, kind in zip(chain.nodes, chain.kinds):
+    for (key, fn, args), kind in zip(chain.nodes, chain.kinds):
         start = clock()
-        cache[node.key] = node(cache)
+        values = [cache[a.key] if type(a) is TaskRef else a for a in args]
+        cache[key] = fn(*values) if fn is not None else values[0]
         now = clock()
         seconds[kind or "other"] += now - start
-        if node.key in wanted:
-            done[node.key] = now
-        for dep in node.dependencies:
-            left[dep] -= 1
-            if not left[dep] and dep not in wanted:
-                del cache[dep]
+        if key in wanted:
+            done[key] = now
+        for a in args:
+            if type(a) is TaskRef:
+                dep = a.key
+                left[dep] -= 1
+                if not left[dep] and dep not in wanted:
+                    del cache[dep]
     end = clock()
     return Ran(tuple(cache[k] for k in chain.outputs), dict(seconds),
                tuple(end - done.get(k, end) for k in chain.outputs), chain.steps)
-
-
-def pick(ran: Ran, i: int) -> Any:
-    """Output ``i`` of a fused window."""
-    return ran.values[i]
-
-
-def meta(ran: Ran) -> Ran:
-    """A fused window's timings, without its values (what the driver fetches of them)."""
-    return Ran((), ran.seconds, ran.before_end, ran.steps)
 
 
 def in_order(dsk: dict[str, GraphNode]) -> list[str]:
@@ -119,6 +112,18 @@ def in_order(dsk: dict[str, GraphNode]) -> list[str]:
     return out
 
 
+def _plain(node: GraphNode) -> tuple[str, Any, tuple[Any, ...]]:
+    """A task as ``(key, function, arguments)``, the arguments its records and ``TaskRef``s
+    (a literal as ``(key, None, (value,))``): what the fused task runs, and what pickles
+    fast, where a ``Task`` object takes some 30 us each way."""
+    if isinstance(node, DataNode):
+        return node.key, None, (node.value,)
+    if not isinstance(node, Task) or node.kwargs or any(
+            isinstance(a, GraphNode) for a in node.args):
+        raise TypeError(f"{node.key}: the fuse pass takes tasks of plain arguments")
+    return node.key, node.func, tuple(node.args)
+
+
 def one_worker(win: Window) -> str | None:
     """The worker every task of ``win`` is pinned to, or None if there are several."""
     workers = {where[0] for where in win.where.values()}
@@ -127,9 +132,10 @@ def one_worker(win: Window) -> str | None:
 
 def steps(win: Window, first: int, last: int, run: str) -> Window:
     """``win`` with its tasks fused into one ``window-<first>-<last>`` task when they all sit
-    on one worker (unchanged otherwise): the ends and evaluations keep their keys, as tasks
-    that pick their values out of the window's result, and ``window-<first>-<last>-meta``
-    holds the timings (:class:`Ran`).
+    on one worker (unchanged otherwise): the ends keep their keys, as tasks that pick their
+    values out of the window's result, and ``window-<first>-<last>-meta`` holds the
+    evaluations' values (in ``evals``' order) and the timings (:class:`Ran`), fetched with
+    the ends in one go: the evaluations are not tasks of their own any more.
 
     Parameters
     ----------
@@ -153,18 +159,29 @@ def steps(win: Window, first: int, last: int, run: str) -> Window:
             if dep not in inside and dep not in external:
                 external.append(dep)
     order = in_order(win.dsk)
-    chain = Chain(tuple(win.dsk[k] for k in order), tuple(map(keys.kind_of, order)),
+    chain = Chain(tuple(_plain(win.dsk[k]) for k in order), tuple(map(keys.kind_of, order)),
                   tuple(external), outputs, tuple(uses.items()), last - first + 1)
     name = keys.make(keys.WINDOW, first, last, run=run)
     out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
     out.add(Task(name, run_chain, chain, *map(TaskRef, external)), worker,
             sum(win.nbytes.get(k, 0) for k in outputs))
-    for i, key in enumerate(outputs):
+    for i, key in enumerate(win.ends):
         out.add(Task(key, pick, TaskRef(name), i), worker, win.nbytes.get(key, 0))
     out.meta = out.add(Task(keys.make(keys.WINDOW, first, last, META, run=run), meta,
-                            TaskRef(name)), worker)
+                            TaskRef(name), len(win.ends)), worker)
     out.steps_fused = chain
     return out
+
+
+def pick(ran: Ran, i: int) -> Any:
+    """Output ``i`` of a fused window."""
+    return ran.values[i]
+
+
+def meta(ran: Ran, ends: int = 0) -> Ran:
+    """A fused window's evaluations and timings, without its end state (what the driver
+    fetches beside the end)."""
+    return Ran(ran.values[ends:], ran.seconds, ran.before_end, ran.steps)
 
 
 def is_fused(win: Window) -> bool:
@@ -180,6 +197,7 @@ def epoch_ends(win: Window, ran: Ran, arrived: float) -> dict[int, float]:
     return {epoch: arrived - before.get(key, 0.0) for epoch, key in win.evals.items()}
 
 
-def stands_for(win: Window) -> Sequence[DataNode | Task]:
-    """The tasks a fused window runs inside (none if it is not fused)."""
+def stands_for(win: Window) -> Sequence[tuple[str, Any, tuple[Any, ...]]]:
+    """The tasks a fused window runs inside, as ``(key, function, arguments)`` (none if it
+    is not fused)."""
     return win.steps_fused.nodes if win.steps_fused is not None else ()

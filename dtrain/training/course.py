@@ -145,7 +145,7 @@ class Book:
     watch: Watch
     first: int                                  # the step this engine started at
     rows: list[dict[str, Any]]
-    pending: list[tuple[int, Future]] = field(default_factory=list)
+    pending: list[tuple[int, Any]] = field(default_factory=list)   # (epoch, future or value)
     arrived: dict[int, float] = field(default_factory=dict)     # epoch -> its evaluation's
     began: float = field(default_factory=time.perf_counter)
     last_state: TrainState | None = None        # the newest recorded epoch's (if kept)
@@ -154,10 +154,12 @@ class Book:
         """Turn finished evaluations into epoch rows, in epoch order; True once early
         stopping has stopped the run (no row after its epoch is recorded)."""
         pending, self.pending = self.pending, []
-        for epoch, fut in pending:
+        futures = [f for _, f in pending if isinstance(f, Future)]   # a fused window's: values
+        got = iter(futures[0].client.gather(futures) if futures else [])   # one wait, not one each
+        results = [next(got) if isinstance(f, Future) else f for _, f in pending]
+        for (epoch, _), ev in zip(pending, results):
             if self.watch.stopped:
                 break
-            ev = fut.result()
             end = self.arrived.get(epoch) or time.perf_counter()
             row = epoch_row(self.plan, ev, end - self.arrived.get(epoch - 1, self.began),
                              self.first)

@@ -12,9 +12,12 @@ on their own.  It runs the plan's :class:`~dtrain.training.plan.Schedule` from a
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import dask
@@ -106,6 +109,7 @@ class DaskEngine:
         client.register_plugin(metrics.TransferCounter())
         self.low_latency = plan.config.cluster.low_latency and tuning.low_latency(client)
         self.inline = False                         # see place
+        self.inline_on: frozenset[str] = frozenset()    # ... for these workers
         self.inline_kinds: tuple[str, ...] = ()     # see place
         self.items: list[tuple[str, Future]] = []   # (worker, loading-task future)
         self.loads = 0
@@ -188,8 +192,11 @@ class DaskEngine:
         mid-run: what a run that cannot go on says of its checkpoint)."""
         cfg, c, builder = self.plan.config, self.client, self.plan.builder
         wait_for_workers(c, builder.min_workers, cfg.cluster.timeout, after)
-        self.inline = self.low_latency and tuning.inline_executor(c)
         present = self._workers()
+        names = frozenset(w.address for w in present)
+        if names != self.inline_on:                 # asked once per set of workers
+            self.inline = self.low_latency and tuning.inline_executor(c)
+            self.inline_on = names
         if self.held:
             placement = self._place_partitions(present)
         else:
@@ -318,7 +325,8 @@ class DaskEngine:
             return tuning.INLINE if key.startswith(inline) and not resources(key) \
                 else "default"
 
-        wanted = [*win.ends, *win.evals.values(), *([win.meta] if win.meta else [])]
+        evals = () if fuse.is_fused(win) else win.evals.values()    # fused: in the meta
+        wanted = [*win.ends, *evals, *([win.meta] if win.meta else [])]
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
                            resources=resources, executor=executor):
             return self.client.get(win.dsk, wanted, sync=False)
@@ -376,7 +384,7 @@ class DaskEngine:
             steps = [p.schedule[t] for t in window]
             win, ends, evals, meta = self._launch(steps, window, state, val, placement, book,
                                                   take=kept == placement.root)
-            self.live = ends + evals + meta + [f for _, f in book.pending]
+            self.live = ends + evals + meta + [f for _, f in book.pending if isinstance(f, Future)]
             if book.drain():                        # early stopping: nothing after its epoch
                 self.client.cancel(ends + evals + meta)
                 break
@@ -384,20 +392,22 @@ class DaskEngine:
                 checkpoints.save(dataclasses.replace(done, best=watch.best_state))
             book.pending = list(zip(win.evals, evals))
             try:
-                values = gather(self.client, ends, p.config.cluster.timeout,
+                values = gather(self.client, ends + meta, p.config.cluster.timeout,
                                 _lost_note(recorder))            # the one wait per window
             except StateGone:       # the worker that kept the state left: start from the literal
                 win, ends, evals, meta = self._launch(steps, window, state, val, placement,
                                                       book, take=False)
                 self.live = ends + evals + meta
                 book.pending = list(zip(win.evals, evals))
-                values = gather(self.client, ends, p.config.cluster.timeout,
+                values = gather(self.client, ends + meta, p.config.cluster.timeout,
                                 _lost_note(recorder))
+            if meta:                                # a fused window: its evaluations with it
+                ran = values.pop()
+                self._count_fused(win, ran, book)
+                book.pending = list(zip(win.evals, ran.values))
             state = win.join(values)
             kept = placement.root if handoff.start_node(win) is None and len(win.ends) == 1 \
                 and keys.kind_of(win.ends[0]) == keys.KEPT else None
-            if meta:
-                self._count_fused(win, meta[0].result(), book)
             done = Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch, state)
             del ends, meta, values
             if stop.requested and window.stop < len(p.schedule):   # no window is in flight
@@ -446,6 +456,12 @@ class DaskEngine:
         on the worker that kept it (``take``; :mod:`~dtrain.taskgraph.handoff`), its steps
         fused where they never leave a worker (:mod:`~dtrain.taskgraph.fuse`).  Returns the
         window and the futures of its ends, its evaluations and (fused) its timings."""
+        with _gc_paused():
+            return self._build_and_submit(steps, window, state, val, placement, book, take)
+
+    def _build_and_submit(self, steps: list, window: range, state: TrainState, val: Any,
+                          placement: Placement, book: Book, take: bool
+                          ) -> tuple[Window, list[Future], list[Future], list[Future]]:
         p = self.plan
         win = p.builder.window(steps, state, self.refs, self.held_refs(val), placement,
                                self.run_id)
@@ -460,7 +476,7 @@ class DaskEngine:
         self.step_tasks += win.step_tasks()
         self.fused = win.fused or self.fused
         futures = self._submit(win)
-        n, m = len(win.ends), len(win.evals)
+        n, m = len(win.ends), 0 if fuse.is_fused(win) else len(win.evals)
         ends, evals, meta = futures[:n], futures[n:n + m], futures[n + m:]
         for epoch, fut in zip(win.evals, evals):
             fut.add_done_callback(lambda f, e=epoch: book.arrived.setdefault(
@@ -474,6 +490,21 @@ class DaskEngine:
         self.fused_seconds.update(ran.seconds)
         self.fused_steps += ran.steps
         self.fused_windows += 1
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a window is built and submitted: its
+    thousands of new task objects trigger full collections of everything a driver holds
+    (Dask, distributed, Bokeh), 0.1 s each on the window's critical path; the next
+    collection runs later, while the window computes."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _add_fused(compute: dict[str, float], seconds: Counter[str], steps: int
