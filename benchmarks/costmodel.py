@@ -11,7 +11,9 @@ workers, so the counts are exact for every strategy and layout:
 * the critical path: the longest chain of tasks through a window of steps,
   each task costing ``hop`` (a scheduler round trip), each value that crosses
   workers ``fetch`` plus its bytes over the bandwidth (within a node: as
-  measured here; across nodes: the cluster network's).
+  measured here; across nodes: the cluster network's).  A window whose tasks all
+  sit on one worker runs as one task (the engine's fuse pass,
+  :mod:`dtrain.taskgraph.fuse`): no task, hop or transfer a step.
 
 Then, in seconds per step::
 
@@ -36,6 +38,7 @@ from typing import Any
 from dask.task_spec import TaskRef
 
 from dtrain.core import keys
+from dtrain.taskgraph import fuse
 from dtrain.taskgraph.dataparallel import TINY_FLOPS
 
 CHECK_MODELS = {"tiny": ((16, 16, 2), 8), "P3-shaped": ((784, 128, 10), 128)}
@@ -93,6 +96,8 @@ class Step:
         ``hop`` per task, ``fetch`` + bytes / bandwidth per value crossing workers (``net``'s
         figures where it crosses nodes); from the first step's leaves to the last step's,
         so the window's edges (its starting state, its final update) do not count."""
+        if not self.dag:                    # a window of steps is one task: no hop a step
+            return 0.0
         done: list[float] = []
         last: dict[int, float] = {}
         for step, worker, deps in self.dag:
@@ -150,6 +155,12 @@ def count(layers: tuple[int, ...], rows: int, layout: Layout, strategy: str = "a
         wins.append(win)
         moves.append(win.transfers(located))
     win = wins[1]
+    width = max(placement.leaves.count(w) for w in set(placement.leaves))
+    if fuse.one_worker(win) is not None:    # the engine runs the window as one task
+        fused = [fuse.steps(w, 0, steps - 1, "m") for w, steps in zip(wins, (n, 2 * n))]
+        return Step((fused[1].step_tasks() - fused[0].step_tasks()) / n, 0.0, 0.0,
+                    bool(win.fused and win.fused[0]), width, 2 * n, [],
+                    lambda w: layout.node_of(w) if w < layout.workers else 0)
     order = _topological({k: [d for d in node.dependencies if d in win.dsk]
                           for k, node in win.dsk.items()})
     index = {name: i for i, name in enumerate(order)}
@@ -158,7 +169,6 @@ def count(layers: tuple[int, ...], rows: int, layout: Layout, strategy: str = "a
     dag = [(leaf.get(name), int(win.where[name][0][1:]),
             tuple((index[d], win.nbytes.get(d, 0)) for d in win.dsk[name].dependencies
                   if d in index)) for name in order]
-    width = max(placement.leaves.count(w) for w in set(placement.leaves))
     nbytes = [sum(w.nbytes.get(k, 0) for k, _, _ in m) for w, m in zip(wins, moves)]
     return Step((wins[1].step_tasks() - wins[0].step_tasks()) / n,
                 (len(moves[1]) - len(moves[0])) / n, (nbytes[1] - nbytes[0]) / n,

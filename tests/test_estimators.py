@@ -348,7 +348,7 @@ def test_early_stopping_on_the_validation_or_the_training_loss(client):
     early.fit(x, y)
     assert early.n_iter_ == 3 and early.summary_["stopped_early"] == 3
     assert early.best_loss_ is None and len(early.validation_scores_) == 3
-    assert early.summary_["val_samples"] == 16          # round(0.1 * rows) of each partition
+    assert early.summary_["val_samples"] == 15          # round(0.1 * rows) of each partition (one)
     plain = _clf(client, n_iter_no_change=3, tol=10.0, max_iter=50).fit(x, y)
     assert plain.n_iter_ == 4 and plain.validation_scores_ is None
     with warnings.catch_warnings():

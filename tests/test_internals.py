@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import importlib
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -92,3 +93,14 @@ def test_the_dashboard_takes_a_page_in_its_template():
             from distributed.dashboard import scheduler as dashboard
             assert "dtrain-test" in dashboard.template_variables(s)["pages"]
     _run(check())
+
+
+def test_an_event_logged_soon_reaches_the_scheduler_in_order(client):
+    """log_event_soon queues Client.log_event's rpc on the client's loop instead of waiting:
+    the events arrive, and a burst of them arrives in the order sent."""
+    topic = "dtrain-internals-soon"
+    assert all(internals.log_event_soon(client, topic, {"n": n}) for n in range(20))
+    deadline = time.monotonic() + 10
+    while len(client.get_events(topic)) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [m["n"] for _, m in client.get_events(topic)] == list(range(20))
