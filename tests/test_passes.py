@@ -261,3 +261,54 @@ def test_a_gpu_group_is_gathered_in_one_pass_as_minibatch_lays_it_out():
         x, y = group_batch(shards, 4, bounds, seed)
         want = minibatch(shards, 4, bounds, seed)
         assert np.array_equal(x, want[0]) and np.array_equal(y, want[1])
+
+
+# --- the two passes in real runs -------------------------------------------------------------
+
+def test_a_state_gone_from_its_worker_is_sent_again_with_the_same_bytes(client, tmp_path):
+    """Each window ends kept on its worker and the next takes it there; when the worker no
+    longer holds it (left, restarted), ``take`` raises StateGone and the engine submits the
+    window again from the literal it fetched: the bytes of a run that lost nothing."""
+    import dtrain
+    sets = ["train.epochs=4", "graph.window=7"]              # iris: one epoch a window
+    plain = dtrain.train(load_config(None, sets), client=client, out=tmp_path / "a", echo=None)
+    assert plain.summary["state_bytes_in_graphs"] == 0         # every window took its state
+
+    def losing(on: bool) -> None:                   # the workers' take finds nothing at step 7
+        from dtrain.taskgraph import handoff as h
+        if on:
+            h.real_take = h.take
+
+            def take(handed):
+                if handed.step == 7:
+                    raise h.StateGone("gone, as if the worker had restarted")
+                return h.real_take(handed)
+            h.take = take
+        else:
+            h.take = h.real_take
+
+    client.run(losing, True)
+    try:
+        lost = dtrain.train(load_config(None, sets), client=client, out=tmp_path / "b",
+                            echo=None)
+    finally:
+        client.run(losing, False)
+    assert lost.summary["state_bytes_in_graphs"] > 0           # sent again, from the driver
+    assert (tmp_path / "a" / "params.npz").read_bytes() == \
+        (tmp_path / "b" / "params.npz").read_bytes()
+    assert not any(client.run(lambda: bool(handoff._kept.states)).values())   # run over: none
+
+
+@pytest.mark.slow
+def test_a_big_net_trains_without_sending_a_large_graph(client, recwarn):
+    """A 784-2048-2048-10 net (5.8 M parameters, 23 MB a state): the first window makes the
+    seeded state where it starts, the others take the state kept where the last ended, so
+    no graph carries it and distributed never warns of a large graph."""
+    import dtrain
+    cfg = load_config(None, ["data.dataset=synthetic", "data.samples=600", "data.features=784",
+                             "data.classes=10", "model.layers=[784,2048,2048,10]",
+                             "model.dtype=float32", "train.batch_size=100", "train.epochs=2",
+                             "graph.window=3"])
+    r = dtrain.train(cfg, client=client, echo=None)
+    assert r.summary["state_bytes_in_graphs"] == 0
+    assert not [w for w in recwarn if "large graph" in str(w.message)]

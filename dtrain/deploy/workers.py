@@ -98,3 +98,15 @@ def round_trip(client: Client, repeats: int = 5) -> float:
         client.submit(_nothing, pure=False).result()
         took.append(time.perf_counter() - start)
     return sorted(took)[len(took) // 2]
+
+
+def _known(dask_scheduler, names: list[str]) -> bool:
+    return any(k in dask_scheduler.tasks for k in names)
+
+
+def forgotten(client: Client, names: list[str], timeout: float) -> None:
+    """Wait until the scheduler has forgotten the tasks ``names`` (their futures released),
+    so that a graph of the same keys is a new graph, not their old (failed) outcome."""
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(_known, names=names) and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -11,7 +11,9 @@ previous window ended on the worker where this one starts, it replaces the
 literal by ``state-<step>`` = :func:`take`, which hands the kept state over.
 The driver still fetches each window's end, for the checkpoint and the
 epoch's early stopping, but nothing goes back: the graph is a few kilobytes
-whatever the model.  The state a worker keeps is one per run, replaced each
+whatever the model.  A fresh run's first window does not carry its initial
+state either: ``state-0`` computes it from the seed where it is needed
+(:class:`Fresh`).  The state a worker keeps is one per run, replaced each
 window and dropped when the run ends.
 
 If the worker that kept the state left, or the scheduler ran ``take``
@@ -28,7 +30,8 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dtrain.core import keys
 from dtrain.core.arrays import to_host
-from dtrain.maths.optim import TrainState
+from dtrain.maths.model import Network
+from dtrain.maths.optim import Optimizer, TrainState
 from dtrain.taskgraph.window import Window
 
 KEEP_RUNS = 4           # runs whose last state a worker keeps at once (one each)
@@ -93,6 +96,22 @@ def drop(run: str) -> bool:
     return _kept.drop(run)
 
 
+@dataclass(frozen=True)
+class Fresh:
+    """A run's first state, made where it is needed: the network's seeded parameters and a
+    fresh optimizer (what the plan's ``initial_state`` computes), so the first window's graph
+    carries three small records instead of the parameters."""
+
+    net: Network
+    opt: Optimizer
+    seed: int
+
+
+def fresh(record: Fresh) -> TrainState:
+    """``state-0``: the seeded initial state, computed here."""
+    return record.opt.init_state(record.net.init(record.seed))
+
+
 def start_node(win: Window) -> str | None:
     """The key of the literal state a window starts from, or None where it has none or
     several (model-parallel windows start from a state per slice)."""
@@ -101,16 +120,20 @@ def start_node(win: Window) -> str | None:
     return found[0] if len(found) == 1 and len(win.ends) == 1 else None
 
 
-def rewrite(win: Window, run: str, start: int, stop: int, take_kept: bool) -> Window:
+def rewrite(win: Window, run: str, start: int, stop: int, take_kept: bool,
+            made: Fresh | None = None) -> Window:
     """``win`` ending in ``kept-<stop>`` (see the module docstring) and, if ``take_kept``,
-    starting from the state kept before step ``start`` instead of the literal.  A window
-    this pass does not fit (:func:`start_node` None) comes back unchanged.
+    starting from the state kept before step ``start`` instead of the literal, or with
+    ``made``, from the seeded initial state computed where it starts.  A window this pass
+    does not fit (:func:`start_node` None) comes back unchanged.
     """
     first = start_node(win)
     if first is None:
         return win
     if take_kept:
         win.dsk[first] = Task(first, take, Handed(run, start))
+    elif made is not None:
+        win.dsk[first] = Task(first, fresh, made)
     (end,) = win.ends
     where = win.where[end][0]
     win.ends = [win.add(Task(keys.make(keys.KEPT, stop, run=run), keep, Handed(run, stop),

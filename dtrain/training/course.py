@@ -26,6 +26,7 @@ class Start:
     state: TrainState
     step: int = 0
     epochs_done: int = 0
+    fresh: bool = False     # the plan's seeded initial state (a worker can make it itself)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import dask
-from dask.task_spec import DataNode, TaskRef
+from dask.task_spec import DataNode, Task, TaskRef
 from distributed import Client, Future, wait
 
 from dtrain.core import keys
@@ -36,7 +36,7 @@ from dtrain.deploy import tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import gather, round_trip, wait_for_workers, workers
+from dtrain.deploy.workers import forgotten, gather, round_trip, wait_for_workers, workers
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
@@ -121,6 +121,7 @@ class DaskEngine:
         self.fused_seconds: Counter[str] = Counter()   # ... their task seconds by kind
         self.fused_steps = 0                        # ... and their steps
         self.literal_bytes = 0                      # states sent in graphs (not handed over)
+        self.fresh = False                          # the run starts from the seeded state
         self.speed: dict[str, tuple[float, float]] = {}   # calibrated (overhead s, samples/s)
         self.choice: dict[str, Any] = {}            # CPU and GPU: the assignment chosen, why
         self.on_gpu: dict[str, bool] = {}           # which workers compute on a GPU
@@ -264,15 +265,24 @@ class DaskEngine:
         on_workers(c, clear_cache)  # the data is built; drop the workers' copies of the files
         return parts[0], parts[1]
 
-    def _test(self, state: TrainState, test: Any, placement: Placement) -> dict[str, float]:
-        """The test split's evaluation of ``state`` (in parts where they are, if split)."""
-        win = Window()
-        start = win.add(DataNode(self._key(keys.STATE, len(self.plan.schedule)), state),
-                        placement.root)
-        key = add_evaluation(win, Evaluate(self.plan.net, -1), start, self.held_refs(test),
-                             placement.root, self.run_id)
-        with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True):
-            return self.client.get(win.dsk, key)
+    def _test(self, state: TrainState, test: Any, placement: Placement,
+              kept: int | None = None) -> dict[str, float]:
+        """The test split's evaluation of ``state`` (in parts where they are, if split);
+        ``kept``: ``state`` is the one the root worker keeps from before that step, so the
+        graph takes it there rather than carrying it (a worker gone since: sent after all)."""
+        name = self._key(keys.STATE, len(self.plan.schedule))
+        for node in ([Task(name, handoff.take, handoff.Handed(self.run_id, kept))]
+                     if kept is not None else []) + [DataNode(name, state)]:
+            win = Window()
+            start = win.add(node, placement.root)
+            key = add_evaluation(win, Evaluate(self.plan.net, -1), start,
+                                 self.held_refs(test), placement.root, self.run_id)
+            try:
+                with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True):
+                    return self.client.get(win.dsk, key)
+            except StateGone:
+                continue
+        raise AssertionError("unreachable: the literal state always evaluates")
 
     def _held_out_parts(self, placement: Placement) -> tuple[Any, Any]:
         """Each partition's validation and test rows, loaded on its worker: ``[(future,
@@ -366,6 +376,7 @@ class DaskEngine:
              stop: Stop, watch: Watch) -> Outcome:
         p = self.plan
         t0 = time.perf_counter()
+        self.fresh = start.fresh
         placement = self.place()
         if self.moved:
             recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
@@ -395,6 +406,9 @@ class DaskEngine:
                 values = gather(self.client, ends + meta, p.config.cluster.timeout,
                                 _lost_note(recorder))            # the one wait per window
             except StateGone:       # the worker that kept the state left: start from the literal
+                self.client.cancel(ends + evals + meta)
+                del ends, evals, meta
+                forgotten(self.client, list(win.dsk), p.config.cluster.timeout)   # same keys
                 win, ends, evals, meta = self._launch(steps, window, state, val, placement,
                                                       book, take=False)
                 self.live = ends + evals + meta
@@ -423,7 +437,8 @@ class DaskEngine:
         final = chosen(watch, last)
         result = None
         if test is not None:
-            result = self._test(final, test, placement)
+            on_root = kept == placement.root and final is state and done is not None
+            result = self._test(final, test, placement, done.step if on_root else None)
         self._forget_kept()
         moved = metrics.transfers(self.client, self.run_id)
         compute = _add_fused(metrics.task_times(self.client, self.run_id) or {},
@@ -469,7 +484,9 @@ class DaskEngine:
         moves = win.transfers(located)
         self.predicted_bytes += sum(win.nbytes.get(k, 0) for k, _, _ in moves)
         self.predicted_transfers += len(moves)
-        win = handoff.rewrite(win, self.run_id, window.start, window.stop, take)
+        made = handoff.Fresh(p.net, p.opt, p.config.model.seed) \
+            if self.fresh and window.start == 0 and p.init is None else None   # a fresh run's
+        win = handoff.rewrite(win, self.run_id, window.start, window.stop, take, made)
         self.literal_bytes += handoff.literal_size(win)
         if p.config.graph.fuse_steps:
             win = fuse.steps(win, window.start, window.stop - 1, self.run_id)

@@ -108,7 +108,7 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
     the_plan = plan(config)
     recorder = Recorder(config, out, echo)
     with _discarded_if_unused(recorder):
-        return _run(the_plan, recorder, Start(the_plan.initial_state()), client,
+        return _run(the_plan, recorder, Start(the_plan.initial_state(), fresh=True), client,
                     Watch(config.train))
 
 
@@ -126,7 +126,8 @@ def train_on(config: Config, data: Callable[[Client], Collection], *,
     """
     mainguard.stop_if_bootstrapping()
     with _planned(config, client, data) as (the_plan, c):
-        start = Start(initial if initial is not None else the_plan.initial_state())
+        start = Start(initial, fresh=False) if initial is not None \
+            else Start(the_plan.initial_state(), fresh=True)
         recorder = Recorder(config, out, echo)
         with _discarded_if_unused(recorder):
             return _run(the_plan, recorder, start, c, Watch(config.train))
@@ -203,7 +204,7 @@ def _resume(point: Resumption, the_plan: Plan, client: Client | None,
             echo: Echo | None) -> RunResult:
     ckpt = point.checkpoint
     start = Start(ckpt.state, ckpt.step, ckpt.epochs_done) if ckpt is not None \
-        else Start(the_plan.initial_state())
+        else Start(the_plan.initial_state(), fresh=True)
     extending = checkpoint.finished(point.run_dir)
     recorder = Recorder(point.config, point.run_dir, echo, resume_epochs=start.epochs_done)
     if extending:
