@@ -48,7 +48,7 @@ import numpy as np
 
 from dtrain.maths.model import Network
 
-SUM_SPLIT_MIN = 1 << 13     # each process sums at least this many numbers of the buffer
+SUM_SPLIT_MIN = 1 << 17     # each process adds at least this many numbers of the buffers
 SPIN_SECONDS = 0.002        # wait this long for a message polling, before blocking: waking a
                             # sleeping process (a halted virtual CPU) costs 0.1 ms or more
 STEP, SUM, CONTROL = b"S", b"R", b"C"   # a message's kind, in its first byte (of 8)
@@ -431,7 +431,7 @@ class Pool:
             x, y = shards[p].batch(epoch, *rows[p], seed)
             net.loss_and_grad(mine, x, y, out=grads[p, :B])
         self._answers([proc for proc, _ in asks])
-        ways = min(len(self.procs) + 1, max(1, B // SUM_SPLIT_MIN))
+        ways = min(len(self.procs) + 1, max(1, (n - 1) * B // SUM_SPLIT_MIN))
         if ways == 1:
             _sum_range(tree, grads[:n, :B], B, total, 0, B)
         else:
