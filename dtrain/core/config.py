@@ -387,20 +387,15 @@ def _check_consistency(cfg: Config, source: str) -> None:
         raise ConfigError(f"cluster.scheduler_address = {c.scheduler_address!r} and "
                           f"cluster.scheduler_file = {c.scheduler_file!r} in {source}: give "
                           f"one of them")
-    if c.scheduler_file and c.kind != "local":
-        raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own scheduler; "
-                          f"drop cluster.scheduler_file ({c.scheduler_file}) or the kind")
-    if c.scheduler_file and c.tls == "on":
-        raise ConfigError(f"cluster.tls = 'on' in {source} makes a per-run certificate for a "
-                          f"cluster dtrain starts; a running scheduler ({c.scheduler_file}) "
-                          f"takes its TLS files from the Dask config (distributed.comm.tls.*)")
-    if c.scheduler_address and c.kind != "local":
-        raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own scheduler; "
-                          f"drop cluster.scheduler_address ({c.scheduler_address}) or the kind")
-    if c.scheduler_address and c.tls == "on":
-        raise ConfigError(f"cluster.tls = 'on' in {source} makes a per-run certificate for a "
-                          f"cluster dtrain starts; a running scheduler ({c.scheduler_address}) "
-                          f"takes its TLS files from the Dask config (distributed.comm.tls.*)")
+    for key, running in (("scheduler_file", c.scheduler_file),
+                         ("scheduler_address", c.scheduler_address)):
+        if running and c.kind != "local":
+            raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own "
+                              f"scheduler; drop cluster.{key} ({running}) or the kind")
+        if running and c.tls == "on":
+            raise ConfigError(f"cluster.tls = 'on' in {source} makes a per-run certificate for "
+                              f"a cluster dtrain starts; a running scheduler ({running}) takes "
+                              f"its TLS files from the Dask config (distributed.comm.tls.*)")
     if cfg.data.dataset == "image-folder" and not cfg.data.image_size:
         raise ConfigError(f"data.image_size is empty in {source}: image-folder needs "
                           f"[height, width] to resize every image to")
