@@ -8,10 +8,13 @@ step's scheduler round trip (3-5 ms) buys nothing.  This pass, run by the
 engine after the builder, turns such a window into what Dask's own
 ``fuse_linear_task_spec`` makes of a linear chain: one task,
 ``window-<first step>-<last step>-<run>``, that runs the window's tasks in
-order in one call on that worker, and for each key the engine waits for (the
-end state, the evaluations) a tiny task that picks its value out of the
-window's result.  The maths is the same functions on the same inputs in the
-same order: the same bytes.  ``graph.fuse_steps = false`` turns the pass off.
+order in one call on that worker (the tasks as plain ``(function,
+arguments)`` tuples, which pickle fast), with a tiny task under the end
+state's own key that picks it out of the window's result, and
+``window-<first>-<last>-meta-<run>``, the epochs' evaluations and the
+timings, fetched with the end in one go.  The maths is the same functions on
+the same inputs in the same order: the same bytes.  ``graph.fuse_steps =
+false`` turns the pass off.
 
 Inside, each task is timed by kind, and each output marked with when it was
 done (seconds before the window's end), so the engine can still say how long
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,9 +197,3 @@ def epoch_ends(win: Window, ran: Ran, arrived: float) -> dict[int, float]:
     outputs = (*win.ends, *win.evals.values())
     before = dict(zip(outputs, ran.before_end))
     return {epoch: arrived - before.get(key, 0.0) for epoch, key in win.evals.items()}
-
-
-def stands_for(win: Window) -> Sequence[tuple[str, Any, tuple[Any, ...]]]:
-    """The tasks a fused window runs inside, as ``(key, function, arguments)`` (none if it
-    is not fused)."""
-    return win.steps_fused.nodes if win.steps_fused is not None else ()
