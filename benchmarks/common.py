@@ -1,6 +1,7 @@
 """What every contender shares: its run directory, its shards, its memory report."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -14,6 +15,13 @@ from dtrain.data.shards import Shard, load_shard
 from dtrain.training.plan import Plan, plan
 
 RSS_FILE = "rss.json"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A benchmark command's mistakes are one line naming the command, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def peak_rss_mb() -> float:

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import OneLineParser
+
 FIT_GOAL = 1.5          # dtrain's fit / scikit-learn's
 DIGITS_EPOCHS = 200     # scikit-learn's default max_iter
 ACCURACY_SLACK = 0.005  # "no lower accuracy": within half a point
@@ -159,12 +161,18 @@ def table(rows: list[dict[str, Any]], dask_rows: list[dict[str, Any]] | str) -> 
     return "\n".join(lines)
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.estimators", description=__doc__
-                                     .splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=20, help="epochs (passes), default 20")
-    parser.add_argument("--repeat", type=int, default=3, help="fits of each, in turns")
-    parser.add_argument("--rows", type=int, default=200_000, help="synthetic rows")
+    parser = OneLineParser(prog="python -m benchmarks.estimators",
+                           description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=_positive, default=20, help="epochs (passes), default 20")
+    parser.add_argument("--repeat", type=_positive, default=3, help="fits of each, in turns")
+    parser.add_argument("--rows", type=_positive, default=200_000, help="synthetic rows")
     parser.add_argument("--skip-dask", action="store_true", help="only the in-memory table")
     args = parser.parse_args(argv)
     rows = in_memory(args.epochs, args.repeat, args.rows)

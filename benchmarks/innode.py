@@ -1,9 +1,9 @@
 """Inside one node: a step's forward-backward over S shards, each way of using the cores.
 
-``python -m benchmarks.innode [S ...]`` (default: this machine's cores) times, for
-the P3, P2 and P1 shapes of ``workloads.toml`` with a batch cut into S shards,
-one step of dtrain's own maths (:meth:`~dtrain.maths.model.Network.loss_and_grad`
-per shard) done:
+``python -m benchmarks.innode [S ...] [--shapes P3,P2,P1]`` (default: this machine's
+cores) times, for the P3, P2 and P1 shapes of ``workloads.toml`` with a batch cut
+into S shards, one step of dtrain's own maths
+(:meth:`~dtrain.maths.model.Network.loss_and_grad` per shard) done:
 
 * on S threads of one process (one BLAS thread each): what a hybrid worker's
   threads can do under the GIL;
@@ -21,6 +21,7 @@ shards, 3.66 ms on threads against 0.11 ms in processes.
 """
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import os
 import statistics
@@ -31,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from benchmarks.common import OneLineParser
 from dtrain.data.shards import Shard
 from dtrain.maths.model import Network
 from dtrain.taskgraph import cores
@@ -75,13 +77,14 @@ def _tree(n: int) -> int | tuple:
     return level[0]
 
 
-def measure(shards: int) -> list[dict[str, object]]:
+def measure(shards: int, shapes: list[str] | None = None) -> list[dict[str, object]]:
     out = []
     all_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         os.cpu_count() or 1
     pool = cores.Pool(shards - 1) if shards > 1 and cores.supported() else None
     try:
-        for name, (layers, batch) in SHAPES.items():
+        for name in shapes or list(SHAPES):
+            layers, batch = SHAPES[name]
             rows = batch // shards
             net, params, x, y = _data(layers, rows * shards)
             parts = [Shard(i, x[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows])
@@ -109,6 +112,21 @@ def measure(shards: int) -> list[dict[str, object]]:
     return out
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shard count: give whole numbers >= 1")
+    return int(text)
+
+
+def _shapes(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown shape {', '.join(unknown) or repr(text)}: choose from {', '.join(SHAPES)}")
+    return names
+
+
 def table(shards: int, rows: list[dict[str, object]]) -> str:
     header = list(rows[0])
     lines = [f"### Inside one node: one step's forward-backward over {shards} shards (ms)", "",
@@ -122,9 +140,15 @@ def table(shards: int, rows: list[dict[str, object]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    counts = [int(a) for a in argv] or [os.cpu_count() or 1]
-    for s in counts:
-        print(table(s, measure(s)), flush=True)
+    parser = OneLineParser(prog="python -m benchmarks.innode",
+                           description="one step's shards, each way of using the cores")
+    parser.add_argument("shards", nargs="*", type=_count, metavar="S",
+                        help="shard counts (default: this machine's cores)")
+    parser.add_argument("--shapes", type=_shapes, default=list(SHAPES),
+                        help=f"comma-separated, of {', '.join(SHAPES)} (default all)")
+    args = parser.parse_args(argv)
+    for s in args.shards or [os.cpu_count() or 1]:
+        print(table(s, measure(s, args.shapes)), flush=True)
         print()
     return 0
 

@@ -479,3 +479,69 @@ def test_the_layout_model_adds_up():
     p3 = predict(c, two, Layout(2, 16, True), params, 8, 1e9, 0.0)
     need = rows_for_negligible(p3, params, 1e9, 8)
     assert 6 * need * params / 1e9 == pytest.approx(9 * p3["overhead"])   # 10 %: 9x compute
+
+
+def _module(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("name, args, says", [
+    ("innode", ["0"], "'0' is not a shard count"),
+    ("innode", ["2", "--shapes", "P9"], "unknown shape P9"),
+    ("estimators", ["--epochs", "-1"], "'-1' is not a whole number"),
+    ("estimators", ["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_the_side_benchmarks_say_bad_arguments_in_one_line(name, args, says):
+    proc = _module(name, *args, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"python -m benchmarks.{name}: error: ") and says in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_in_node_table_times_every_way_of_using_the_cores():
+    """`python -m benchmarks.innode 2 --shapes P3`: one row, 128 rows per shard, a
+    positive time in each column (threads, core processes where they run, processes,
+    the whole batch)."""
+    proc = _module("innode", "2", "--shapes", "P3", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    header = [h.strip() for h in lines[0].strip("|").split("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert [r[:2] for r in rows] == [["P3", "128"]]
+    cells = dict(zip(header, rows[0]))
+    assert {"threads", "whole batch, 1 thread", "processes (median / slowest)"} <= set(cells)
+    assert "dtrain core processes" in cells or sys.platform != "linux"
+    times = [float(v) for k, v in cells.items() if k not in ("shape", "rows per shard")
+             for v in v.split(" / ")]
+    assert all(t > 0 for t in times), cells
+
+
+def test_the_estimator_table_judges_each_goal():
+    from benchmarks.estimators import table
+    rows = [{"set": "digits", "rows": 1437, "epochs": 200, "sklearn_s": 0.7, "dtrain_s": 1.28,
+             "ratio": 1.83, "sklearn_acc": 0.97, "dtrain_acc": 0.98},
+            {"set": "synthetic", "rows": 160_000, "epochs": 20, "sklearn_s": 6.9,
+             "dtrain_s": 9.0, "ratio": 1.30, "sklearn_acc": 0.96, "dtrain_acc": 0.96}]
+    dask = [{"who": "dtrain MLPClassifier", "seconds": 3.9, "passes": 20, "accuracy": 0.990},
+            {"who": "dask-ml Incremental", "seconds": 12.5, "passes": 20, "accuracy": 0.999}]
+    text = table(rows, dask)
+    assert "| 1.83 NO |" in text and "| 1.30 yes |" in text
+    # faster, but more than half a point less accurate: not met
+    assert "0.31 x, NO" in text
+    dask[0]["accuracy"] = 0.995
+    assert "0.31 x, yes" in table(rows, dask)
+    assert table(rows, "dask-ml is not installed").endswith("dask-ml is not installed")
+
+
+@pytest.mark.slow
+def test_the_estimator_benchmark_runs():
+    proc = _module("estimators", "--epochs", "2", "--repeat", "1", "--rows", "3000",
+                   timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    ratios = [line for line in proc.stdout.splitlines() if line.startswith("| digits |")
+              or line.startswith("| synthetic")]
+    assert len(ratios) == 2, proc.stdout
+    dask_part = proc.stdout.split("Where the partitions sit")[1]
+    assert ("| dtrain" in dask_part and "| dask-ml Incremental |" in dask_part) or \
+        "dask-ml is not installed" in dask_part
