@@ -51,7 +51,8 @@ def gpu_count() -> int:
 
 def on_gpu(x: Any) -> bool:
     """Whether ``x`` is a CuPy array (without importing CuPy)."""
-    return type(x).__module__.startswith("cupy")
+    kind = type(x)
+    return kind is not np.ndarray and kind.__module__.startswith("cupy")   # asked per op
 
 
 def array_module(x: Any) -> Any:

@@ -20,7 +20,7 @@ meanwhile, and waits; the fixed-order sum of the shards' buffers is split
 by ranges of the buffer over the helpers.  Each shard's gradient is the
 same function of the same rows on one BLAS thread, and each element of the
 sum adds the same numbers in the same order: the bytes do not depend on
-which process did what (``tests/test_hashes.py``, ``tests/test_cores.py``).
+which process did what (``tests/test_hashes.py``, ``tests/test_passes.py``).
 
 A helper that dies (killed, out of memory) costs nothing but time: its shards
 are computed here, and the pool is started afresh at the next step.
@@ -157,8 +157,8 @@ class _Helper:
                         x, y = self.shards[slot].batch(epoch, lo, hi, None if seed < 0 else seed)
                         net.loss_and_grad(params, x, y, out=self.grads[out, : net.buffer_size])
                 elif msg[:1] == SUM:
-                    tree, width, lo, hi = np.frombuffer(msg, np.int64, offset=8).tolist()
-                    _sum_range(self.trees[tree], self.grads, width, self.total, lo, hi)
+                    tree, lo, hi = np.frombuffer(msg, np.int64, offset=8).tolist()
+                    _sum_range(self.trees[tree], self.grads, self.total, lo, hi)
                 else:
                     op, *args = pickle.loads(msg[8:])
                     if op == "shard":
@@ -183,8 +183,7 @@ class _Helper:
                 self.conn.send_bytes(traceback.format_exc().encode())
 
 
-def _sum_range(tree: int | tuple, grads: np.ndarray, width: int, out: np.ndarray, lo: int,
-               hi: int) -> None:
+def _sum_range(tree: int | tuple, grads: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
     """``out[lo:hi]`` = the tree's nested, in-order sum of the gradient slots' ``[lo:hi]``
     (slot ``p`` of the group's position ``p``), element by element as
     :func:`dtrain.core.arrays.sum_in_order` adds whole buffers."""
@@ -433,14 +432,14 @@ class Pool:
         self._answers([proc for proc, _ in asks])
         ways = min(len(self.procs) + 1, max(1, (n - 1) * B // SUM_SPLIT_MIN))
         if ways == 1:
-            _sum_range(tree, grads[:n, :B], B, total, 0, B)
+            _sum_range(tree, grads[:n, :B], total, 0, B)
         else:
             tid = self._tree(tree)
             cuts = [B * j // ways for j in range(ways + 1)]
-            asks = [(proc, _ints(SUM, [tid, B, cuts[j + 1], cuts[j + 2]]))
+            asks = [(proc, _ints(SUM, [tid, cuts[j + 1], cuts[j + 2]]))
                     for j, proc in enumerate(self.procs[: ways - 1])]
             self._ask(asks)
-            _sum_range(tree, grads[:n, :B], B, total, cuts[0], cuts[1])
+            _sum_range(tree, grads[:n, :B], total, cuts[0], cuts[1])
             self._answers([proc for proc, _ in asks])
         return total[:B].copy()
 
