@@ -105,8 +105,19 @@ def _known(dask_scheduler, names: list[str]) -> bool:
 
 
 def forgotten(client: Client, names: list[str], timeout: float) -> None:
-    """Wait until the scheduler has forgotten the tasks ``names`` (their futures released),
-    so that a graph of the same keys is a new graph, not their old (failed) outcome."""
+    """Wait until the scheduler has forgotten the tasks ``names`` (their futures released or
+    cancelled) and this client has heard all it said of them, so that a graph of the same
+    keys is a new graph, not their old (failed, cancelled) outcome.
+
+    The scheduler answers a cancel on the client's stream ("cancelled-keys"); the check
+    here, a call of its own, can overtake that answer, which arriving late would cancel
+    the new graph's futures of the same keys.  A task sent after it comes back on the same
+    stream after it: once its result is here, so is the answer (with no worker to run it,
+    the next gather says so)."""
     deadline = time.monotonic() + timeout
     while client.run_on_scheduler(_known, names=names) and time.monotonic() < deadline:
         time.sleep(0.01)
+    try:
+        client.submit(_nothing, pure=False).result(timeout=timeout)
+    except TimeoutError:
+        pass
