@@ -101,7 +101,9 @@ class Contender:
     ``workers`` shards (a node's shards sharing memory), instead of one process each.
     ``layout``: the cluster's shape left to ``cluster.layout`` (``cluster.workers`` and
     ``cluster.threads_per_worker`` 0), as ``python -m dtrain`` starts it on this machine.
-    ``fuse``: its ``graph.fuse_shards`` ("" leaves the default, ``auto``).
+    ``fuse``: its ``graph.fuse_shards`` ("" leaves the default, ``auto``), with
+    ``graph.fuse_steps`` off: one worker's window would otherwise be one task either way,
+    and these contenders measure what a step's own tasks cost.
     """
 
     name: str
@@ -180,7 +182,7 @@ class Contender:
         if self.strategy == "model-parallel":
             graph["slices"] = workers
         if self.fuse:
-            graph["fuse_shards"] = self.fuse
+            graph.update(fuse_shards=self.fuse, fuse_steps=False)
         cluster = {"workers": self.dask_workers(workers)}
         if self.threads:
             cluster["threads_per_worker"] = workers
@@ -273,10 +275,10 @@ CONTENDERS = [
               "one thread per shard (the hybrid layout)", "local", "allreduce", driver=True,
               threads=True),
     Contender("dtrain-threads-tasks", "dtrain-threads with a task per shard "
-              "(graph.fuse_shards = false)", "local", "allreduce", driver=True, threads=True,
+              "(graph.fuse_shards = false, graph.fuse_steps = false)", "local", "allreduce", driver=True, threads=True,
               fuse="false"),
     Contender("dtrain-threads-fused", "dtrain-threads with a worker's shards in one task "
-              "(graph.fuse_shards = true)", "local", "allreduce", driver=True, threads=True,
+              "(graph.fuse_shards = true, graph.fuse_steps = false)", "local", "allreduce", driver=True, threads=True,
               fuse="true"),
     Contender("dtrain-default", "dtrain allreduce on the LocalCluster python -m dtrain starts "
               "here (cluster.layout = hybrid: one worker process, a thread per core)", "local",

@@ -92,8 +92,9 @@ def test_every_dtrain_strategy_has_a_contender_with_its_own_config(shared_data):
         (0, 0, "hybrid")
     cores = report.cores()
     assert default.processes(4) == 2 and default.busy(4) == min(cores, 4) + 1
-    assert [c.config_for(workloads["iris"], 4, shared_data).graph.fuse_shards
-            for c in (threads, tasks, fused)] == ["auto", "false", "true"]
+    graphs = [c.config_for(workloads["iris"], 4, shared_data).graph for c in (threads, tasks, fused)]
+    assert [g.fuse_shards for g in graphs] == ["auto", "false", "true"]
+    assert [g.fuse_steps for g in graphs] == [True, False, False]   # else one task a window each
     assert (tasks.processes(4), tasks.busy(4)) == (2, 5)
     # under mpiexec every worker rank is a worker (the flat layout), as the table says
     assert BY_NAME["dtrain-mpi-allreduce"].config_for(workloads["P3"], 2, shared_data) \
