@@ -60,6 +60,21 @@ INLINE_MAX_FLOPS = TINY_FLOPS  # forward-backward tasks up to this are too
 INLINE_ALONE_FLOPS = 2e8      # ... and up to this (~5-10 ms of NumPy) on one-thread workers
 
 
+@dataclasses.dataclass(frozen=True)
+class PerKey:
+    """A task annotation as a table, ``values[key]`` (else ``default``).  Dask sends a
+    callable annotation to the scheduler, which calls it with each key: a table pickles as
+    data, where a closure over the window would pull the whole graph in a second time,
+    through cloudpickle, on the client's event loop (a window of 1,000 fused steps: some
+    0.2 s before the scheduler even saw it)."""
+
+    values: dict[str, Any]
+    default: Any = None
+
+    def __call__(self, key: str) -> Any:
+        return self.values.get(key, self.default)
+
+
 def inline_kinds(plan: Plan, placement: Placement | None = None,
                  threads: int | None = None) -> tuple[str, ...]:
     """Kinds of the tasks short enough to run in the worker's event loop rather than
@@ -316,29 +331,20 @@ class DaskEngine:
 
     def _submit(self, win: Window) -> list[Future]:
         gpus = self.placement.gpus if self.placement else frozenset()
-        need = {GPU: 1}
-
-        def resources(key: str) -> dict:            # the maths of shards on GPU workers
-            return need if win.where[key][0] in gpus and keys.is_leaf(key) else {}
-
         if fuse.is_fused(win):                      # the window is one task; the rest pick
             body = next(iter(win.dsk))
-
-            def resources(key: str) -> dict:        # noqa: F811
-                return need if key == body and win.where[key][0] in gpus else {}
-
-            inline = tuple(k for k in win.dsk if k != body) if self.inline else ()
-        else:
+            on_gpu = {body} if win.where[body][0] in gpus else set()
+            inline: tuple[str, ...] = tuple(k for k in win.dsk if k != body) if self.inline \
+                else ()
+        else:                                       # the maths of shards on GPU workers
+            on_gpu = {k for k in win.dsk if win.where[k][0] in gpus and keys.is_leaf(k)}
             inline = keys.prefixes(self.inline_kinds) if self.inline else ()
-
-        def executor(key: str) -> str:              # short tasks: no thread handoff
-            return tuning.INLINE if key.startswith(inline) and not resources(key) \
-                else "default"
-
+        quick = {k: tuning.INLINE for k in win.dsk if k.startswith(inline) and k not in on_gpu}
         evals = () if fuse.is_fused(win) else win.evals.values()    # fused: in the meta
         wanted = [*win.ends, *evals, *([win.meta] if win.meta else [])]
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
-                           resources=resources, executor=executor):
+                           resources=PerKey(dict.fromkeys(on_gpu, {GPU: 1}), {}),
+                           executor=PerKey(quick, "default")):   # short tasks: no thread handoff
             return self.client.get(win.dsk, wanted, sync=False)
 
     def split(self) -> dict[str, dict[str, Any]]:
