@@ -7,7 +7,9 @@ run against the classifier.
 """
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 import subprocess
 import sys
 import warnings
@@ -72,6 +74,31 @@ def _same_bytes(a: dtrain.MLPClassifier, b: dtrain.MLPClassifier) -> bool:
 
 
 # --- inputs -----------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_in_memory_data_goes_in_its_graph_unwarned_and_outlives_a_lost_worker():
+    """A 12 MB ``X`` reaches the workers inside the graph that makes its partitions, on
+    purpose and without distributed's "Sending large graph" warning: the scheduler keeps each
+    block's task, so the blocks of a worker that dies are made again (scattered data, the
+    warning's advice, would be gone with it)."""
+    from distributed import wait
+    from dtrain.estimators.inputs import training_data
+    x = np.random.default_rng(0).standard_normal((30_000, 50))       # (N, F) float64, 12 MB
+    y = (x[:, 0] > 0).astype(np.int64)
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, \
+            Client(cluster) as c:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            coll = training_data(x, y, shards=4, classifier=True).collection(c)
+            wait(coll.futures)
+        assert not [w for w in seen if "large graph" in str(w.message)]
+        holder = coll.holders(c)[0]
+        os.kill(c.run(os.getpid, workers=[holder])[holder], signal.SIGKILL)  # with its blocks
+        parts = c.gather(coll.futures)
+        assert holder not in c.scheduler_info()["workers"]
+    assert np.concatenate([p[0] for p in parts]).tobytes() == x.tobytes()
+    assert np.concatenate([p[1] for p in parts]).tobytes() == y.tobytes()
+
 
 def test_numpy_fit_predict_and_fitted_attributes(client):
     x, y = _iris()

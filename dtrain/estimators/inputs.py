@@ -8,8 +8,11 @@ cluster as a :class:`~dtrain.training.collections.Collection`:
 * NumPy and pandas inputs are cut into ``shards`` blocks of consecutive rows
   (as ``numpy.array_split`` cuts them; ``"auto"``: 4, or one per row of
   fewer), each block its own key of a Dask graph, so a lost worker's
-  partitions can be computed again; a scipy.sparse ``X`` travels sparse, each
-  block made dense by its own task on the worker that holds it;
+  partitions can be computed again (the graph carries the data on purpose, so
+  distributed's "Sending large graph" warning, whose advice to scatter the
+  data would lose that, is not raised for it: :func:`_in_graph`); a
+  scipy.sparse ``X`` travels sparse, each block made dense by its own task on
+  the worker that holds it;
 * a dask.array or dask.dataframe keeps its own partitions, each computed
   where the scheduler puts it (or where it already is): nothing is gathered
   to the driver or concatenated anywhere.
@@ -268,8 +271,18 @@ def _array_maker(x: Any, y: np.ndarray, cuts: list[tuple[int, int]],
         ys = da.concatenate([da.from_array(y[a:b], chunks=y[a:b].shape) for a, b in cuts])
         ws = None if w is None else \
             da.concatenate([da.from_array(w[a:b], chunks=(b - a,)) for a, b in cuts])
-        return collections.from_arrays(client, xs, ys, ws)
+        with _in_graph():
+            return collections.from_arrays(client, xs, ys, ws)
     return make
+
+
+def _in_graph() -> Any:
+    """A context in which distributed does not warn of a large graph: an in-memory ``X``
+    travels inside the graph that makes its partitions on purpose, so that the scheduler
+    keeps each block's task and makes a lost worker's blocks again (scattered data would
+    be lost with its worker)."""
+    import dask
+    return dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 PiB"})
 
 
 def _dense(block: Any) -> np.ndarray:
@@ -285,7 +298,8 @@ def _frame_maker(X: Any, y: np.ndarray, cuts: list[tuple[int, int]]
         frame = X.assign(**{LABEL: y})                      # y by position, not by index
         parts = [frame.iloc[a:b] for a, b in cuts]
         ddf = dd.from_map(_rows, parts, meta=frame.iloc[:0], enforce_metadata=False)
-        return collections.from_frame(client, ddf, LABEL, where="X")
+        with _in_graph():
+            return collections.from_frame(client, ddf, LABEL, where="X")
     return make
 
 
