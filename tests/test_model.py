@@ -61,6 +61,33 @@ def test_gradient_matches_central_differences(activation, loss, layers):
     np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("activation", ["sigmoid", "tanh", "relu", "identity"])
+@pytest.mark.parametrize("loss", ["cross-entropy", "mse", "squared-error", "binary-cross-entropy"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("layers, shards, rows", [((4, 16, 3), 4, 4), ((5, 7, 4), 3, 1),
+                                                  ((5, 6, 6, 1), 2, 17), ((64, 33, 10), 5, 9),
+                                                  ((13, 2), 2, 40)])
+def test_a_stack_of_shards_gives_each_shard_its_own_bytes(activation, loss, dtype, layers,
+                                                           shards, rows):
+    """``x`` (S, B, I) in one call: each shard's buffer is the bytes of that shard alone
+    (what a worker computing several tiny shards at once relies on), weighted or not, for
+    odd sizes that leave SIMD tails, and a row of one (BLAS's matrix-vector case)."""
+    net = Network(layers, activation, loss, dtype)
+    rng = np.random.default_rng(7)
+    params = (net.init(1) + 0.1 * rng.standard_normal(net.size)).astype(dtype)
+    x = rng.standard_normal((shards, rows, layers[0])).astype(dtype)        # (S, B, I)
+    y = np.stack([_targets(net, rng, rows) for _ in range(shards)])          # (S, B, ...)
+    w = rng.uniform(0, 2, (shards, rows))                                    # (S, B)
+    stacked = net.loss_and_grad(params, x, y)                               # (S, P + 2)
+    weighted = net.loss_and_grad(params, x, y, w)
+    assert stacked.shape == weighted.shape == (shards, net.buffer_size)
+    for s in range(shards):
+        assert stacked[s].tobytes() == net.loss_and_grad(params, x[s], y[s]).tobytes()
+        assert weighted[s].tobytes() == net.loss_and_grad(params, x[s], y[s], w[s]).tobytes()
+    one_class = loss == "cross-entropy" and layers[-1] == 1     # a softmax of one: no gradient
+    assert np.isfinite(stacked).all() and (stacked[:, :net.size] != 0).any() != one_class
+
+
 @pytest.mark.parametrize("loss, outputs", [("cross-entropy", 3), ("mse", 3),
                                            ("squared-error", 2), ("binary-cross-entropy", 1),
                                            ("binary-cross-entropy", 3)])

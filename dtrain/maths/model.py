@@ -11,6 +11,13 @@ training step moves one buffer.  Gradients are written straight into the
 views of one flat buffer too: ``[grad (P) | loss | correct]``, the summed
 loss and the number of correct predictions trailing the gradient (``TAIL``).
 
+Every function also takes a stack of shards, ``S`` leading the shapes (``x`` (S, B,
+I), ``y`` (S, B)), and gives each shard what it alone gives, byte for byte: the
+same BLAS call per shard (``matmul`` calls it once per matrix of a stack),
+elementwise maths, and sums over a shard's own rows only; so a worker's tiny
+shards pay NumPy's per-call cost once, not once per shard
+(:meth:`Network.loss_and_grad`).
+
 A classifier's targets ``y`` are class indices (B,); a regression's
 (``squared-error``, :data:`~dtrain.core.config.VALUE_LOSSES`) are real
 values (B, T), used as given (not normalized), and it counts no correct
@@ -86,46 +93,58 @@ def linear_forward(xp, x, W, b):
 
 def linear_backward(xp, dz, x, W, dW, db, need_dx=True):
     """Write dL/dW and dL/db into ``dW``, ``db``; return dL/dx (or None)."""
-    xp.matmul(dz.T, x, out=dW)                    # (O, I) = (O, B) @ (B, I)
-    dz.sum(axis=0, out=db)                        # (O,)
+    xp.matmul(dz.swapaxes(-1, -2), x, out=dW)     # (O, I) = (O, B) @ (B, I)
+    dz.sum(axis=-2, out=db)                       # (O,)
     return dz @ W if need_dx else None            # (B, I) = (B, O) @ (O, I)
 
 
 # --- output layer + loss: per-sample loss summed over the batch ---------------------
 
+def classes_at(xp, y):
+    """Where each row's class is in outputs (B, C): ``(rows, y)`` for ``y`` (B,), and
+    ``(shards, rows, y)`` for a stack ``y`` (S, B)."""
+    lead = [xp.arange(n).reshape((-1,) + (1,) * (y.ndim - 1 - k)) for k, n in enumerate(y.shape)]
+    return (*lead, y)
+
+
 def one_hot(xp, y, classes, dtype):
-    t = xp.zeros((y.shape[0], classes), dtype=dtype)   # (B, C)
-    t[xp.arange(y.shape[0]), y] = 1
+    t = xp.zeros((*y.shape, classes), dtype=dtype)     # (B, C)
+    t[classes_at(xp, y)] = 1
     return t
+
+
+def _total(a):
+    """The sum of all of a batch's entries ``a`` (B, C), one per shard of a stack."""
+    return a.sum(axis=(-2, -1))                   # scalar (or (S,))
 
 
 def _weighted(rows, dz, w):
     """``(sum_i w_i rows_i, w_i dz_i)``: per-row losses ``rows`` (B,) and their gradients
     ``dz`` (B, C) weighted by ``w`` (B,)."""
     w = w.astype(dz.dtype, copy=False)
-    return (w * rows).sum(), dz * w[:, None]      # scalar, (B, C)
+    return (w * rows).sum(axis=-1), dz * w[..., None]     # scalar, (B, C)
 
 
 def cross_entropy(xp, z, y, w=None):
     """Softmax + cross-entropy. Returns (loss summed over rows, dL/dz)."""
-    shifted = z - z.max(axis=1, keepdims=True)    # (B, C)
+    shifted = z - z.max(axis=-1, keepdims=True)   # (B, C)
     e = xp.exp(shifted)                           # (B, C)
-    s = e.sum(axis=1, keepdims=True)              # (B, 1)
-    rows = xp.arange(z.shape[0])
-    per_row = xp.log(s[:, 0]) - shifted[rows, y]  # (B,)
+    s = e.sum(axis=-1, keepdims=True)             # (B, 1)
+    at = classes_at(xp, y)
+    per_row = xp.log(s[..., 0]) - shifted[at]     # (B,)
     dz = e / s                                    # (B, C) softmax
-    dz[rows, y] -= 1
-    return (per_row.sum(), dz) if w is None else _weighted(per_row, dz, w)
+    dz[at] -= 1
+    return (per_row.sum(axis=-1), dz) if w is None else _weighted(per_row, dz, w)
 
 
 def mse(xp, z, y, w=None):
     """Sigmoid outputs + squared error 0.5*||a - onehot||^2. Returns (loss sum, dL/dz)."""
     a = sigmoid(xp, z)                            # (B, C)
-    diff = a - one_hot(xp, y, z.shape[1], z.dtype)
+    diff = a - one_hot(xp, y, z.shape[-1], z.dtype)
     dz = diff * sigmoid_backward(xp, a)           # (B, C)
     if w is None:
-        return 0.5 * (diff * diff).sum(), dz
-    return _weighted(0.5 * (diff * diff).sum(axis=1), dz, w)
+        return 0.5 * _total(diff * diff), dz
+    return _weighted(0.5 * (diff * diff).sum(axis=-1), dz, w)
 
 
 def squared_error(xp, z, t, w=None):
@@ -133,8 +152,8 @@ def squared_error(xp, z, t, w=None):
     Returns (loss summed over rows, dL/dz)."""
     diff = z - t.astype(z.dtype, copy=False)      # (B, T)
     if w is None:
-        return 0.5 * (diff * diff).sum(), diff
-    return _weighted(0.5 * (diff * diff).sum(axis=1), diff, w)
+        return 0.5 * _total(diff * diff), diff
+    return _weighted(0.5 * (diff * diff).sum(axis=-1), diff, w)
 
 
 def label_targets(z, y):
@@ -153,8 +172,8 @@ def binary_cross_entropy(xp, z, y, w=None):
     elementwise = xp.maximum(z, 0) - t * z + xp.log1p(xp.exp(-xp.abs(z)))   # (B, L)
     dz = sigmoid(xp, z) - t                                          # (B, L)
     if w is None:
-        return elementwise.sum(), dz
-    return _weighted(elementwise.sum(axis=1), dz, w)
+        return _total(elementwise), dz
+    return _weighted(elementwise.sum(axis=-1), dz, w)
 
 
 LOSSES = {"cross-entropy": cross_entropy, "mse": mse, "squared-error": squared_error,
@@ -205,8 +224,8 @@ class Network:
         if self.regression:
             return 0
         if self.loss == "binary-cross-entropy":
-            return ((z > 0) == (label_targets(z, y) > 0.5)).all(axis=1).sum()
-        return (z.argmax(axis=1) == y).sum()
+            return ((z > 0) == (label_targets(z, y) > 0.5)).all(axis=-1).sum(axis=-1)
+        return (z.argmax(axis=-1) == y).sum(axis=-1)
 
     @cached_property
     def shapes(self) -> list[tuple[int, int]]:
@@ -238,8 +257,11 @@ class Network:
         return [w for w, _ in self.slices]
 
     def unflatten(self, flat) -> list[tuple[Any, Any]]:
-        """Per-layer ``(W, b)`` views into ``flat`` (no copies)."""
-        return [(flat[w].reshape(shape), flat[b]) for (w, b), shape in zip(self.slices, self.shapes)]
+        """Per-layer ``(W, b)`` views into ``flat`` (no copies); of each row of a stack of
+        flat vectors (S, P): ``W`` (S, O, I) and ``b`` (S, O)."""
+        lead = flat.shape[:-1]
+        return [(flat[..., w].reshape(lead + shape), flat[..., b])
+                for (w, b), shape in zip(self.slices, self.shapes)]
 
     def named(self, flat) -> dict[str, np.ndarray]:
         """``{"W1": ..., "b1": ..., ...}`` as host arrays, e.g. for ``params.npz``."""
@@ -294,14 +316,18 @@ class Network:
         ``sum_i w_i loss_i`` (the count stays a count of rows).  ``out``: a contiguous
         ``(P + 2,)`` buffer to write into (shared memory) instead of a new one; the same
         values either way.
+
+        A stack of shards of equal rows, ``x`` (S, B, I) and ``y`` (S, B) (``w`` (S, B)),
+        gives one buffer per shard (S, P + 2), each the bytes ``loss_and_grad(params,
+        x[s], y[s])`` gives (``tests/test_model.py``).
         """
         xp = array_module(params)
         if out is None:
-            buf = xp.zeros(self.buffer_size, dtype=params.dtype)
+            buf = xp.zeros((*x.shape[:-2], self.buffer_size), dtype=params.dtype)
         else:
             buf = out
             buf[...] = 0
-        if x.shape[0] == 0:
+        if x.shape[-2] == 0:
             return buf
         with np.errstate(all="ignore"):     # a diverging run is caught by the update's check
             return self._loss_and_grad(xp, params, x, y, buf, w)
@@ -313,9 +339,9 @@ class Network:
         loss, dz = LOSSES[self.loss](xp, outs[-1], y) if w is None \
             else LOSSES[self.loss](xp, outs[-1], y, w)      # dz (B, C)
         P = self.size
-        buf[P] = loss
-        buf[P + 1] = self.correct(outs[-1], y)
-        grads = self.unflatten(buf[:P])
+        buf[..., P] = loss
+        buf[..., P + 1] = self.correct(outs[-1], y)
+        grads = self.unflatten(buf[..., :P])
         for n in reversed(range(len(layers))):
             W, _ = layers[n]
             dW, db = grads[n]
