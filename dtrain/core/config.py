@@ -209,8 +209,8 @@ class GraphConfig:
     step_events: int = at_least(1, 0, "steps between live metrics events from the update "
                                 "task to the scheduler (0: none)")
     step_event_gap: float = at_least(0.1, 0.0, "seconds: each worker sends step events at "
-                                     "most this often (an epoch's last step always); 0: "
-                                     "every step_events steps")
+                                     "most this often (the run's last step always); 0: "
+                                     "every step_events steps and each epoch's last")
     state_every: int = at_least(8, 1, "replicated updates: steps between the tasks that keep "
                                 "each worker's state (fewer tasks per step; a lost worker "
                                 "costs at most this many updates again)")

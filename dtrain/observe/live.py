@@ -3,9 +3,9 @@
 How the numbers travel, none of it on the training's critical path:
 
 * every ``graph.step_events`` steps (and at each epoch's last step), at most
-  one per ``graph.step_event_gap`` seconds, the ``update`` task sends a
-  ``step`` event from its worker (:mod:`dtrain.core.events`, which also lists
-  the events and their fields);
+  one per ``graph.step_event_gap`` seconds (the run's last step always), the
+  ``update`` task sends a ``step`` event from its worker
+  (:mod:`dtrain.core.events`, which also lists the events and their fields);
 * the driver sends ``start``, ``epoch`` and ``end`` events with
   ``Client.log_event``;
 * :class:`DtrainPlugin`, a scheduler plugin the driver registers through

@@ -33,6 +33,7 @@ class Recipe:
     fuse_shards: str = "true"      # a worker's reduce subtree in one leaf task: "true",
                                    # "false", "auto" (see dataparallel.fuse_choice)
     step_event_gap: float = 0.0    # step events: at most one per this many seconds per worker
+    final_step: int = -1           # the run's last step, whose event is always sent
     keep_states: bool = False      # evaluations return their epoch's state (early stopping)
     fuse_steps: bool = False       # a window on one worker runs as one task (taskgraph.fuse)
     cores: str = "threads"         # a worker's shards in one task: on its core processes
@@ -40,10 +41,12 @@ class Recipe:
 
     def events(self, run: str) -> StepEvents:
         """Where the tasks of ``run`` send their step events."""
-        return StepEvents(run, self.step_event_gap, accuracy=not self.net.regression)
+        return StepEvents(run, self.step_event_gap, accuracy=not self.net.regression,
+                          final=self.final_step)
 
     def reports(self, step: Step) -> bool:
-        """Whether ``step``'s update sends a step event (always at an epoch's end)."""
+        """Whether ``step``'s update may send a step event (every ``step_events`` steps and
+        at each epoch's end; :class:`~dtrain.core.events.StepEvents` spaces them in time)."""
         return self.step_events > 0 and (step.last or (step.index + 1) % self.step_events == 0)
 
     def events_for(self, step: Step, run: str) -> StepEvents | None:

@@ -107,7 +107,8 @@ class Plan:
         recipe = runs_as.recipe(cfg, self.net, self.opt, seed, len(self.ranges))
         # a worker remembers the states between kept ones: at most CHAIN_BYTES of them
         self.recipe = dataclasses.replace(recipe, state_every=max(
-            1, min(cfg.graph.state_every, CHAIN_BYTES // recipe.state_bytes)))
+            1, min(cfg.graph.state_every, CHAIN_BYTES // recipe.state_bytes)),
+            final_step=len(self.schedule) - 1)
         self.builder = runs_as.builder(self.recipe, cfg, self.sources)
 
     @property
