@@ -13,7 +13,7 @@ import psutil
 import pytest
 from dask.task_spec import DataNode, Task, TaskRef
 
-from dtrain.core import keys
+from dtrain.core import allocator, keys
 from dtrain.core.arrays import sum_in_order
 from dtrain.core.config import load_config
 from dtrain.data.shards import Shard, load_shard
@@ -243,11 +243,15 @@ def test_core_processes_end_with_their_worker_and_forget_freed_shards(pool):
     assert not [c for c in psutil.Process().children() if c.pid in {h.pid for h in helpers}]
 
 
-def test_the_helper_environment_has_one_blas_thread_and_glibcs_own_thresholds(monkeypatch):
+def test_the_helper_environment_has_one_blas_thread_and_keeps_freed_memory(monkeypatch):
+    """Dask's nanny's allocator variable is replaced by dtrain's (a step's temporaries come
+    from the heap, not fresh mappings), and BLAS gets one thread (a shard's bytes)."""
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "0")
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
     env = cores._env()
-    assert "MALLOC_TRIM_THRESHOLD_" not in env
+    assert {k: v for k, v in env.items() if k.startswith("MALLOC_")} == allocator.ALLOCATOR_ENV
+    assert int(env["MALLOC_TRIM_THRESHOLD_"]) >= 1 << 30
     assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "1"
 
 

@@ -6,7 +6,8 @@ codes (:mod:`~dtrain.core.errors`), the task-key grammar
 (:mod:`~dtrain.core.keys`), the live-event port (:mod:`~dtrain.core.events`),
 host/GPU array helpers (:mod:`~dtrain.core.arrays`), file conventions
 (:mod:`~dtrain.core.files`), calls on every worker that a leaving worker does not
-break (:mod:`~dtrain.core.broadcast`) and every use of distributed's private API
+break (:mod:`~dtrain.core.broadcast`), how computing processes allocate
+(:mod:`~dtrain.core.allocator`) and every use of distributed's private API
 (:mod:`~dtrain.core.internals`).
 
 May import: nothing else of dtrain.

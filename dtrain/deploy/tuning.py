@@ -13,9 +13,6 @@ missing.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import functools
 from concurrent.futures import Executor
 from concurrent.futures import Future as ConcurrentFuture
 from typing import Any
@@ -24,6 +21,7 @@ import dask
 from distributed import Client, SchedulerPlugin, WorkerPlugin
 
 from dtrain.core import internals
+from dtrain.core.allocator import ALLOCATOR_ENV, keep_freed_memory
 from dtrain.core.broadcast import on_workers
 
 
@@ -50,30 +48,9 @@ class _Inline(Executor):
         return done
 
 
-# Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, to hand freed memory back to the
-# OS.  Setting it also pins glibc's mmap threshold at 128 KiB, so every larger array is a fresh
-# mmap that page-faults on first touch: the update of a 0.8 M-parameter state takes 4.9 ms
-# instead of 1.8.  A training step allocates the same few buffers again and again, so dtrain's
-# workers keep freed memory, as a GPU framework's caching allocator does: arrays up to 512 MiB
-# come from the heap, trimmed past 1 GiB free, and threads started from then on (the task
-# threads) share the main heap, since a thread's own arena is capped at 64 MiB and maps anything
-# larger afresh whatever the threshold.  The ceiling covers a full batch's activations (60k x
-# 1024 float32 over 2 workers: 123 MB each): a forward-backward of 30k MNIST rows in a thread
-# took 1.20-1.28 s with 2,000 page faults, 1.10-1.15 s with none.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8     # glibc's mallopt parameters
-MMAP_THRESHOLD, TRIM_THRESHOLD, ARENA_MAX = 512 << 20, 1 << 30, 1
-
-
-# The same settings as environment variables, which glibc reads when a process starts: how
-# the nannies of dtrain's local clusters start their workers (Dask's own MALLOC_TRIM_THRESHOLD_
-# is among the variables this replaces).
-ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
-                 "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
-                 "MALLOC_ARENA_MAX": str(ARENA_MAX)}
-
-
 def allocator_env() -> contextlib.AbstractContextManager:
-    """Dask config under which nannies start workers with :data:`ALLOCATOR_ENV`.
+    """Dask config under which nannies start workers with
+    :data:`~dtrain.core.allocator.ALLOCATOR_ENV`.
 
     Returns
     -------
@@ -83,25 +60,6 @@ def allocator_env() -> contextlib.AbstractContextManager:
     """
     key = "distributed.nanny.pre-spawn-environ"
     return dask.config.set({key: {**dask.config.get(key, {}), **ALLOCATOR_ENV}})
-
-
-@functools.lru_cache(maxsize=1)
-def libc() -> Any | None:
-    """The C library of this process (None where it cannot be loaded)."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-def keep_freed_memory() -> bool:
-    """Set this process's glibc allocator parameters as above; False without glibc."""
-    mallopt = getattr(libc(), "mallopt", None)
-    if mallopt is None:
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-                and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-                and mallopt(_M_ARENA_MAX, ARENA_MAX))
 
 
 class LowLatencyWorker(WorkerPlugin):
