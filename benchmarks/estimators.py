@@ -89,6 +89,7 @@ def in_memory(epochs: int, repeat: int, rows: int) -> list[dict[str, Any]]:
 def on_dask(epochs: int, rows: int) -> list[dict[str, Any]] | str:
     if importlib.util.find_spec("dask_ml") is None:
         return "dask-ml is not installed: pip install -e '.[bench]'"
+    import dask
     import dask.dataframe as dd
     import pandas as pd
     from dask_ml.wrappers import Incremental, ParallelPostFit
@@ -103,7 +104,8 @@ def on_dask(epochs: int, rows: int) -> list[dict[str, Any]] | str:
     out = []
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as client:
-        ddf = client.persist(dd.from_pandas(frame, npartitions=8))
+        with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 GiB"}):
+            ddf = client.persist(dd.from_pandas(frame, npartitions=8))   # the set, uploaded once
         x, y = ddf[cols], ddf["label"]
         runs = {
             "dtrain (client=...)": lambda: dtrain.MLPClassifier(client=client, **_params(epochs))
