@@ -161,6 +161,41 @@ def _spawn(*args: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
+def test_values_lost_with_the_last_worker_while_fetched_end_in_one_line(tmp_path):
+    """The futures are done, then the only worker dies while their values are being fetched
+    (stopped first, so the fetch is under way when it dies): the data is gone and would be
+    made again by a worker that never comes; the wait ends after ``timeout`` with the
+    one-line error, as when the workers leave before the futures are done."""
+    import numpy as np
+    from distributed import wait
+    with LocalCluster(n_workers=0, dashboard_address=None) as lc, Client(lc) as c:
+        worker = _spawn("dask_worker", lc.scheduler_address, "--no-nanny", "--nthreads", "1")
+        try:
+            c.wait_for_workers(1, timeout=30)
+            done = c.submit(np.arange, 100_000, pure=False)
+            wait(done)
+            os.kill(worker.pid, signal.SIGSTOP)
+            threading.Timer(1.0, os.kill, (worker.pid, signal.SIGKILL)).start()
+            got: list[BaseException] = []
+            began = time.monotonic()
+
+            def fetch() -> None:
+                try:
+                    gather(c, [done], timeout=2)
+                except BaseException as exc:
+                    got.append(exc)
+
+            waiting = threading.Thread(target=fetch, daemon=True)
+            waiting.start()
+            waiting.join(60)
+            assert not waiting.is_alive(), "gather waits for ever for values no worker holds"
+            assert isinstance(got[0], UserError) and "every Dask worker left" in str(got[0])
+            assert time.monotonic() - began < 30
+        finally:
+            worker.kill()
+            worker.wait(10)
+
+
 @pytest.mark.slow
 def test_external_cluster_loses_a_worker_and_gains_one(client, tmp_path):
     """`dask scheduler` + `dask worker` processes without nannies: one worker is SIGKILLed

@@ -33,39 +33,34 @@ def _none_left(timeout: float, after: str) -> UserError:
 def gather(client: Client, futures: list[Future], timeout: float, after: str = "") -> list:
     """``client.gather(futures)``, except that a cluster left with no worker for ``timeout``
     seconds raises a UserError (``after`` ends its message) instead of waiting for ever:
-    the scheduler keeps tasks that no worker can run until one comes, and none may."""
-    arrived = all_done(futures)
+    the scheduler keeps tasks that no worker can run until one comes, and none may.  That
+    holds while the values are fetched too: if the last workers leave once the futures are
+    done, their data is lost, and ``client.gather`` would wait for it to be made again.  So
+    the gather runs in a thread of its own while this one watches the workers (if it gives
+    up, that thread ends once the caller releases the futures)."""
+    got: dict[str, object] = {}
+    fetched = threading.Event()
+
+    def fetch() -> None:
+        try:
+            got["values"] = client.gather(futures)
+        except BaseException as exc:            # raised in the caller's thread below
+            got["error"] = exc
+        finally:
+            fetched.set()
+
+    threading.Thread(target=fetch, name="dtrain-gather", daemon=True).start()
     alone: float | None = None                      # since when no worker has been there
-    while not arrived.wait(min(timeout, 1.0)):
+    while not fetched.wait(min(timeout, 1.0)):
         if internals.scheduler_workers(client):
             alone = None
         elif alone is None:
             alone = time.monotonic()
         elif time.monotonic() - alone >= timeout:
             raise _none_left(timeout, after)
-    return client.gather(futures)
-
-
-def all_done(futures: list[Future]) -> threading.Event:
-    """An event set once every future is done (finished, failed or cancelled).
-
-    Polling it raises nothing. Polling ``distributed.wait(..., timeout=)`` raises a
-    TimeoutError whose traceback holds the futures in a reference cycle (through
-    ``distributed.utils.sync``'s ``error`` cell) until the garbage collector runs, and the
-    scheduler keeps every task of the window they end until then."""
-    arrived, left, lock = threading.Event(), [len(futures)], threading.Lock()
-
-    def one(_: Future) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0] == 0:
-                arrived.set()
-
-    if not futures:
-        arrived.set()
-    for f in futures:
-        f.add_done_callback(one)
-    return arrived
+    if "error" in got:
+        raise got.pop("error")
+    return got["values"]  # type: ignore[return-value]
 
 
 def _natural(name: object) -> tuple:
