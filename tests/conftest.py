@@ -62,7 +62,7 @@ class MallInfo2(ctypes.Structure):
 def mallinfo2() -> MallInfo2 | None:
     """This process's allocator statistics (``uordblks``: heap bytes in use, ``hblkhd``:
     bytes mapped outside the heaps); None without glibc 2.33+."""
-    from dtrain.deploy.tuning import libc
+    from dtrain.core.allocator import libc
 
     fn = getattr(libc(), "mallinfo2", None)
     if fn is None:
