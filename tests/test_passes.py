@@ -207,6 +207,36 @@ def test_a_long_buffer_is_summed_in_ranges_by_every_process(pool, monkeypatch):
                                        None).tobytes()
 
 
+def test_what_is_left_of_the_tree_once_each_process_summed_its_own_subtrees():
+    """Each process sums the largest subtrees among its consecutive positions into their
+    first slot; the rest of the sum takes those slots as leaves."""
+    assert cores.collapsed(((0, 1), (2, 3)), [range(0, 2), range(2, 4)]) == (0, 2)
+    assert cores.collapsed(((0, 1), (2, (3, 4))), [range(0, 1), range(1, 3), range(3, 5)]) \
+        == ((0, 1), (2, 3))
+    assert cores.collapsed((0, 1, 2, 3), [range(0, 2), range(2, 4)]) == (0, 1, 2, 3)
+    assert cores.collapsed(((0, 1, 2), (3, 4, 5)), [range(0, 3), range(3, 6)]) == (0, 3)
+
+
+@pytest.mark.skipif(not cores.supported(), reason="needs memfd_create (Linux)")
+@pytest.mark.parametrize("helpers, tree", [(1, ((0, 1), (2, 3))), (1, ((0, 1, 2), (3, 4, 5))),
+                                           (3, (((0, 1), (2, 3)), (4, 5)))])
+def test_subtrees_summed_where_their_shards_were_computed_give_the_same_bytes(
+        helpers, tree, monkeypatch):
+    """Parts that hold whole subtrees sum them in place (the helper's pair, this process's
+    pair), alone and with the rest split by ranges: the bytes of the tree summed in one go."""
+    shards = _shards(n=len(cores._leaves(tree)))
+    rows = [(0, 13)] * len(shards)
+    params = NET.init(5)
+    want = _reference(NET, shards, rows, tree, params).tobytes()
+    p = cores.Pool(helpers)
+    try:
+        assert p.group_sum(NET, 1, 3, rows, tree, params, shards).tobytes() == want
+        monkeypatch.setattr(cores, "SUM_SPLIT_MIN", 64)     # the rest split by ranges too
+        assert p.group_sum(NET, 1, 3, rows, tree, params, shards).tobytes() == want
+    finally:
+        p.close()
+
+
 @pytest.mark.skipif(not cores.supported(), reason="needs memfd_create (Linux)")
 def test_a_dead_core_process_costs_a_retry_not_the_run(pool):
     shards = _shards()

@@ -16,11 +16,14 @@ Memory is shared, never pickled per step.  Each shard is copied once into a
 (``SCM_RIGHTS``); the parameters, one gradient slot per shard and the sum
 live in three more segments.  A step then writes the parameters, sends each
 helper a few bytes (which shards, which rows), computes its own share
-meanwhile, and waits; the fixed-order sum of the shards' buffers is split
-by ranges of the buffer over the helpers.  Each shard's gradient is the
-same function of the same rows on one BLAS thread, and each element of the
-sum adds the same numbers in the same order: the bytes do not depend on
-which process did what (``tests/test_hashes.py``, ``tests/test_passes.py``).
+meanwhile, and waits.  Each process's shards are consecutive positions of
+the reduce tree, so each also sums the subtrees that lie wholly among them
+(at fan-in 2, 4 shards on 2 processes: each adds its pair); what is left of
+the fixed-order sum is split by ranges of the buffer over the helpers when it
+is long.  Each shard's gradient is the same function of the same rows on one
+BLAS thread, and each element of the sum adds the same numbers in the same
+order: the bytes do not depend on which process did what
+(``tests/test_hashes.py``, ``tests/test_passes.py``).
 
 A helper that dies (killed, out of memory) costs nothing but time: its shards
 are computed here, and the pool is started afresh at the next step.
@@ -151,12 +154,16 @@ class _Helper:
                 return                      # the worker is gone: so are we
             try:
                 if msg[:1] == STEP:         # a step's shards: ints only, no pickle
-                    net, epoch, seed, *work = np.frombuffer(msg, np.int64, offset=8).tolist()
+                    net, tree, epoch, seed, *work = \
+                        np.frombuffer(msg, np.int64, offset=8).tolist()
                     net = self.nets[net]
                     params = self.params[: net.size]
+                    mine = []
                     for slot, lo, hi, out in zip(*[iter(work)] * 4):
                         x, y = self.shards[slot].batch(epoch, lo, hi, None if seed < 0 else seed)
                         net.loss_and_grad(params, x, y, out=self.grads[out, : net.buffer_size])
+                        mine.append(out)
+                    _sum_subtrees(self.trees[tree], set(mine), self.grads[:, : net.buffer_size])
                 elif msg[:1] == SUM:
                     tree, lo, hi = np.frombuffer(msg, np.int64, offset=8).tolist()
                     _sum_range(self.trees[tree], self.grads, self.total, lo, hi)
@@ -200,6 +207,42 @@ def _sum_range(tree: int | tuple, grads: np.ndarray, out: np.ndarray, lo: int, h
         return total
     with np.errstate(all="ignore"):
         out[lo:hi] = nested(tree)
+
+
+def _leaves(tree: int | tuple) -> list[int]:
+    return [tree] if isinstance(tree, int) else [p for t in tree for p in _leaves(t)]
+
+
+def _sum_in_place(tree: int | tuple, grads: np.ndarray) -> int:
+    """Sum the subtree ``tree`` of gradient slots into its first leaf's slot, children in
+    order, as :func:`dtrain.core.arrays.sum_in_order` adds them; returns that slot."""
+    if isinstance(tree, int):
+        return tree
+    firsts = [_sum_in_place(t, grads) for t in tree]
+    with np.errstate(all="ignore"):
+        for other in firsts[1:]:
+            grads[firsts[0]] += grads[other]
+    return firsts[0]
+
+
+def _sum_subtrees(tree: int | tuple, mine: set[int], grads: np.ndarray) -> None:
+    """Sum each largest subtree of ``tree`` whose shards are all ``mine`` into its first
+    slot (what :func:`collapsed` leaves of the tree for the rest of the sum)."""
+    if set(_leaves(tree)) <= mine:
+        _sum_in_place(tree, grads)
+    elif not isinstance(tree, int):
+        for t in tree:
+            _sum_subtrees(t, mine, grads)
+
+
+def collapsed(tree: int | tuple, parts: Sequence[range]) -> int | tuple:
+    """``tree`` with each largest subtree wholly within one of ``parts`` as its first
+    position (where :func:`_sum_subtrees` left its sum): what is left to add."""
+    part = {p: j for j, r in enumerate(parts) for p in r}
+    leaves = _leaves(tree)
+    if len({part[p] for p in leaves}) == 1:
+        return leaves[0]
+    return tuple(collapsed(t, parts) for t in tree)
 
 
 def _main(fd: int) -> None:
@@ -422,9 +465,9 @@ class Pool:
         shared[: net.size] = params
         ways = min(self.n + 1, n)
         parts = [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
-        nid = self._net(net)
+        nid, tid = self._net(net), self._tree(tree)
         code = -1 if seed is None else seed
-        asks = [(proc, _ints(STEP, [nid, epoch, code,
+        asks = [(proc, _ints(STEP, [nid, tid, epoch, code,
                                     *(v for p in part for v in (slots[p], *rows[p], p))]))
                 for proc, part in zip(self.procs, parts[1:])]
         self._ask(asks)
@@ -432,17 +475,19 @@ class Pool:
         for p in parts[0]:
             x, y = shards[p].batch(epoch, *rows[p], seed)
             net.loss_and_grad(mine, x, y, out=grads[p, :B])
+        _sum_subtrees(tree, set(parts[0]), grads[:n, :B])
         self._answers([proc for proc, _ in asks])
-        ways = min(len(self.procs) + 1, max(1, (n - 1) * B // SUM_SPLIT_MIN))
+        rest = collapsed(tree, parts)
+        ways = min(len(self.procs) + 1, max(1, (len(_leaves(rest)) - 1) * B // SUM_SPLIT_MIN))
         if ways == 1:
-            _sum_range(tree, grads[:n, :B], total, 0, B)
+            _sum_range(rest, grads[:n, :B], total, 0, B)
         else:
-            tid = self._tree(tree)
+            tid = self._tree(rest)
             cuts = [B * j // ways for j in range(ways + 1)]
             asks = [(proc, _ints(SUM, [tid, cuts[j + 1], cuts[j + 2]]))
                     for j, proc in enumerate(self.procs[: ways - 1])]
             self._ask(asks)
-            _sum_range(tree, grads[:n, :B], total, cuts[0], cuts[1])
+            _sum_range(rest, grads[:n, :B], total, cuts[0], cuts[1])
             self._answers([proc for proc, _ in asks])
         return total[:B].copy()
 
