@@ -210,11 +210,11 @@ def test_a_long_buffer_is_summed_in_ranges_by_every_process(pool, monkeypatch):
 def test_what_is_left_of_the_tree_once_each_process_summed_its_own_subtrees():
     """Each process sums the largest subtrees among its consecutive positions into their
     first slot; the rest of the sum takes those slots as leaves."""
-    assert cores.collapsed(((0, 1), (2, 3)), [range(0, 2), range(2, 4)]) == (0, 2)
-    assert cores.collapsed(((0, 1), (2, (3, 4))), [range(0, 1), range(1, 3), range(3, 5)]) \
+    assert cores.collapsed(((0, 1), (2, 3)), (range(0, 2), range(2, 4))) == (0, 2)
+    assert cores.collapsed(((0, 1), (2, (3, 4))), (range(0, 1), range(1, 3), range(3, 5))) \
         == ((0, 1), (2, 3))
-    assert cores.collapsed((0, 1, 2, 3), [range(0, 2), range(2, 4)]) == (0, 1, 2, 3)
-    assert cores.collapsed(((0, 1, 2), (3, 4, 5)), [range(0, 3), range(3, 6)]) == (0, 3)
+    assert cores.collapsed((0, 1, 2, 3), (range(0, 2), range(2, 4))) == (0, 1, 2, 3)
+    assert cores.collapsed(((0, 1, 2), (3, 4, 5)), (range(0, 3), range(3, 6))) == (0, 3)
 
 
 @pytest.mark.skipif(not cores.supported(), reason="needs memfd_create (Linux)")

@@ -31,6 +31,7 @@ are computed here, and the pool is started afresh at the next step.
 from __future__ import annotations
 
 import atexit
+import functools
 import mmap
 import os
 import pickle
@@ -163,7 +164,7 @@ class _Helper:
                         x, y = self.shards[slot].batch(epoch, lo, hi, None if seed < 0 else seed)
                         net.loss_and_grad(params, x, y, out=self.grads[out, : net.buffer_size])
                         mine.append(out)
-                    _sum_subtrees(self.trees[tree], set(mine), self.grads[:, : net.buffer_size])
+                    _sum_subtrees(self.trees[tree], mine, self.grads[:, : net.buffer_size])
                 elif msg[:1] == SUM:
                     tree, lo, hi = np.frombuffer(msg, np.int64, offset=8).tolist()
                     _sum_range(self.trees[tree], self.grads, self.total, lo, hi)
@@ -225,17 +226,25 @@ def _sum_in_place(tree: int | tuple, grads: np.ndarray) -> int:
     return firsts[0]
 
 
-def _sum_subtrees(tree: int | tuple, mine: set[int], grads: np.ndarray) -> None:
+@functools.lru_cache(maxsize=64)
+def _own_subtrees(tree: int | tuple, mine: frozenset[int]) -> tuple:
+    """The largest subtrees of ``tree`` of several shards, all of them ``mine``."""
+    if isinstance(tree, int):
+        return ()
+    if set(_leaves(tree)) <= mine:
+        return (tree,)
+    return tuple(s for t in tree for s in _own_subtrees(t, mine))
+
+
+def _sum_subtrees(tree: int | tuple, mine: Sequence[int], grads: np.ndarray) -> None:
     """Sum each largest subtree of ``tree`` whose shards are all ``mine`` into its first
     slot (what :func:`collapsed` leaves of the tree for the rest of the sum)."""
-    if set(_leaves(tree)) <= mine:
-        _sum_in_place(tree, grads)
-    elif not isinstance(tree, int):
-        for t in tree:
-            _sum_subtrees(t, mine, grads)
+    for t in _own_subtrees(tree, frozenset(mine)):
+        _sum_in_place(t, grads)
 
 
-def collapsed(tree: int | tuple, parts: Sequence[range]) -> int | tuple:
+@functools.lru_cache(maxsize=64)
+def collapsed(tree: int | tuple, parts: tuple[range, ...]) -> int | tuple:
     """``tree`` with each largest subtree wholly within one of ``parts`` as its first
     position (where :func:`_sum_subtrees` left its sum): what is left to add."""
     part = {p: j for j, r in enumerate(parts) for p in r}
@@ -475,9 +484,9 @@ class Pool:
         for p in parts[0]:
             x, y = shards[p].batch(epoch, *rows[p], seed)
             net.loss_and_grad(mine, x, y, out=grads[p, :B])
-        _sum_subtrees(tree, set(parts[0]), grads[:n, :B])
+        _sum_subtrees(tree, parts[0], grads[:n, :B])
         self._answers([proc for proc, _ in asks])
-        rest = collapsed(tree, parts)
+        rest = collapsed(tree, tuple(parts))
         ways = min(len(self.procs) + 1, max(1, (len(_leaves(rest)) - 1) * B // SUM_SPLIT_MIN))
         if ways == 1:
             _sum_range(rest, grads[:n, :B], total, 0, B)
