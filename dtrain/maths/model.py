@@ -103,6 +103,8 @@ def linear_backward(xp, dz, x, W, dW, db, need_dx=True):
 def classes_at(xp, y):
     """Where each row's class is in outputs (B, C): ``(rows, y)`` for ``y`` (B,), and
     ``(shards, rows, y)`` for a stack ``y`` (S, B)."""
+    if y.ndim == 1:                               # one batch: the per-step case, kept lean
+        return xp.arange(y.shape[0]), y
     lead = [xp.arange(n).reshape((-1,) + (1,) * (y.ndim - 1 - k)) for k, n in enumerate(y.shape)]
     return (*lead, y)
 
