@@ -20,7 +20,7 @@ from dtrain.data.shards import Shard, load_shard
 from dtrain.maths.model import Network
 from dtrain.taskgraph import cores, fuse, handoff
 from dtrain.taskgraph.placement import Worker
-from dtrain.taskgraph.tasks import _nested_sum
+from dtrain.taskgraph.treesum import collapsed, flat, nested_sum
 from dtrain.training.plan import plan
 
 RUN = "t0"
@@ -168,7 +168,7 @@ def _shards(n=5, rows=40, seed=0, dtype="float32"):
 
 def _reference(net, shards, rows, tree, params, epoch=1, seed=3):
     bufs = [net.loss_and_grad(params, *s.batch(epoch, *r, seed)) for s, r in zip(shards, rows)]
-    return _nested_sum(tree, bufs)
+    return nested_sum(tree, bufs)
 
 
 @pytest.fixture
@@ -210,11 +210,11 @@ def test_a_long_buffer_is_summed_in_ranges_by_every_process(pool, monkeypatch):
 def test_what_is_left_of_the_tree_once_each_process_summed_its_own_subtrees():
     """Each process sums the largest subtrees among its consecutive positions into their
     first slot; the rest of the sum takes those slots as leaves."""
-    assert cores.collapsed(((0, 1), (2, 3)), (range(0, 2), range(2, 4))) == (0, 2)
-    assert cores.collapsed(((0, 1), (2, (3, 4))), (range(0, 1), range(1, 3), range(3, 5))) \
+    assert collapsed(((0, 1), (2, 3)), (range(0, 2), range(2, 4))) == (0, 2)
+    assert collapsed(((0, 1), (2, (3, 4))), (range(0, 1), range(1, 3), range(3, 5))) \
         == ((0, 1), (2, 3))
-    assert cores.collapsed((0, 1, 2, 3), (range(0, 2), range(2, 4))) == (0, 1, 2, 3)
-    assert cores.collapsed(((0, 1, 2), (3, 4, 5)), (range(0, 3), range(3, 6))) == (0, 3)
+    assert collapsed((0, 1, 2, 3), (range(0, 2), range(2, 4))) == (0, 1, 2, 3)
+    assert collapsed(((0, 1, 2), (3, 4, 5)), (range(0, 3), range(3, 6))) == (0, 3)
 
 
 @pytest.mark.skipif(not cores.supported(), reason="needs memfd_create (Linux)")
@@ -224,7 +224,7 @@ def test_subtrees_summed_where_their_shards_were_computed_give_the_same_bytes(
         helpers, tree, monkeypatch):
     """Parts that hold whole subtrees sum them in place (the helper's pair, this process's
     pair), alone and with the rest split by ranges: the bytes of the tree summed in one go."""
-    shards = _shards(n=len(cores._leaves(tree)))
+    shards = _shards(n=len(flat(tree)))
     rows = [(0, 13)] * len(shards)
     params = NET.init(5)
     want = _reference(NET, shards, rows, tree, params).tobytes()

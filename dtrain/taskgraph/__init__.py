@@ -3,7 +3,8 @@
 Holds the strategies, one object each (:mod:`~dtrain.taskgraph.strategies`);
 their graph builders (:mod:`~dtrain.taskgraph.dataparallel`,
 :mod:`~dtrain.taskgraph.modelparallel`); the reduce tree
-(:mod:`~dtrain.taskgraph.reduction`); which worker holds which shard
+(:mod:`~dtrain.taskgraph.reduction`) and a group's subtree summed in one place
+(:mod:`~dtrain.taskgraph.treesum`); which worker holds which shard
 (:mod:`~dtrain.taskgraph.placement`); the typed record of every task
 (:mod:`~dtrain.taskgraph.records`) and the functions the tasks run on the
 workers (:mod:`~dtrain.taskgraph.tasks`); a window's container

@@ -31,7 +31,6 @@ are computed here, and the pool is started afresh at the next step.
 from __future__ import annotations
 
 import atexit
-import functools
 import mmap
 import os
 import pickle
@@ -52,6 +51,7 @@ import numpy as np
 
 from dtrain.core.allocator import ALLOCATOR_ENV
 from dtrain.maths.model import Network
+from dtrain.taskgraph.treesum import Tree, collapsed, flat, nested_sum, sum_subtrees
 
 SUM_SPLIT_MIN = 1 << 17     # each process adds at least this many numbers of the buffers
 SPIN_SECONDS = 0.002        # wait this long for a message polling, before blocking: waking a
@@ -164,7 +164,7 @@ class _Helper:
                         x, y = self.shards[slot].batch(epoch, lo, hi, None if seed < 0 else seed)
                         net.loss_and_grad(params, x, y, out=self.grads[out, : net.buffer_size])
                         mine.append(out)
-                    _sum_subtrees(self.trees[tree], mine, self.grads[:, : net.buffer_size])
+                    sum_subtrees(self.trees[tree], mine, self.grads[:, : net.buffer_size])
                 elif msg[:1] == SUM:
                     tree, lo, hi = np.frombuffer(msg, np.int64, offset=8).tolist()
                     _sum_range(self.trees[tree], self.grads, self.total, lo, hi)
@@ -192,66 +192,10 @@ class _Helper:
                 self.conn.send_bytes(traceback.format_exc().encode())
 
 
-def _sum_range(tree: int | tuple, grads: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
-    """``out[lo:hi]`` = the tree's nested, in-order sum of the gradient slots' ``[lo:hi]``
-    (slot ``p`` of the group's position ``p``), element by element as
-    :func:`dtrain.core.arrays.sum_in_order` adds whole buffers."""
-    def nested(t: int | tuple) -> np.ndarray:
-        if isinstance(t, int):
-            return grads[t, lo:hi]
-        parts = [nested(c) for c in t]
-        if len(parts) == 1:
-            return parts[0]
-        total = parts[0] + parts[1]
-        for a in parts[2:]:
-            total += a
-        return total
-    with np.errstate(all="ignore"):
-        out[lo:hi] = nested(tree)
-
-
-def _leaves(tree: int | tuple) -> list[int]:
-    return [tree] if isinstance(tree, int) else [p for t in tree for p in _leaves(t)]
-
-
-def _sum_in_place(tree: int | tuple, grads: np.ndarray) -> int:
-    """Sum the subtree ``tree`` of gradient slots into its first leaf's slot, children in
-    order, as :func:`dtrain.core.arrays.sum_in_order` adds them; returns that slot."""
-    if isinstance(tree, int):
-        return tree
-    firsts = [_sum_in_place(t, grads) for t in tree]
-    with np.errstate(all="ignore"):
-        for other in firsts[1:]:
-            grads[firsts[0]] += grads[other]
-    return firsts[0]
-
-
-@functools.lru_cache(maxsize=64)
-def _own_subtrees(tree: int | tuple, mine: frozenset[int]) -> tuple:
-    """The largest subtrees of ``tree`` of several shards, all of them ``mine``."""
-    if isinstance(tree, int):
-        return ()
-    if set(_leaves(tree)) <= mine:
-        return (tree,)
-    return tuple(s for t in tree for s in _own_subtrees(t, mine))
-
-
-def _sum_subtrees(tree: int | tuple, mine: Sequence[int], grads: np.ndarray) -> None:
-    """Sum each largest subtree of ``tree`` whose shards are all ``mine`` into its first
-    slot (what :func:`collapsed` leaves of the tree for the rest of the sum)."""
-    for t in _own_subtrees(tree, frozenset(mine)):
-        _sum_in_place(t, grads)
-
-
-@functools.lru_cache(maxsize=64)
-def collapsed(tree: int | tuple, parts: tuple[range, ...]) -> int | tuple:
-    """``tree`` with each largest subtree wholly within one of ``parts`` as its first
-    position (where :func:`_sum_subtrees` left its sum): what is left to add."""
-    part = {p: j for j, r in enumerate(parts) for p in r}
-    leaves = _leaves(tree)
-    if len({part[p] for p in leaves}) == 1:
-        return leaves[0]
-    return tuple(collapsed(t, parts) for t in tree)
+def _sum_range(tree: Tree, grads: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+    """``out[lo:hi]`` = the tree's sum of the gradient slots' ``[lo:hi]`` (slot ``p`` of the
+    group's position ``p``)."""
+    out[lo:hi] = nested_sum(tree, grads[:, lo:hi])
 
 
 def _main(fd: int) -> None:
@@ -484,10 +428,10 @@ class Pool:
         for p in parts[0]:
             x, y = shards[p].batch(epoch, *rows[p], seed)
             net.loss_and_grad(mine, x, y, out=grads[p, :B])
-        _sum_subtrees(tree, parts[0], grads[:n, :B])
+        sum_subtrees(tree, parts[0], grads[:n, :B])
         self._answers([proc for proc, _ in asks])
         rest = collapsed(tree, tuple(parts))
-        ways = min(len(self.procs) + 1, max(1, (len(_leaves(rest)) - 1) * B // SUM_SPLIT_MIN))
+        ways = min(len(self.procs) + 1, max(1, (len(flat(rest)) - 1) * B // SUM_SPLIT_MIN))
         if ways == 1:
             _sum_range(rest, grads[:n, :B], total, 0, B)
         else:

@@ -45,9 +45,10 @@ from dtrain.taskgraph.placement import Placement, Worker, place, place_partition
 from dtrain.taskgraph.recipe import Recipe
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
                                       Update, Updates)
-from dtrain.taskgraph.reduction import Leaf, Spec, flat, tree
+from dtrain.taskgraph.reduction import Leaf, Spec, tree
 from dtrain.taskgraph.tasks import (average_states, evaluate, evaluate_part, evaluate_parts,
                                    forward_backward, local_steps, update_state)
+from dtrain.taskgraph.treesum import flat
 from dtrain.taskgraph.window import DataItem, Window
 
 HeldOut = TaskRef | tuple[tuple[TaskRef, str], ...] | None   # one shard, or parts where they are

@@ -88,8 +88,3 @@ def tree(win: Window, tag: str, leaves: list[Leaf], root: str, k: int, fuse: boo
         win.add(Task(name, reduce, Reduce(crosses[name]), *(TaskRef(g[0]) for g in group)),
                 worker, nbytes)
     return level, crosses, spec
-
-
-def flat(spec: Spec) -> list[int]:
-    """The shards of a spec, in order."""
-    return [spec] if isinstance(spec, int) else [i for s in spec for i in flat(s)]

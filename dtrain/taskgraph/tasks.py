@@ -27,6 +27,7 @@ from dtrain.maths.scores import TargetSums
 from dtrain.taskgraph import cores
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
                                       Reduce, Update, Updates)
+from dtrain.taskgraph.treesum import nested_sum
 
 
 def _one_shard(net: Network, shuffle_seed: int | None, epoch: int, rows: tuple[int, int],
@@ -66,13 +67,6 @@ def _worker_threads() -> int:
         return 1
 
 
-def _nested_sum(tree: int | tuple, bufs: list) -> Any:
-    """The reduce tree's sums over ``bufs``, level by level, children in order."""
-    if isinstance(tree, int):
-        return bufs[tree]
-    return sum_in_order(*(_nested_sum(t, bufs) for t in tree))
-
-
 def _summed(group: Group, one: Callable[[int], Any]) -> Any:
     """``one(p)`` for each position ``p`` of the group, on up to ``group.threads`` of the
     worker's threads, summed as the group's reduce subtree would sum them: the same buffer,
@@ -85,7 +79,7 @@ def _summed(group: Group, one: Callable[[int], Any]) -> Any:
     parts = [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
     helpers = [_helpers().submit(run, part) for part in parts[1:]]
     bufs = run(parts[0]) + [b for f in helpers for b in f.result()]
-    return _nested_sum(group.tree, bufs)
+    return nested_sum(group.tree, bufs)
 
 
 def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
@@ -120,7 +114,7 @@ def _stacked(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
     x = np.stack([b[0] for b in batches])                     # (S, B, I)
     y = np.stack([b[1] for b in batches])                     # (S, B) or (S, B, T)
     bufs = task.net.loss_and_grad(state.vector[: task.net.size], x, y)     # (S, P + 2)
-    return _nested_sum(task.group.tree, list(bufs))
+    return nested_sum(task.group.tree, bufs)
 
 
 def _one_pass(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
