@@ -17,6 +17,7 @@ from dtrain.deploy import tuning
 from dtrain.deploy.local import local_cluster
 from dtrain.deploy.workers import worker_addresses
 from dtrain.taskgraph.placement import place
+from dtrain.training import heldout
 from dtrain.training.course import window_steps, windows
 from dtrain.training.engines import DaskEngine, inline_kinds
 from dtrain.training.plan import plan
@@ -134,7 +135,7 @@ def test_shards_are_built_on_their_workers(client):
     engine = DaskEngine(p, client)
     placement = engine.place()
     assert placement == place(worker_addresses(client), 4)
-    engine.load_held_out(placement)                         # waits for the loading tasks
+    heldout.load(client, p, placement, engine.data, engine._key)   # waits for the loads
     where = client.who_has(engine.data)
     assert [where[f.key] for f in engine.data] == [(w,) for w in placement.leaves]
     assert all(f.key.startswith("load-shard-") for f in engine.data)

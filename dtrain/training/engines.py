@@ -21,17 +21,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import dask
-from dask.task_spec import DataNode, Task, TaskRef
-from distributed import Client, Future, wait
+from dask.task_spec import TaskRef
+from distributed import Client, Future
 
 from dtrain.core import keys
 from dtrain.core.arrays import gpu_problem
 from dtrain.core.broadcast import on_workers
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
-from dtrain.data import partitions
-from dtrain.data.prepare import clear_cache, normalization
-from dtrain.data.shards import load_part
 from dtrain.deploy import tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors
@@ -42,13 +39,12 @@ from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
 from dtrain.taskgraph import fuse, handoff
 from dtrain.taskgraph.handoff import StateGone
-from dtrain.taskgraph.dataparallel import (TINY_FLOPS, HeldOut, add_evaluation, fuse_choice,
-                                           shard_rows)
+from dtrain.taskgraph.dataparallel import TINY_FLOPS, fuse_choice, shard_rows
 from dtrain.taskgraph.placement import Placement, Worker, choices
-from dtrain.taskgraph.records import Evaluate
 from dtrain.taskgraph.tasks import calibrate
 from dtrain.taskgraph.window import Window
 from dtrain.training.checkpoint import Checkpoint, Checkpoints
+from dtrain.training import heldout
 from dtrain.training.course import (Book, Outcome, Start, Stop, chosen, moved_line,
                                     moved_summary, stop_here, windows)
 from dtrain.training.plan import Plan
@@ -257,78 +253,6 @@ class DaskEngine:
         objects) for a while, and an embedded future would keep its data alive with them."""
         return [TaskRef(f.key) for f in self.data]
 
-    def load_held_out(self, placement: Placement) -> tuple[Any, Any]:
-        """Validation and test shards, loaded where the updates run (partitioned data: in
-        parts beside their partitions); surface data errors now."""
-        if self.held:
-            return self._held_out_parts(placement)
-        p, cfg, c, root = self.plan, self.plan.config, self.client, placement.root
-        parts = [c.submit(load_part, cfg.data, part, cfg.model.dtype, root in placement.gpus,
-                          p.norm, key=self._key(f"load-{part}"), workers=[root],
-                          allow_other_workers=True) if getattr(p.info, part) else None
-                 for part in ("val", "test")]
-        self.parts = [f for f in parts if f is not None]
-        norm = c.submit(normalization, cfg.data, p.norm, key=self._key(keys.NORMALIZATION),
-                        workers=[root], allow_other_workers=True)
-        loading = self.data + self.parts + [norm]
-        with c.as_current():        # distributed.wait asks the default client
-            wait(loading)
-        for f in loading:
-            if f.status == "error":
-                f.result()  # re-raises the worker's exception here
-        self.normalization = norm.result()
-        on_workers(c, clear_cache)  # the data is built; drop the workers' copies of the files
-        return parts[0], parts[1]
-
-    def _test(self, state: TrainState, test: Any, placement: Placement,
-              kept: int | None = None) -> dict[str, float]:
-        """The test split's evaluation of ``state`` (in parts where they are, if split);
-        ``kept``: ``state`` is the one the root worker keeps from before that step, so the
-        graph takes it there rather than carrying it (a worker gone since: sent after all)."""
-        name = self._key(keys.STATE, len(self.plan.schedule))
-        for node in ([Task(name, handoff.take, handoff.Handed(self.run_id, kept))]
-                     if kept is not None else []) + [DataNode(name, state)]:
-            win = Window()
-            start = win.add(node, placement.root)
-            key = add_evaluation(win, Evaluate(self.plan.net, -1), start,
-                                 self.held_refs(test), placement.root, self.run_id)
-            try:
-                with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True):
-                    return self.client.get(win.dsk, key)
-            except StateGone:
-                continue
-        raise AssertionError("unreachable: the literal state always evaluates")
-
-    def _held_out_parts(self, placement: Placement) -> tuple[Any, Any]:
-        """Each partition's validation and test rows, loaded on its worker: ``[(future,
-        worker), ...]`` per split (None: the split is empty)."""
-        coll, c = self.plan.collection, self.client
-        spec = self.plan.part_sources[0].spec
-        out = []
-        for which in ("val", "test"):
-            loads = [(c.submit(partitions.held_out, spec, which, i, f,
-                               key=self._key(f"load-{which}", i), workers=[w],
-                               allow_other_workers=True), w)
-                     for i, (f, w, part) in enumerate(zip(coll.futures, placement.leaves,
-                                                          coll.parts))
-                     if getattr(part, which)]
-            out.append(loads or None)
-        self.parts = [f for loads in out if loads for f, _ in loads]
-        with c.as_current():        # distributed.wait asks the default client
-            wait(self.data + self.parts)
-        for f in self.data + self.parts:
-            if f.status == "error":
-                f.result()
-        self.normalization = self.plan.fitted
-        return out[0], out[1]
-
-    @staticmethod
-    def held_refs(parts: Any) -> HeldOut:
-        """Held-out data as the graphs name it: a key, or ``(key, worker)`` per part."""
-        if isinstance(parts, list):
-            return tuple((TaskRef(f.key), w) for f, w in parts)
-        return TaskRef(parts.key) if parts is not None else None
-
     def _submit(self, win: Window) -> list[Future]:
         gpus = self.placement.gpus if self.placement else frozenset()
         if fuse.is_fused(win):                      # the window is one task; the rest pick
@@ -386,7 +310,9 @@ class DaskEngine:
         placement = self.place()
         if self.moved:
             recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
-        val, test = self.load_held_out(placement)
+        held = heldout.load(self.client, p, placement, self.data, self._key)
+        self.parts, self.normalization, val, test = held.futures, held.normalization, \
+            held.val, held.test
         book = Book(self.plan, recorder, watch, start.step, list(recorder.metrics))
         state, done = start.state, None
 
@@ -444,7 +370,8 @@ class DaskEngine:
         result = None
         if test is not None:
             on_root = kept == placement.root and final is state and done is not None
-            result = self._test(final, test, placement, done.step if on_root else None)
+            result = heldout.evaluate_test(self.client, p, self.run_id, final, test, placement,
+                                           done.step if on_root else None)
         self._forget_kept()
         moved = metrics.transfers(self.client, self.run_id)
         compute = _add_fused(metrics.task_times(self.client, self.run_id) or {},
@@ -484,9 +411,9 @@ class DaskEngine:
                           placement: Placement, book: Book, take: bool
                           ) -> tuple[Window, list[Future], list[Future], list[Future]]:
         p = self.plan
-        win = p.builder.window(steps, state, self.refs, self.held_refs(val), placement,
+        win = p.builder.window(steps, state, self.refs, heldout.refs(val), placement,
                                self.run_id)
-        located = {f.key: w for w, f in self.items} | _located(val, placement.root)
+        located = {f.key: w for w, f in self.items} | heldout.located(val, placement.root)
         moves = win.transfers(located)
         self.predicted_bytes += sum(win.nbytes.get(k, 0) for k, _, _ in moves)
         self.predicted_transfers += len(moves)
@@ -541,13 +468,6 @@ def _add_fused(compute: dict[str, float], seconds: Counter[str], steps: int
            "update_seconds": seconds[keys.UPDATE], "updates": steps}
     out["critical_seconds"] = work + out["reduce_seconds"] + out["update_seconds"]
     return {k: compute.get(k, 0) + v for k, v in out.items()}
-
-
-def _located(held: Any, root: str) -> dict[Any, str]:
-    """Where held-out data sits: on the root, or each part beside its partition."""
-    if isinstance(held, list):
-        return {f.key: w for f, w in held}
-    return {held.key: root} if held is not None else {}
 
 
 def _lost_note(recorder: Recorder) -> str:
