@@ -34,28 +34,20 @@ every parameter and attribute):
 """
 from __future__ import annotations
 
-import contextlib
-import tempfile
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
-from dtrain.core import files
 from dtrain.core.errors import ConfigError
 from dtrain.data import partitions
 from dtrain.data.partitions import PartSpec
-from dtrain.estimators import cluster, inputs, settings
+from dtrain.estimators import cluster, fitted, inputs, settings
 from dtrain.estimators.inputs import TrainingData, is_dask
-from dtrain.inference.model import Model
-from dtrain.maths.optim import TrainState, state_size
 from dtrain.training import collections
-from dtrain.training.trainer import RunResult, train_on
+from dtrain.training.trainer import train_on
 
 
 class _MLP(BaseEstimator):
@@ -193,7 +185,7 @@ class _MLP(BaseEstimator):
                                len({h for h in coll.holders(client) if h is not None})
                                if data.dask else 1)
         seen = self.t_ if going_on and incremental else 0
-        with self._start(going_on) as (init_from, initial):
+        with fitted.starting_point(self, going_on) as (init_from, initial):
             try:
                 cfg = settings.config(self, shape, loss, incremental=incremental,
                                       init_from=init_from, seed_value=seed, samples_seen=seen)
@@ -205,10 +197,10 @@ class _MLP(BaseEstimator):
                                      f"this fit's {list(cfg.model.layers)}: "
                                      f"hidden_layer_sizes changed; fit with warm_start=False "
                                      f"to start again")
-                initial = _fit_state(initial, cfg)
+                initial = fitted.fit_state(initial, cfg)
             result = train_on(cfg, lambda c: coll, client=client, out=self.out,
                               echo=print if self.verbose else None, initial=initial)
-        self._record(result, data, found, going_on, incremental)
+        fitted.record(self, result, data, found, going_on, incremental)
         return self
 
     def _output(self, classes: np.ndarray, data: TrainingData) -> tuple[str, int]:
@@ -247,66 +239,6 @@ class _MLP(BaseEstimator):
                              f"in the previous call to fit. Previously got {self.classes_}, "
                              f"`y` has {found}")
 
-    @contextlib.contextmanager
-    def _start(self, going_on: bool) -> Iterator[tuple[str, TrainState | None]]:
-        """Where a fit starts: afresh, or (going on) from the last state, with the fitted
-        normalization through ``model.init_from``: the previous run directory when the
-        last fit wrote ``out`` and this one does too, else a temporary one."""
-        if not going_on:
-            yield "", None
-            return
-        last = getattr(self, "run_dir_", None)
-        if self.out is not None and last is not None and Path(self.out).resolve() == \
-                Path(last).resolve() and (Path(last) / files.PARAMS).exists():
-            yield str(Path(last).resolve()), self._state
-            return
-        with tempfile.TemporaryDirectory(prefix="dtrain-going-on-") as tmp:
-            spec, params = self.model_.spec, self._params
-            (Path(tmp) / files.MODEL).write_text(spec.to_json(), encoding="utf-8")
-            np.savez(Path(tmp) / files.PARAMS, **params)
-            yield tmp, self._state
-
-    def _record(self, result: RunResult, data: TrainingData, found: np.ndarray,
-                going_on: bool, incremental: bool) -> None:
-        """The fitted attributes of a finished run, as scikit-learn names and counts them."""
-        rows = result.metrics
-        if self._classifier:
-            self.classes_ = found
-            self._multilabel, self._label_dtype = data.multilabel, data.dtype
-        self.n_features_in_ = data.features
-        if data.names is not None:
-            self.feature_names_in_ = data.names
-        elif hasattr(self, "feature_names_in_"):
-            del self.feature_names_in_
-        self._columns = data.columns
-        model = Model(result.model, result.params)
-        if self._classifier and not data.multilabel:
-            model.classes_ = self.classes_         # predictions of the labels' own dtype
-        self.model_, self._params, self._state = model, result.params, result.state
-        losses = [float(r["train_loss"]) for r in rows]
-        self.loss_curve_ = (self.loss_curve_ if going_on else []) + losses
-        self.loss_ = self.loss_curve_[-1]
-        self.n_iter_ = len(rows)                   # this fit's epochs (partial_fit: 1)
-        self.t_ = (self.t_ if going_on else 0) + result.summary["train_samples"] * len(rows)
-        stopping = self.early_stopping and not incremental
-        self.best_loss_ = None if stopping else min(self.loss_curve_)
-        scores = [r[self._val_score] for r in rows if r.get(self._val_score) is not None]
-        self.validation_scores_ = scores if stopping and scores else None
-        self.best_validation_score_ = max(scores) if stopping and scores else None
-        layers = result.model.layers
-        self.coefs_ = [result.params[f"W{n}"].T for n in range(1, len(layers))]
-        self.intercepts_ = [result.params[f"b{n}"] for n in range(1, len(layers))]
-        self.n_layers_ = len(layers)
-        self.n_outputs_ = layers[-1]
-        self.out_activation_ = result.model.output
-        self.summary_ = result.summary
-        self.run_dir_ = result.out
-        if not incremental and len(rows) == self.max_iter and \
-                not result.summary.get("stopped_early"):
-            warnings.warn(f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) reached "
-                          f"and the optimization hasn't converged yet.", ConvergenceWarning,
-                          stacklevel=5)
-
     # --- predicting ------------------------------------------------------------------------
 
     def _rows(self, X: Any) -> Any:
@@ -343,24 +275,6 @@ def _as_input_float(out: Any, rows: Any) -> Any:
     """``out`` as float32 where the rows given were float32 (scikit-learn's outputs keep
     the input's precision); else as it is."""
     return out.astype(np.float32) if getattr(rows, "dtype", None) == np.float32 else out
-
-
-def _fit_state(state: TrainState, cfg: Any) -> TrainState:
-    """The last state (of the same network) in this fit's optimizer and dtype: its slots
-    kept if the optimizer is of the same kind, zeroed if not; its epoch sums kept (the
-    adaptive schedule judges the last epoch from them)."""
-    layers = cfg.model.layers
-    size = sum(o * (i + 1) for i, o in zip(layers[:-1], layers[1:]))
-    vector = np.asarray(state.vector)                                    # (state size,)
-    wanted = state_size(cfg.optim, size)
-    if vector.size != wanted:
-        fresh = np.zeros(wanted)
-        if cfg.optim.schedule == "adaptive":
-            fresh[-3:] = (1.0, np.inf, 0.0)
-        fresh[:size] = vector[:size]
-        vector = fresh
-    return TrainState(vector.astype(cfg.model.dtype), state.epoch_loss, state.epoch_samples,
-                      state.epoch_correct)
 
 
 class MLPClassifier(ClassifierMixin, _MLP):
