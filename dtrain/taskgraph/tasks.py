@@ -87,7 +87,8 @@ def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
     processes (:mod:`~dtrain.taskgraph.cores`) or its threads (:func:`_summed`)."""
     group = task.group
     weighted = shards[0].w is not None        # sample weights: on this process's threads
-    if on_gpu(shards[0].x) and len(shards) > 1 and not weighted:
+    gpu = on_gpu(shards[0].x)
+    if gpu and len(shards) > 1 and not weighted:
         return _one_pass(task, state, shards)
     if group.processes and not weighted:
         pool = cores.pool(_worker_threads() - 1)
@@ -97,7 +98,7 @@ def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
                                       group.tree, state.vector[: task.net.size], shards)
             except cores.Broken:
                 pass                    # computed here; the pool starts afresh next time
-    if group.threads == 1 and len(shards) > 1 and not weighted and not on_gpu(shards[0].x) \
+    if group.threads == 1 and len(shards) > 1 and not gpu \
             and len({hi - lo for lo, hi in group.rows}) == 1:
         return _stacked(task, state, shards)
     return _summed(group, lambda p: _one_shard(task.net, task.shuffle_seed, task.epoch,
@@ -109,11 +110,13 @@ def _stacked(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
     NumPy's per-call cost paid once, not once per shard, and each shard's buffer the bytes
     it alone gives (:meth:`~dtrain.maths.model.Network.loss_and_grad`), summed as its
     subtree sums them."""
-    batches = [s.batch(task.epoch, lo, hi, task.shuffle_seed)
-               for s, (lo, hi) in zip(shards, task.group.rows)]
+    epoch, seed, rows = task.epoch, task.shuffle_seed, task.group.rows
+    batches = [s.batch(epoch, lo, hi, seed) for s, (lo, hi) in zip(shards, rows)]
     x = np.stack([b[0] for b in batches])                     # (S, B, I)
     y = np.stack([b[1] for b in batches])                     # (S, B) or (S, B, T)
-    bufs = task.net.loss_and_grad(state.vector[: task.net.size], x, y)     # (S, P + 2)
+    w = None if shards[0].w is None else \
+        np.stack([s.weights(epoch, lo, hi, seed) for s, (lo, hi) in zip(shards, rows)])  # (S, B)
+    bufs = task.net.loss_and_grad(state.vector[: task.net.size], x, y, w)  # (S, P + 2)
     return nested_sum(task.group.tree, bufs)
 
 
