@@ -377,12 +377,27 @@ def _module(name: str, *args: str, timeout: float = 600) -> subprocess.Completed
     ("innode", ["2", "--shapes", "P9"], "unknown shape P9"),
     ("estimators", ["--epochs", "-1"], "'-1' is not a whole number"),
     ("estimators", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("oneworker", ["--epochs", "1"], "--epochs must be at least 2"),
+    ("oneworker", ["--only", "P9"], "invalid choice: 'P9'"),
+    ("oneworker", ["--only", "P3-1", "--data-dir", "/nowhere"], "no MNIST under /nowhere/mnist"),
 ])
 def test_the_side_benchmarks_say_bad_arguments_in_one_line(name, args, says):
     proc = _module(name, *args, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"python -m benchmarks.{name}: error: ") and says in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_one_worker_table_puts_each_run_beside_its_serial_run():
+    """`python -m benchmarks.oneworker --only iris`: a dtrain run and a serial run, their
+    medians a step and the ratio judged against the goal (2 for iris)."""
+    proc = _module("oneworker", "--only", "iris", "--repeat", "1", "--epochs", "3")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| iris |")]
+    _, serial, ours, ratio, goal = [c.strip() for c in row.strip("|").split("|")]
+    assert float(ratio) == pytest.approx(float(ours) / float(serial), abs=0.01)
+    assert goal == f"<= 2 {'yes' if float(ratio) <= 2 else 'NO'}"
+    assert "784-2048-2048-10" not in proc.stdout          # --only: the big net is skipped
 
 
 def test_the_in_node_table_times_every_way_of_using_the_cores():
