@@ -24,6 +24,13 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def positive(text: str) -> int:
+    """A whole number >= 1, for an argument parser (its message otherwise)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident set size in MiB (VmHWM: reset by exec, unlike ru_maxrss)."""
     try:

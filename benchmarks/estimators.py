@@ -24,7 +24,6 @@ sets; (2) faster than Incremental at the same passes, at no lower accuracy.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import statistics
 import sys
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import OneLineParser
+from benchmarks.common import OneLineParser, positive
 
 FIT_GOAL = 1.5          # dtrain's fit / scikit-learn's
 DIGITS_EPOCHS = 200     # scikit-learn's default max_iter
@@ -150,7 +149,8 @@ def table(rows: list[dict[str, Any]], dask_rows: list[dict[str, Any]] | str) -> 
     if isinstance(dask_rows, str):
         return "\n".join(lines + [dask_rows])
     inc = next(r for r in dask_rows if r["who"] == "dask-ml Incremental")
-    lines += ["| estimator | passes | seconds | accuracy | vs Incremental |", "|---|---|---|---|---|"]
+    lines += ["| estimator | passes | seconds | accuracy | vs Incremental |",
+              "|---|---|---|---|---|"]
     for r in dask_rows:
         verdict = ""
         if r["who"].startswith("dtrain"):
@@ -163,18 +163,12 @@ def table(rows: list[dict[str, Any]], dask_rows: list[dict[str, Any]] | str) -> 
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return int(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m benchmarks.estimators",
                            description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=_positive, default=20, help="epochs (passes), default 20")
-    parser.add_argument("--repeat", type=_positive, default=3, help="fits of each, in turns")
-    parser.add_argument("--rows", type=_positive, default=200_000, help="synthetic rows")
+    parser.add_argument("--epochs", type=positive, default=20, help="epochs (passes), default 20")
+    parser.add_argument("--repeat", type=positive, default=3, help="fits of each, in turns")
+    parser.add_argument("--rows", type=positive, default=200_000, help="synthetic rows")
     parser.add_argument("--skip-dask", action="store_true", help="only the in-memory table")
     args = parser.parse_args(argv)
     rows = in_memory(args.epochs, args.repeat, args.rows)

@@ -15,7 +15,6 @@ Goals (issue 27, the 2-core machine): iris at most 2 times serial, P3 at most 1.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -23,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import OneLineParser
+from benchmarks.common import OneLineParser, positive
 from benchmarks.run import DEFAULT_DATA
 
 P3 = ["data.dataset=mnist", "data.split=[1.0,0.0,0.0]", "model.layers=[784,128,10]",
@@ -81,23 +80,18 @@ def table(rows: list[dict], big: tuple[float, str] | None) -> str:
     if big is not None:
         ms, err = big
         warned = LARGE_GRAPH in err.lower()
-        lines += ["", f"784-2048-2048-10: {ms:.1f} ms/step, "
-                      f"{'distributed warned of a large graph: NO' if warned else 'no large-graph warning: yes'}"]
+        verdict = "distributed warned of a large graph: NO" if warned \
+            else "no large-graph warning: yes"
+        lines += ["", f"784-2048-2048-10: {ms:.1f} ms/step, {verdict}"]
     lines += ["", "Median ms a step of epochs 2 on, each dtrain run beside its serial run."]
     return "\n".join(lines)
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m benchmarks.oneworker",
                            description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=_positive, default=2, help="pairs of each case")
-    parser.add_argument("--epochs", type=_positive, default=6, help="epochs a run (>= 2)")
+    parser.add_argument("--repeat", type=positive, default=2, help="pairs of each case")
+    parser.add_argument("--epochs", type=positive, default=6, help="epochs a run (>= 2)")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA,
                         help="holds mnist/ (default ../shared/data)")
     parser.add_argument("--only", choices=sorted(CASES), action="append",
