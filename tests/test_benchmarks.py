@@ -395,7 +395,8 @@ def test_the_one_worker_table_puts_each_run_beside_its_serial_run():
     assert proc.returncode == 0, proc.stderr
     (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| iris |")]
     _, serial, ours, ratio, goal = [c.strip() for c in row.strip("|").split("|")]
-    assert float(ratio) == pytest.approx(float(ours) / float(serial), abs=0.01)
+    # the cells are rounded (ms to 0.001: 0.3 % of iris's 0.15 ms; the ratio to 0.01)
+    assert float(ratio) == pytest.approx(float(ours) / float(serial), rel=0.01, abs=0.005)
     assert goal == f"<= 2 {'yes' if float(ratio) <= 2 else 'NO'}"
     assert "784-2048-2048-10" not in proc.stdout          # --only: the big net is skipped
 
