@@ -388,6 +388,7 @@ def test_the_side_benchmarks_say_bad_arguments_in_one_line(name, args, says):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_one_worker_table_puts_each_run_beside_its_serial_run():
     """`python -m benchmarks.oneworker --only iris`: a dtrain run and a serial run, their
     medians a step and the ratio judged against the goal (2 for iris)."""

@@ -159,6 +159,7 @@ def _spawn(*args: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
+@pytest.mark.slow
 def test_values_lost_with_the_last_worker_while_fetched_end_in_one_line(tmp_path):
     """The futures are done, then the only worker dies while their values are being fetched
     (stopped first, so the fetch is under way when it dies): the data is gone and would be
