@@ -80,10 +80,14 @@ def test_a_stack_of_shards_gives_each_shard_its_own_bytes(activation, loss, dtyp
     w = rng.uniform(0, 2, (shards, rows))                                    # (S, B)
     stacked = net.loss_and_grad(params, x, y)                               # (S, P + 2)
     weighted = net.loss_and_grad(params, x, y, w)
+    wide = np.full((shards + 1, net.buffer_size + 5), np.nan, dtype)      # rows apart, as
+    net.loss_and_grad(params, x, y, out=wide[:shards, :net.buffer_size])   # core processes'
     assert stacked.shape == weighted.shape == (shards, net.buffer_size)
     for s in range(shards):
         assert stacked[s].tobytes() == net.loss_and_grad(params, x[s], y[s]).tobytes()
         assert weighted[s].tobytes() == net.loss_and_grad(params, x[s], y[s], w[s]).tobytes()
+        assert wide[s, :net.buffer_size].tobytes() == stacked[s].tobytes()
+    assert np.isnan(wide[:, net.buffer_size:]).all() and np.isnan(wide[shards]).all()
     one_class = loss == "cross-entropy" and layers[-1] == 1     # a softmax of one: no gradient
     assert np.isfinite(stacked).all() and (stacked[:, :net.size] != 0).any() != one_class
 

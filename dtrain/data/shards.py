@@ -115,6 +115,26 @@ def group_batch(shards: Sequence[Shard], epoch: int, bounds: Sequence[tuple[int,
     return x[rows], y[rows]
 
 
+def stacked_batch(shards: Sequence[Shard], epoch: int, bounds: Sequence[tuple[int, int]],
+                  seed: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``bounds[i]`` of each host shard ``i``'s epoch order, stacked: ``x`` (S, B,
+    I) and ``y`` (S, B) or (S, B, T), every ``bounds[i]`` of ``B`` rows.  Each shard's rows
+    are gathered straight into its place (one copy, as :meth:`Shard.batch` makes), the same
+    values as its :meth:`Shard.batch`: what a stack of tiny shards is computed from in one
+    pass (:meth:`~dtrain.maths.model.Network.loss_and_grad`)."""
+    first, (lo0, hi0) = shards[0], bounds[0]
+    x = np.empty((len(shards), hi0 - lo0, *first.x.shape[1:]), first.x.dtype)   # (S, B, I)
+    y = np.empty((len(shards), hi0 - lo0, *first.y.shape[1:]), first.y.dtype)   # (S, B, ...)
+    for i, (shard, (lo, hi)) in enumerate(zip(shards, bounds)):
+        rows = shard.rows(epoch, lo, hi, seed)
+        if isinstance(rows, slice):
+            x[i], y[i] = shard.x[rows], shard.y[rows]
+        else:
+            np.take(shard.x, rows, axis=0, out=x[i])
+            np.take(shard.y, rows, axis=0, out=y[i])
+    return x, y
+
+
 def shard_ranges(n_train: int, replicate: int, shards: int) -> list[tuple[int, int]]:
     """``(start, stop)`` rows of each shard in the replicated training set."""
     total = n_train * replicate

@@ -316,8 +316,8 @@ class Network:
         count is an integer, exact in float); the update divides by the batch
         size.  With sample weights ``w`` (B,) the loss and gradient are the weighted sums
         ``sum_i w_i loss_i`` (the count stays a count of rows).  ``out``: a contiguous
-        ``(P + 2,)`` buffer to write into (shared memory) instead of a new one; the same
-        values either way.
+        ``(P + 2,)`` buffer to write into (shared memory) instead of a new one, or for a
+        stack ``(S, P + 2)`` rows that are each contiguous; the same values either way.
 
         A stack of shards of equal rows, ``x`` (S, B, I) and ``y`` (S, B) (``w`` (S, B)),
         gives one buffer per shard (S, P + 2), each the bytes ``loss_and_grad(params,

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from dtrain.core.allocator import ALLOCATOR_ENV
+from dtrain.data.shards import Shard, stacked_batch
 from dtrain.maths.model import Network
 from dtrain.taskgraph.treesum import Tree, collapsed, flat, nested_sum, sum_subtrees
 
@@ -146,7 +147,6 @@ class _Helper:
         return buf, layout.views(buf)
 
     def serve(self) -> None:
-        from dtrain.data.shards import Shard
         while True:
             try:
                 wait(self.conn, SPIN_SECONDS)
@@ -155,15 +155,13 @@ class _Helper:
                 return                      # the worker is gone: so are we
             try:
                 if msg[:1] == STEP:         # a step's shards: ints only, no pickle
-                    net, tree, epoch, seed, *work = \
+                    net, tree, epoch, seed, first, *work = \
                         np.frombuffer(msg, np.int64, offset=8).tolist()
-                    net = self.nets[net]
-                    params = self.params[: net.size]
-                    mine = []
-                    for slot, lo, hi, out in zip(*[iter(work)] * 4):
-                        x, y = self.shards[slot].batch(epoch, lo, hi, None if seed < 0 else seed)
-                        net.loss_and_grad(params, x, y, out=self.grads[out, : net.buffer_size])
-                        mine.append(out)
+                    net, work = self.nets[net], list(zip(*[iter(work)] * 3))
+                    mine = range(first, first + len(work))
+                    shard_grads(net, self.params[: net.size], [self.shards[w[0]] for w in work],
+                                epoch, None if seed < 0 else seed, [w[1:] for w in work],
+                                self.grads[mine.start: mine.stop])
                     sum_subtrees(self.trees[tree], mine, self.grads[:, : net.buffer_size])
                 elif msg[:1] == SUM:
                     tree, lo, hi = np.frombuffer(msg, np.int64, offset=8).tolist()
@@ -190,6 +188,24 @@ class _Helper:
                 self.conn.send_bytes(OK)
             except Exception:
                 self.conn.send_bytes(traceback.format_exc().encode())
+
+
+def shard_grads(net: Network, params: np.ndarray, shards: Sequence[Any], epoch: int,
+                seed: int | None, rows: Sequence[tuple[int, int]], out: np.ndarray) -> None:
+    """Each host shard's ``[grad | loss | correct]`` over its ``rows`` of this epoch into its
+    row of ``out`` (S, >= P + 2).  Shards of equal rows go in one pass over their rows
+    stacked (S, B, I): NumPy's per-call cost paid once, not once per shard, and each row
+    the bytes its shard alone gives (:meth:`~dtrain.maths.model.Network.loss_and_grad`)."""
+    B = net.buffer_size
+    if len(shards) > 1 and len({hi - lo for lo, hi in rows}) == 1:
+        x, y = stacked_batch(shards, epoch, rows, seed)                   # (S, B, I)
+        w = None if shards[0].w is None else \
+            np.stack([s.weights(epoch, lo, hi, seed) for s, (lo, hi) in zip(shards, rows)])
+        net.loss_and_grad(params, x, y, w, out=out[: len(shards), :B])
+        return
+    for p, (shard, (lo, hi)) in enumerate(zip(shards, rows)):
+        x, y = shard.batch(epoch, lo, hi, seed)
+        net.loss_and_grad(params, x, y, shard.weights(epoch, lo, hi, seed), out=out[p, :B])
 
 
 def _sum_range(tree: Tree, grads: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
@@ -420,15 +436,14 @@ class Pool:
         parts = [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
         nid, tid = self._net(net), self._tree(tree)
         code = -1 if seed is None else seed
-        asks = [(proc, _ints(STEP, [nid, tid, epoch, code,
-                                    *(v for p in part for v in (slots[p], *rows[p], p))]))
+        asks = [(proc, _ints(STEP, [nid, tid, epoch, code, part.start,
+                                    *(v for p in part for v in (slots[p], *rows[p]))]))
                 for proc, part in zip(self.procs, parts[1:])]
         self._ask(asks)
-        mine = shared[: net.size]       # the same values as params: the same bytes
-        for p in parts[0]:
-            x, y = shards[p].batch(epoch, *rows[p], seed)
-            net.loss_and_grad(mine, x, y, out=grads[p, :B])
-        sum_subtrees(tree, parts[0], grads[:n, :B])
+        mine = parts[0]                 # params' values from shared: the same bytes
+        shard_grads(net, shared[: net.size], shards[mine.start: mine.stop], epoch, seed,
+                    rows[mine.start: mine.stop], grads[mine.start: mine.stop])
+        sum_subtrees(tree, mine, grads[:n, :B])
         self._answers([proc for proc, _ in asks])
         rest = collapsed(tree, tuple(parts))
         ways = min(len(self.procs) + 1, max(1, (len(flat(rest)) - 1) * B // SUM_SPLIT_MIN))

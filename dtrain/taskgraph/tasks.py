@@ -106,17 +106,12 @@ def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
 
 
 def _stacked(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
-    """A group of tiny shards of equal rows in one pass over their rows stacked (S, B, I):
-    NumPy's per-call cost paid once, not once per shard, and each shard's buffer the bytes
-    it alone gives (:meth:`~dtrain.maths.model.Network.loss_and_grad`), summed as its
-    subtree sums them."""
-    epoch, seed, rows = task.epoch, task.shuffle_seed, task.group.rows
-    batches = [s.batch(epoch, lo, hi, seed) for s, (lo, hi) in zip(shards, rows)]
-    x = np.stack([b[0] for b in batches])                     # (S, B, I)
-    y = np.stack([b[1] for b in batches])                     # (S, B) or (S, B, T)
-    w = None if shards[0].w is None else \
-        np.stack([s.weights(epoch, lo, hi, seed) for s, (lo, hi) in zip(shards, rows)])  # (S, B)
-    bufs = task.net.loss_and_grad(state.vector[: task.net.size], x, y, w)  # (S, P + 2)
+    """A group of tiny shards of equal rows in one pass (:func:`~dtrain.taskgraph.cores.
+    shard_grads`), summed as its subtree sums them."""
+    net = task.net
+    bufs = np.empty((len(shards), net.buffer_size), state.vector.dtype)   # (S, P + 2)
+    cores.shard_grads(net, state.vector[: net.size], shards, task.epoch, task.shuffle_seed,
+                      task.group.rows, bufs)
     return nested_sum(task.group.tree, bufs)
 
 
