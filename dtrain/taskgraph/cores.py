@@ -447,16 +447,16 @@ class Pool:
         self._answers([proc for proc, _ in asks])
         rest = collapsed(tree, tuple(parts))
         ways = min(len(self.procs) + 1, max(1, (len(flat(rest)) - 1) * B // SUM_SPLIT_MIN))
-        if ways == 1:
-            _sum_range(rest, grads[:n, :B], total, 0, B)
-        else:
-            tid = self._tree(rest)
-            cuts = [B * j // ways for j in range(ways + 1)]
-            asks = [(proc, _ints(SUM, [tid, cuts[j + 1], cuts[j + 2]]))
-                    for j, proc in enumerate(self.procs[: ways - 1])]
-            self._ask(asks)
-            _sum_range(rest, grads[:n, :B], total, cuts[0], cuts[1])
-            self._answers([proc for proc, _ in asks])
+        if ways == 1:                   # a new array (not the sum slot: no copy back)
+            out = nested_sum(rest, grads[:n, :B])
+            return out.copy() if isinstance(rest, int) else out
+        tid = self._tree(rest)
+        cuts = [B * j // ways for j in range(ways + 1)]
+        asks = [(proc, _ints(SUM, [tid, cuts[j + 1], cuts[j + 2]]))
+                for j, proc in enumerate(self.procs[: ways - 1])]
+        self._ask(asks)
+        _sum_range(rest, grads[:n, :B], total, cuts[0], cuts[1])
+        self._answers([proc for proc, _ in asks])
         return total[:B].copy()
 
 
