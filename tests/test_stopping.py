@@ -6,6 +6,7 @@ workers, after any kill and resume; a finished run taken to more epochs has the 
 a straight run of them."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -20,6 +21,8 @@ from distributed import Client, LocalCluster
 import dtrain
 from conftest import REPO
 from dtrain import cli
+from dtrain.core.config import TrainConfig
+from dtrain.training.stopping import Watch, needed_states, watched
 
 EARLY = ["train.epochs=120", "train.patience=4", "train.min_delta=0.002", "train.keep_best=true",
          "cluster.dashboard_address="]
@@ -81,6 +84,70 @@ def test_early_stopping_is_the_same_on_one_and_three_workers(client, tmp_path):
         "samples_per_second"]) for r, a in zip(runs[3].metrics, runs[1].metrics)]
     assert (tmp_path / "w1" / "params.npz").read_bytes() == \
         (tmp_path / "w3" / "params.npz").read_bytes()
+
+
+@pytest.mark.parametrize("keep_best", [True, False])
+@pytest.mark.parametrize("monitor", ["val_loss", "train_loss"])
+def test_a_window_brings_back_only_the_states_its_watch_keeps(keep_best, monitor):
+    """:func:`needed_states` run on each window's evaluations as the worker runs it (from
+    the watch as it stood before the window) leaves the states that the driver's watch
+    keeps, the same objects as if every state had come back: the best epoch's and the
+    stop epoch's, two at most a window, over losses with ties, NaNs and plateaus."""
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        cfg = TrainConfig(epochs=200, patience=int(rng.integers(1, 6)), keep_best=keep_best,
+                          monitor=monitor, min_delta=float(rng.choice([0.0, 0.01, 0.1])))
+        n = int(rng.integers(1, 40))
+        losses = np.round(rng.uniform(0, 1, n), 1)                   # ties
+        losses[rng.random(n) < 0.1] = np.nan
+        evs = [{"epoch": e + 1, "loss": float(v), "train_loss": float(v), "state": object()}
+               for e, v in enumerate(losses)]
+        everything, trimmed = Watch(cfg), Watch(cfg)
+        last_all = last_trimmed = None
+        for ev in evs:
+            last_all = ev["state"]
+            if everything.see(watched(ev, True), ev["state"]):
+                break
+        cuts = sorted({0, n, *rng.integers(0, n, 3).tolist()})
+        for lo, hi in zip(cuts, cuts[1:]):
+            window = needed_states(dataclasses.replace(trimmed, best_state=None), evs[lo:hi],
+                                   True)
+            assert sum("state" in ev for ev in window) <= 2
+            for ev in window:
+                last_trimmed = ev.get("state")
+                if trimmed.see(watched(ev, True), last_trimmed):
+                    break
+            if trimmed.stopped:
+                break
+        assert (trimmed.stopped, trimmed.best_epoch) == (everything.stopped,
+                                                         everything.best_epoch), trial
+        assert trimmed.best_state is everything.best_state, trial
+        if everything.stopped:
+            assert last_trimmed is last_all, trial
+
+
+@pytest.mark.slow
+def test_a_fused_window_fetches_only_the_states_kept_with_the_bytes_of_every_state(tmp_path):
+    """One worker: each window of five epochs is one task; it brings the driver the best and
+    the stop epoch's states only, and the run stops, keeps and ends as the same run with a
+    task per step (whose evaluations each bring their state) does."""
+    sets = [*EARLY, "graph.window=35", "cluster.workers=1"]       # iris: 7 steps an epoch
+    runs = {}
+    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=None) as lc, \
+            Client(lc) as c:
+        for fuse in ("true", "false"):
+            runs[fuse] = _train(c, [*sets, f"graph.fuse_steps={fuse}"], tmp_path / fuse)
+    fused, each = runs["true"].summary, runs["false"].summary
+    assert fused["fused_windows"] > 1 and each["fused_windows"] == 0
+    assert (fused["stopped_early"], fused["best_epoch"]) == (each["stopped_early"],
+                                                             each["best_epoch"])
+    assert each["epoch_states_fetched"] == each["epochs_run"]
+    assert 0 < fused["epoch_states_fetched"] <= 2 * fused["fused_windows"] < \
+        fused["epochs_run"]
+    assert (tmp_path / "true" / "params.npz").read_bytes() == \
+        (tmp_path / "false" / "params.npz").read_bytes()
+    assert [r["val_loss"] for r in runs["true"].metrics] == \
+        [r["val_loss"] for r in runs["false"].metrics]
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +133,8 @@ def one_worker(win: Window) -> str | None:
     return workers.pop() if len(workers) == 1 else None
 
 
-def steps(win: Window, first: int, last: int, run: str) -> Window:
+def steps(win: Window, first: int, last: int, run: str,
+          trim: Callable[[tuple], tuple] | None = None) -> Window:
     """``win`` with its tasks fused into one ``window-<first>-<last>`` task when they all sit
     on one worker (unchanged otherwise): the ends keep their keys, as tasks that pick their
     values out of the window's result, and ``window-<first>-<last>-meta`` holds the
@@ -147,6 +149,10 @@ def steps(win: Window, first: int, last: int, run: str) -> Window:
         The window's first and last step (they name the fused task).
     run
         The run id that ends every key.
+    trim
+        Applied, on the worker, to the evaluations' values before the meta task returns
+        them: what of them the driver needs (early stopping's states: only those it will
+        keep, :func:`~dtrain.training.stopping.needed_states`).  Must pickle.
     """
     worker = one_worker(win)
     if worker is None or not win.dsk:
@@ -170,7 +176,7 @@ def steps(win: Window, first: int, last: int, run: str) -> Window:
     for i, key in enumerate(win.ends):
         out.add(Task(key, pick, TaskRef(name), i), worker, win.nbytes.get(key, 0))
     out.meta = out.add(Task(keys.make(keys.WINDOW, first, last, META, run=run), meta,
-                            TaskRef(name), len(win.ends)), worker)
+                            TaskRef(name), len(win.ends), trim), worker)
     out.steps_fused = chain
     return out
 
@@ -180,10 +186,12 @@ def pick(ran: Ran, i: int) -> Any:
     return ran.values[i]
 
 
-def meta(ran: Ran, ends: int = 0) -> Ran:
-    """A fused window's evaluations and timings, without its end state (what the driver
-    fetches beside the end)."""
-    return Ran(ran.values[ends:], ran.seconds, ran.before_end, ran.steps)
+def meta(ran: Ran, ends: int = 0, trim: Callable[[tuple], tuple] | None = None) -> Ran:
+    """A fused window's evaluations (``trim``-med) and timings, without its end state
+    (what the driver fetches beside the end)."""
+    values = ran.values[ends:]
+    return Ran(values if trim is None else trim(values), ran.seconds, ran.before_end,
+               ran.steps)
 
 
 def is_fused(win: Window) -> bool:

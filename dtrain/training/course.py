@@ -16,7 +16,7 @@ from dtrain.maths.optim import TrainState
 from dtrain.observe.recorder import Recorder
 from dtrain.training.checkpoint import Checkpoint, Checkpoints
 from dtrain.training.plan import Plan
-from dtrain.training.stopping import Watch
+from dtrain.training.stopping import Watch, watched
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,10 @@ def epoch_row(plan: Plan, ev: dict[str, float], seconds: float, first: int) -> d
     steps from ``first`` on (a resumed run trained only those here)."""
     epoch, per = ev["epoch"], plan.schedule.steps_per_epoch
     samples = plan.schedule.samples(max(first, (epoch - 1) * per), epoch * per)
-    return {"epoch": epoch, "train_loss": ev.get("train_loss"),
+    seen = watched(ev, plan.info.val)           # what early stopping reads, as it reads it
+    return {"epoch": epoch, "train_loss": seen["train_loss"],
             "train_accuracy": ev.get("train_accuracy"),
-            "val_loss": ev["loss"] if plan.info.val else None,
+            "val_loss": seen["val_loss"],
             "val_accuracy": ev["accuracy"] if plan.info.val else None,
             "seconds": seconds, "samples_per_second": samples / seconds if seconds else None,
             "lr": plan.schedule.rates[epoch - 1], "steps": per}
@@ -150,6 +151,7 @@ class Book:
     arrived: dict[int, float] = field(default_factory=dict)     # epoch -> its evaluation's
     began: float = field(default_factory=time.perf_counter)
     last_state: TrainState | None = None        # the newest recorded epoch's (if kept)
+    states: int = 0                             # epochs whose state came to the driver
 
     def drain(self) -> bool:
         """Turn finished evaluations into epoch rows, in epoch order; True once early
@@ -167,7 +169,13 @@ class Book:
             self.rows.append(row)
             self.recorder.epoch(row)
             self.last_state = ev.get("state")
+            self.states += self.last_state is not None
             self.watch.see(row, self.last_state)
+        w = self.watch          # a fused window brings only these states (needed_states)
+        if w.active and (w.stopped and self.last_state is None or w.cfg.keep_best and
+                         w.best_epoch is not None and w.best_state is None):
+            raise RuntimeError(f"dtrain bug: the state of epoch {w.stopped or w.best_epoch} "
+                               f"(early stopping's) did not come with its evaluation")
         return self.watch.stopped is not None
 
     def steps_done(self, done: Checkpoint | None) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import time
 from collections import Counter
@@ -48,7 +49,7 @@ from dtrain.training import heldout
 from dtrain.training.course import (Book, Outcome, Start, Stop, chosen, moved_line,
                                     moved_summary, stop_here, windows)
 from dtrain.training.plan import Plan
-from dtrain.training.stopping import Watch
+from dtrain.training.stopping import Watch, needed_states
 
 
 INLINE_MAX_BYTES = 1 << 20    # states up to this size are reduced and updated in the event loop
@@ -322,11 +323,18 @@ class DaskEngine:
 
         kept: str | None = None                     # the worker holding the last window's end
         for window in windows(p, start.step, rate):
+            trim = None
+            if not any(isinstance(f, Future) for _, f in book.pending):   # values: no wait
+                if book.drain():                    # early stopping: nothing after its epoch
+                    break
+                if watch.active:    # it has seen every epoch before this window: a fused
+                    trim = functools.partial(needed_states, dataclasses.replace(  # window
+                        watch, best_state=None), val=p.info.val)    # brings only those kept
             if window.start != start.step:
                 placement = self.place(_lost_note(recorder))
             steps = [p.schedule[t] for t in window]
             win, ends, evals, meta = self._launch(steps, window, state, val, placement, book,
-                                                  take=kept == placement.root)
+                                                  take=kept == placement.root, trim=trim)
             self.live = ends + evals + meta + [f for _, f in book.pending if isinstance(f, Future)]
             if book.drain():                        # early stopping: nothing after its epoch
                 self.client.cancel(ends + evals + meta)
@@ -342,7 +350,7 @@ class DaskEngine:
                 del ends, evals, meta
                 forgotten(self.client, list(win.dsk), p.config.cluster.timeout)   # same keys
                 win, ends, evals, meta = self._launch(steps, window, state, val, placement,
-                                                      book, take=False)
+                                                      book, take=False, trim=trim)
                 self.live = ends + evals + meta
                 book.pending = list(zip(win.evals, evals))
                 values = gather(self.client, ends + meta, p.config.cluster.timeout,
@@ -388,7 +396,8 @@ class DaskEngine:
                        moved_summary(self.moved),
                        {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
                         "fused_windows": self.fused_windows,
-                        "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice})
+                        "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice,
+                        "epoch_states_fetched": book.states})
 
     def _forget_kept(self) -> None:
         """The workers drop the state they keep for this run (it has ended)."""
@@ -398,17 +407,19 @@ class DaskEngine:
             pass
 
     def _launch(self, steps: list, window: range, state: TrainState, val: Any,
-                placement: Placement, book: Book, take: bool
+                placement: Placement, book: Book, take: bool, trim: Any = None
                 ) -> tuple[Window, list[Future], list[Future], list[Future]]:
         """Build, rewrite and submit one window: the builder's graph, its state handed over
         on the worker that kept it (``take``; :mod:`~dtrain.taskgraph.handoff`), its steps
-        fused where they never leave a worker (:mod:`~dtrain.taskgraph.fuse`).  Returns the
-        window and the futures of its ends, its evaluations and (fused) its timings."""
+        fused where they never leave a worker (:mod:`~dtrain.taskgraph.fuse`; ``trim``: what
+        of its evaluations comes back).  Returns the window and the futures of its ends, its
+        evaluations and (fused) its timings."""
         with _gc_paused():
-            return self._build_and_submit(steps, window, state, val, placement, book, take)
+            return self._build_and_submit(steps, window, state, val, placement, book, take,
+                                          trim)
 
     def _build_and_submit(self, steps: list, window: range, state: TrainState, val: Any,
-                          placement: Placement, book: Book, take: bool
+                          placement: Placement, book: Book, take: bool, trim: Any
                           ) -> tuple[Window, list[Future], list[Future], list[Future]]:
         p = self.plan
         win = p.builder.window(steps, state, self.refs, heldout.refs(val), placement,
@@ -422,7 +433,7 @@ class DaskEngine:
         win = handoff.rewrite(win, self.run_id, window.start, window.stop, take, made)
         self.literal_bytes += handoff.literal_size(win)
         if p.config.graph.fuse_steps:
-            win = fuse.steps(win, window.start, window.stop - 1, self.run_id)
+            win = fuse.steps(win, window.start, window.stop - 1, self.run_id, trim)
         self.step_tasks += win.step_tasks()
         self.fused = win.fused or self.fused
         futures = self._submit(win)

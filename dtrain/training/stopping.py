@@ -7,11 +7,16 @@ the same epoch and keeps the same parameters whatever the cluster, and a
 resumed run, replaying its recorded rows, decides as the run it continues
 would have.  The engines make the evaluations of such a run return their
 epoch's state (:class:`~dtrain.taskgraph.records.Evaluate`'s ``keep``); the
-state of the best epoch travels in the checkpoint.
+state of the best epoch travels in the checkpoint.  A window fused into one
+task on its worker brings back only the states the driver will keep
+(:func:`needed_states`): at most the best epoch's and the stop epoch's, not one
+per epoch.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,3 +81,34 @@ class Watch:
                 f"best_{self.cfg.monitor}": None if self.best_epoch is None else self.best,
                 "stopped_early": self.stopped, "params_from_epoch":
                     self.best_epoch if self.cfg.keep_best else None}
+
+
+def watched(ev: dict[str, Any], val: bool) -> dict[str, Any]:
+    """What a :class:`Watch` reads of an epoch's row, from its evaluation ``ev`` (``val``:
+    the run has a validation split): the epoch and both losses, as the row has them."""
+    return {"epoch": ev["epoch"], "train_loss": ev.get("train_loss"),
+            "val_loss": ev["loss"] if val else None}
+
+
+def needed_states(watch: Watch, evaluations: Sequence[dict[str, Any]], val: bool
+                  ) -> tuple[dict[str, Any], ...]:
+    """``evaluations`` (a window's, in epoch order, each with its ``state``) with the state
+    left only where ``watch``, seeing them next, will keep it: the best epoch's (with
+    ``keep_best``) and the epoch it stops after.  Every decision is a function of the
+    losses, so this is what the driver's own ``watch`` does with them; run where the window
+    ran, it spares the driver a state per epoch (``tests/test_stopping.py``)."""
+    ahead = dataclasses.replace(watch, best_state=None)
+    keep, best = set(), None
+    for i, ev in enumerate(evaluations):
+        was = ahead.best_epoch
+        stops = ahead.see(watched(ev, val))
+        if ahead.best_epoch != was:
+            best = i
+        if stops:
+            keep.add(i)
+            break
+    if ahead.cfg.keep_best and best is not None:
+        keep.add(best)
+    return tuple(ev if i in keep or "state" not in ev else
+                 {k: v for k, v in ev.items() if k != "state"}
+                 for i, ev in enumerate(evaluations))

@@ -417,6 +417,7 @@ def _graph(outcome: Outcome) -> dict[str, Any]:
             "fused_shards": None if fused is None else {"fused": fused[0], "why": fused[1]},
             "fused_windows": g.get("fused_windows", 0),
             "state_bytes_in_graphs": g.get("state_bytes_in_graphs", 0),
+            "epoch_states_fetched": g.get("epoch_states_fetched", 0),
             "device_choice": g.get("choice") or None}
 
 
