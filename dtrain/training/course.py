@@ -160,6 +160,7 @@ class Book:
         futures = [f for _, f in pending if isinstance(f, Future)]   # a fused window's: values
         got = iter(futures[0].client.gather(futures) if futures else [])   # one wait, not one each
         results = [next(got) if isinstance(f, Future) else f for _, f in pending]
+        drained = set()
         for (epoch, _), ev in zip(pending, results):
             if self.watch.stopped:
                 break
@@ -171,9 +172,10 @@ class Book:
             self.last_state = ev.get("state")
             self.states += self.last_state is not None
             self.watch.see(row, self.last_state)
+            drained.add(row["epoch"])
         w = self.watch          # a fused window brings only these states (needed_states)
-        if w.active and (w.stopped and self.last_state is None or w.cfg.keep_best and
-                         w.best_epoch is not None and w.best_state is None):
+        if w.active and (w.stopped in drained and self.last_state is None or w.cfg.keep_best
+                         and w.best_epoch in drained and w.best_state is None):
             raise RuntimeError(f"dtrain bug: the state of epoch {w.stopped or w.best_epoch} "
                                f"(early stopping's) did not come with its evaluation")
         return self.watch.stopped is not None
