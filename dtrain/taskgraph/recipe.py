@@ -1,6 +1,8 @@
 """The run's constants that graph builders need, decided once by the strategy."""
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,9 +58,14 @@ class Recipe:
     @property
     def state_bytes(self) -> int:
         """Size of a TrainState as Dask's ``sizeof`` counts it."""
-        return sizeof(TrainState(np.empty(self.net.size * (1 + self.opt.slots), self.net.dtype)))
+        return _state_bytes(self.net.size * (1 + self.opt.slots), self.net.dtype)
 
     def unit_starts(self, step: Step) -> bool:
         """Whether ``step`` begins a unit (a local SGD round, aligned to its epoch's start)
         rather than continuing one."""
         return step.position % self.sync_every == 0
+
+
+@functools.lru_cache(maxsize=64)            # asked for every task of every window
+def _state_bytes(length: int, dtype: str) -> int:
+    return sizeof(TrainState(np.empty(length, dtype)))

@@ -54,6 +54,7 @@ class Schedule:
         self.steps_per_epoch = self.bounds.shape[0] - 1
         self.epochs = epochs
         self.rates = [learning_rate(cfg, e, epochs, sum(shard_sizes)) for e in range(epochs)]
+        self._seen: dict[int, tuple[int, tuple[tuple[int, int], ...]]] = {}
 
     def __len__(self) -> int:
         return self.steps_per_epoch * self.epochs
@@ -72,10 +73,19 @@ class Schedule:
         if not 0 <= index < len(self):
             raise IndexError(index)
         epoch, t = divmod(index, self.steps_per_epoch)
-        lo, hi = self.bounds[t], self.bounds[t + 1]
-        return Step(index, epoch, t, self.rates[epoch], int((hi - lo).sum()), t == 0,
-                    t == self.steps_per_epoch - 1,
-                    tuple((int(a), int(b)) for a, b in zip(lo, hi)))
+        count, rows = self._rows(t)
+        return Step(index, epoch, t, self.rates[epoch], count, t == 0,
+                    t == self.steps_per_epoch - 1, rows)
+
+    def _rows(self, t: int) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """Position ``t``'s minibatch size and rows per shard (the same every epoch: read
+        once, as each window's graph asks for every step)."""
+        found = self._seen.get(t)
+        if found is None:
+            lo, hi = self.bounds[t], self.bounds[t + 1]
+            found = self._seen[t] = (int((hi - lo).sum()),
+                                     tuple((int(a), int(b)) for a, b in zip(lo, hi)))
+        return found
 
 
 @dataclass
