@@ -25,7 +25,6 @@ thing wherever it is seen.
 """
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
@@ -125,11 +124,6 @@ def parse(key: object) -> Key | None:
     """
     if type(key) is not str:
         return None
-    return _parse(key)
-
-
-@functools.lru_cache(maxsize=1 << 16)   # a window's builder and passes read each key 3-4 times
-def _parse(key: str) -> Key | None:
     for kind in KINDS:
         if key.startswith(kind) and key[len(kind):len(kind) + 1] == "-":
             rest = key[len(kind) + 1:]
