@@ -126,6 +126,24 @@ def test_a_window_brings_back_only_the_states_its_watch_keeps(keep_best, monitor
             assert last_trimmed is last_all, trial
 
 
+def test_a_checkpoint_without_the_best_state_goes_on(client, tmp_path):
+    """A checkpoint with no best epoch's state (dtrain 0.1 wrote none) while the rows it
+    replays name a best epoch: the run goes on (the driver's check for states that did not
+    come looks only at the epochs it drains) and keeps the best epoch it trains."""
+    _train(client, ["train.epochs=3", "train.keep_best=true", "cluster.dashboard_address="],
+           tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoint.npz"
+    with np.load(ckpt) as f:
+        assert "best" in f.files
+        kept = {k: f[k] for k in f.files if k != "best"}
+    np.savez(ckpt, **kept)
+    on = dtrain.resume(tmp_path / "run", client=client, echo=None, config=dtrain.load_config(
+        tmp_path / "run" / "config.toml", ["train.epochs=6"]))
+    s = on.summary
+    assert [r["epoch"] for r in on.metrics] == list(range(1, 7))
+    assert s["best_epoch"] > 3 and s["params_from_epoch"] == s["best_epoch"], s
+
+
 @pytest.mark.slow
 def test_a_fused_window_fetches_only_the_states_kept_with_the_bytes_of_every_state(tmp_path):
     """One worker: each window of five epochs is one task; it brings the driver the best and
