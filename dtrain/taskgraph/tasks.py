@@ -98,16 +98,15 @@ def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
                                       group.tree, state.vector[: task.net.size], shards)
             except cores.Broken:
                 pass                    # computed here; the pool starts afresh next time
-    if group.threads == 1 and len(shards) > 1 and not gpu \
-            and len({hi - lo for lo, hi in group.rows}) == 1:
-        return _stacked(task, state, shards)
+    if group.threads == 1 and not gpu:
+        return _one_thread(task, state, shards)
     return _summed(group, lambda p: _one_shard(task.net, task.shuffle_seed, task.epoch,
                                                group.rows[p], state, shards[p]))
 
 
-def _stacked(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
-    """A group of tiny shards of equal rows in one pass (:func:`~dtrain.taskgraph.cores.
-    shard_grads`), summed as its subtree sums them."""
+def _one_thread(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
+    """A host group in this thread (:func:`~dtrain.taskgraph.cores.shard_grads`: tiny shards
+    of equal rows in one stacked pass), summed as its subtree sums them."""
     net = task.net
     bufs = np.empty((len(shards), net.buffer_size), state.vector.dtype)   # (S, P + 2)
     cores.shard_grads(net, state.vector[: net.size], shards, task.epoch, task.shuffle_seed,
