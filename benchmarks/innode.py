@@ -15,7 +15,11 @@ into S shards, one step of dtrain's own maths
 * the whole batch at once, BLAS on all cores and on one thread (not the same
   bytes as the shards' sum: for scale only).
 
-Prints one Markdown table (milliseconds, median of 30 steps after 3 warm-ups).
+Prints one Markdown table (milliseconds, median of 30 steps after 3 warm-ups), then
+what a message to a core process and back costs (microseconds, two processes, each
+polling for the other's message): with :func:`dtrain.taskgraph.cores.wait` (one
+poller per connection, ``sched_yield`` between polls) and with what it replaced
+(``Connection.poll`` and ``time.sleep(0)``, which sleeps out the kernel's timer slack).
 The 16-core machine of ``../shared/notes/in-node.md`` measured, for P3 at 16
 shards, 3.66 ms on threads against 0.11 ms in processes.
 """
@@ -24,10 +28,12 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import socket
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -112,6 +118,50 @@ def measure(shards: int, shapes: list[str] | None = None) -> list[dict[str, obje
     return out
 
 
+def _old_wait(conn: Connection, spin: float) -> None:
+    """How core processes waited for a message before ``cores.wait``."""
+    if conn.poll(0):
+        return
+    end = time.perf_counter() + spin
+    while time.perf_counter() < end:
+        if conn.poll(0):
+            return
+        time.sleep(0)
+    conn.poll(None)
+
+
+def round_trip_us(old: bool, n: int = 2000) -> float:
+    """Median microseconds of a small message to another process and its answer, both
+    waiting as core processes do (``old``: as they did before ``cores.wait``)."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    conn = Connection(os.dup((theirs if pid == 0 else mine).fileno()))
+    ready = cores.ready(conn)
+
+    def wait() -> None:
+        _old_wait(conn, cores.SPIN_SECONDS) if old else cores.wait(ready, cores.SPIN_SECONDS)
+
+    if pid == 0:                                    # the echo: a core process's loop
+        try:
+            while True:
+                wait()
+                if conn.recv_bytes() == b"q":
+                    break
+                conn.send_bytes(b"ok")
+        finally:
+            os._exit(0)
+    took = []
+    for _ in range(n):
+        start = time.perf_counter()
+        conn.send_bytes(b"S" * 64)
+        wait()
+        conn.recv_bytes()
+        took.append(time.perf_counter() - start)
+    conn.send_bytes(b"q")
+    os.waitpid(pid, 0)
+    return round(1e6 * statistics.median(took[n // 10:]), 1)
+
+
 def _count(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a shard count: give whole numbers >= 1")
@@ -150,6 +200,9 @@ def main(argv: list[str]) -> int:
     for s in args.shards or [os.cpu_count() or 1]:
         print(table(s, measure(s, args.shapes)), flush=True)
         print()
+    if cores.supported():
+        print(f"A message to a core process and back: {round_trip_us(False)} us with "
+              f"cores.wait; {round_trip_us(True)} us with Connection.poll and time.sleep(0)")
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from benchmarks.run import Run, params_delta
 from benchmarks.workloads import load_workloads
 from conftest import REPO
 from dtrain.core.errors import UserError
+from dtrain.taskgraph import cores
 from dtrain.training.plan import plan
 
 
@@ -418,6 +420,10 @@ def test_the_in_node_table_times_every_way_of_using_the_cores():
     times = [float(v) for k, v in cells.items() if k not in ("shape", "rows per shard")
              for v in v.split(" / ")]
     assert all(t > 0 for t in times), cells
+    if cores.supported():           # the core processes' wait beside what it replaced
+        trip = re.search(r"and back: ([\d.]+) us with cores.wait; ([\d.]+) us with "
+                         r"Connection.poll and time.sleep\(0\)", proc.stdout)
+        assert trip and 0 < float(trip[1]) and 0 < float(trip[2]), proc.stdout
 
 
 def test_the_estimator_table_judges_each_goal():
