@@ -28,6 +28,8 @@ distributed, so a change underneath fails a test rather than going unseen.
 6. A worker's RPC handlers, for the word an MPI head sends every worker rank
    before it closes them (:func:`add_worker_handler`).
 7. A worker's thread count (``Worker.state.nthreads``) (:func:`worker_threads`).
+8. A worker's ``Security`` (``Worker.security``), whose TLS contexts the
+   worker-to-worker sockets use (:func:`worker_security`).
 """
 from __future__ import annotations
 
@@ -211,7 +213,7 @@ def style_dashboard_doc(doc: Any, page: Any, refresh_ms: int, title: str, templa
     doc.template_variables.update(extra)
     doc.theme = BOKEH_THEME
 
-# (6), (7) --------------------------------------------------------------------------------
+# (6), (7), (8) ----------------------------------------------------------------------------
 
 
 def add_worker_handler(worker: Any, op: str, handler: Callable[..., Any]) -> bool:
@@ -221,6 +223,15 @@ def add_worker_handler(worker: Any, op: str, handler: Callable[..., Any]) -> boo
         return False
     handlers[op] = handler
     return True
+
+
+def worker_security(worker: Any) -> Any:
+    """A worker's ``distributed.Security`` (its TLS certificate, key and CA), None if it has
+    none: what the worker-to-worker sockets of a TLS cluster are wrapped in."""
+    from distributed import Security
+
+    security = getattr(worker, "security", None)
+    return security if isinstance(security, Security) else None
 
 
 def worker_threads(worker: Any) -> int:

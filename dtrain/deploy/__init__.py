@@ -8,9 +8,10 @@ ranks' roles and lifecycle (:mod:`~dtrain.deploy.mpi`) with one GPU per worker
 rank (:mod:`~dtrain.deploy.rankgpus`), GPU workers (:mod:`~dtrain.deploy.devices`),
 the workers a client sees (:mod:`~dtrain.deploy.workers`), TLS and the
 dashboard link (:mod:`~dtrain.deploy.options`), latency and allocator tuning
-(:mod:`~dtrain.deploy.tuning`), the log filters (:mod:`~dtrain.deploy.logs`) and the
+(:mod:`~dtrain.deploy.tuning`), the log filters (:mod:`~dtrain.deploy.logs`), the
 removal of dtrain's plugins from a scheduler that outlives the run
-(:mod:`~dtrain.deploy.plugins`).
+(:mod:`~dtrain.deploy.plugins`), and the messages between the workers of a window that
+spans them (:mod:`~dtrain.deploy.p2p`: buffers, ranks, a run id).
 It knows nothing of what is trained: a run is handed in as a callable.
 
 May import: :mod:`dtrain.core`.

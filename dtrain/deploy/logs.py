@@ -12,6 +12,10 @@ from distributed import Worker, WorkerPlugin
 from distributed.core import Status
 
 from dtrain.core.errors import REPORTED_BY_DRIVER
+from dtrain.deploy.p2p import Misplaced, PeerLost
+
+# and a window whose peers failed: the driver says it once, and runs the window again
+_QUIET = REPORTED_BY_DRIVER + tuple(f"{cls.__name__}(" for cls in (PeerLost, Misplaced))
 
 
 class _ReportedByDriver(logging.Filter):
@@ -21,7 +25,7 @@ class _ReportedByDriver(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
         return not (str(record.msg).startswith("Compute Failed") and len(args) > 3
-                    and str(args[3]).startswith(REPORTED_BY_DRIVER))
+                    and str(args[3]).startswith(_QUIET))
 
 
 class QuietUserErrors(WorkerPlugin):

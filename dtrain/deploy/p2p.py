@@ -1,0 +1,664 @@
+"""Worker to worker: the messages of a window that spans workers, without the scheduler.
+
+A window whose tasks sit on several workers runs as one long task per worker
+(:mod:`dtrain.taskgraph.span`), and the values that cross between workers
+(a step's partial sums to their tree parent, the reduced sums back down) go
+straight from one task to another over sockets those tasks hold open.  Dask's
+P2P shuffle is the model: the peers find each other through distributed
+(a run id, the addresses), and then no step's bytes pass through the scheduler
+or an event loop (a hop through a worker's event loop costs about 1 ms here,
+a plain socket between task threads 0.04 ms: ARCHITECTURE.md).  This module
+knows buffers, ranks and a run id, nothing of training.
+
+* **A mesh** is one attempt of a run on a fixed set of workers: a run id and a
+  secret made on the driver (:func:`open_mesh`), a listening socket on each
+  participant (:func:`listen`, run there through ``client.run``), closed when
+  the run ends or its workers change (:func:`close_mesh`).  Workers that
+  change make a new mesh, under a new run id: an old mesh's messages cannot
+  reach it.
+* **What listens.**  Each participant listens on its Dask worker's own host
+  (127.0.0.1 on an embedded cluster), on a port the kernel picks, for as long
+  as the mesh lasts.  Where the cluster uses TLS, so do these sockets, with
+  the worker's own certificate and CA (``distributed.Security``).  Every
+  connection, TLS or not, must prove that it knows the mesh's secret
+  (HMAC-SHA256 challenges both ways, so the secret never crosses the wire)
+  before a byte of a message is read: a stranger on a shared login node is
+  refused, and so is a peer of another mesh.
+* **Connections go one way**: rank ``a`` writes to rank ``b`` only on a
+  connection ``a`` opened to ``b``'s listener, and reads only from
+  connections others opened to it.  A task never blocks on a send: what its
+  socket does not take at once goes to a sender thread of that connection.
+  It reads with a blocking read, setting aside messages that arrive before
+  the one it waits for.  Every participant runs its tasks in one global order
+  of the window's graph, so no wait can close a circle.
+* **Faults.**  A peer whose process dies has its sockets closed by the
+  kernel, a host that vanished is found by TCP keepalive within seconds, and no
+  read waits longer than the mesh's ``timeout``.  Each raises :class:`PeerLost`
+  in the waiting task, which shuts every connection of the mesh down as it
+  fails, so that its peers stop too.  A task that runs on a worker other than
+  the participant it was made for raises :class:`Misplaced`.  The engine runs
+  the window again on a new mesh.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import pickle
+import select
+import secrets
+import shutil
+import socket
+import ssl
+import struct
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from dask.sizeof import sizeof
+
+from dtrain.core import broadcast, internals
+
+HELLO = b"dtrain-p2p/1"   # what a connection opens with
+NONCE = 16                # bytes of each side's challenge
+HANDSHAKE_S = 10.0        # a connection proves itself within this, or is dropped
+KEEPALIVE = (5, 2, 3)     # TCP keepalive: idle s, between probes s, probes (a host gone: ~11 s)
+UNIX_BUFFER = 4 << 20     # a Unix socket's buffers
+STAGING = 1 << 16         # a connection's read buffer: most messages arrive in one read
+_FIXED = struct.Struct("!BHHI")   # a message's kind, tag bytes, then (array) dimensions and
+_LENGTH = struct.Struct("!Q")     # dtype bytes, or (pickle) buffers and pickle bytes
+ARRAY, PICKLE = 1, 2
+SPIN_S = 5e-4             # a read polls this long before it sleeps (a sleeping core is slow
+                          # to wake here: the peer's answer often comes within it)
+
+
+class Broken(Exception):
+    """A window's participants cannot go on together: the window runs again on a new mesh."""
+
+
+class PeerLost(Broken):
+    """A peer's connection closed, failed, or brought nothing within the window's timeout;
+    ``silent``: the Dask worker that said nothing that long (it may be stopped or cut off
+    while its scheduler still lists it), "" otherwise."""
+
+    def __init__(self, message: str, silent: str = ""):
+        super().__init__(message, silent)
+        self.silent = silent
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class _Quiet(PeerLost):
+    """A read that waited out its timeout (:class:`Link` says which worker)."""
+
+
+class Misplaced(Broken):
+    """A window's task ran where its mesh has no participant (its worker left, and the
+    scheduler moved the task), or the participant's listener is gone."""
+
+
+class Refused(Exception):
+    """A connection that did not prove it knows the mesh's secret."""
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a participant listens: TCP on its worker's host, and (``path``, for peers of
+    the same ``machine``) a Unix socket in a folder only its user can open."""
+
+    host: str
+    port: int
+    path: str = ""
+    machine: str = ""
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The participants of one attempt of a run, as every window task sees them.
+
+    ``workers[r]`` is rank ``r``'s Dask worker address, ``places[r]`` where it
+    listens.  The secret is not here (a task's arguments pass through the
+    scheduler): each listener was given it by :func:`listen`.
+    """
+
+    run: str
+    workers: tuple[str, ...]
+    places: tuple[Place, ...]
+
+    def rank(self, worker: str) -> int:
+        """The rank of Dask worker ``worker``."""
+        return self.workers.index(worker)
+
+
+# --- the handshake -----------------------------------------------------------------------
+
+def _mac(secret: bytes, *parts: bytes) -> bytes:
+    return hmac.new(secret, b"|".join(parts), hashlib.sha256).digest()
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        got = sock.recv(n - len(out))
+        if not got:
+            raise Refused("the connection closed during the handshake")
+        out += got
+    return bytes(out)
+
+
+def _prove(sock: socket.socket, run: str, rank: int, secret: bytes) -> None:
+    """The connecting side (rank ``rank``): say who it is, check the listener's proof, give
+    its own."""
+    mine = secrets.token_bytes(NONCE)
+    me = struct.pack("!I", rank)
+    sock.sendall(HELLO + run.encode() + me + mine)
+    theirs = _exactly(sock, NONCE)
+    if not hmac.compare_digest(_exactly(sock, 32), _mac(secret, b"listener", run.encode(),
+                                                        me, mine, theirs)):
+        raise Refused("the listener does not know the mesh's secret")
+    sock.sendall(_mac(secret, b"sender", run.encode(), me, theirs, mine))
+    if _exactly(sock, 1) != b"\x01":
+        raise Refused("the listener refused the connection")
+
+
+def _check(sock: socket.socket, run: str, secret: bytes) -> int:
+    """The listening side: the connecting rank, once it has proved it knows the secret."""
+    if _exactly(sock, len(HELLO)) != HELLO:
+        raise Refused("not a dtrain peer")
+    head = _exactly(sock, len(run) + 4 + NONCE)
+    if head[:len(run)] != run.encode():
+        raise Refused("a peer of another mesh")
+    me = head[len(run):-NONCE]
+    theirs, mine = head[-NONCE:], secrets.token_bytes(NONCE)
+    sock.sendall(mine + _mac(secret, b"listener", run.encode(), me, theirs, mine))
+    if not hmac.compare_digest(_exactly(sock, 32), _mac(secret, b"sender", run.encode(), me,
+                                                        mine, theirs)):
+        raise Refused("the peer does not know the mesh's secret")
+    sock.sendall(b"\x01")
+    return struct.unpack("!I", me)[0]
+
+
+def _tune(sock: socket.socket) -> None:
+    if sock.family == socket.AF_UNIX:       # a gradient buffer in one write (the default
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):     # takes 200 kB; capped by
+            sock.setsockopt(socket.SOL_SOCKET, option, UNIX_BUFFER)   # the system's maximum)
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE):
+        if hasattr(socket, option):             # Linux; macOS names them otherwise
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+# --- messages ----------------------------------------------------------------------------
+
+def encode(tag: str, value: Any) -> tuple[list[memoryview], int]:
+    """A message as frames to write in order: a fixed header, the tag, then either a NumPy
+    array's shape, dtype and memory as it is (a gradient buffer: no copy, no pickle), or a
+    pickle (protocol 5) with each out-of-band buffer's length, then those buffers.  And the
+    value's size as Dask's ``sizeof`` counts it (the bytes Dask's own transfer would
+    record)."""
+    name = tag.encode()
+    if type(value) is np.ndarray and value.flags.c_contiguous and not value.dtype.hasobject:
+        dtype = value.dtype.str.encode()
+        head = _FIXED.pack(ARRAY, len(name), value.ndim, len(dtype)) + name + \
+            b"".join(_LENGTH.pack(n) for n in value.shape) + dtype
+        return [memoryview(head), memoryview(value).cast("B")], value.nbytes
+    buffers: list[pickle.PickleBuffer] = []
+    body = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    head = _FIXED.pack(PICKLE, len(name), len(raws), len(body)) + name + \
+        b"".join(_LENGTH.pack(r.nbytes) for r in raws)
+    return [memoryview(head), memoryview(body), *raws], sizeof(value)
+
+
+class _In:
+    """A connection a peer opened to this participant: read only, by the task thread."""
+
+    def __init__(self, sock: socket.socket, peer: int):
+        self.sock, self.peer = sock, peer
+        self.poller = select.poll()
+        self.poller.register(sock.fileno(), select.POLLIN)
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        self.waiting: dict[str, Any] = {}           # messages that came before their turn
+        self.buf = bytearray(STAGING)
+        self.view = memoryview(self.buf)
+        self.start = self.end = 0
+
+    def take(self, tag: str, timeout: float) -> Any:
+        """The value of message ``tag`` from this peer."""
+        if tag in self.waiting:
+            return self.waiting.pop(tag)
+        self.sock.settimeout(timeout)
+        while True:
+            got, value = self._message()
+            if got == tag:
+                return value
+            self.waiting[got] = value
+
+    def _read(self, into: memoryview) -> int:
+        """Read what has arrived, at least a byte, into ``into``; how many bytes."""
+        self._spin()
+        try:
+            n = self.sock.recv_into(into)
+        except TimeoutError:
+            raise _Quiet(f"no message from rank {self.peer} within "
+                         f"{self.sock.gettimeout():g} s") from None
+        except (OSError, ssl.SSLError) as exc:
+            raise PeerLost(f"the connection from rank {self.peer} failed: {exc}") from None
+        if not n:
+            raise PeerLost(f"rank {self.peer} closed its connection (it left, or its window "
+                           f"failed)")
+        return n
+
+    def _spin(self) -> None:
+        """Poll for up to :data:`SPIN_S` for bytes to arrive, yielding the core to anything
+        else that wants it between polls (``sched_yield``), before a read that may sleep."""
+        if (self.tls and self.sock.pending()) or self.poller.poll(0):
+            return
+        end = time.perf_counter() + SPIN_S
+        while time.perf_counter() < end:
+            os.sched_yield()
+            if self.poller.poll(0):
+                return
+
+    def _bytes(self, n: int) -> memoryview:
+        """The next ``n`` bytes (``n`` at most the staging buffer's size)."""
+        if self.start == self.end:
+            self.start = self.end = 0
+        if self.start + n > len(self.buf):          # make room: the unread tail to the front
+            left = self.end - self.start
+            self.buf[:left] = self.buf[self.start:self.end]
+            self.start, self.end = 0, left
+        while self.end - self.start < n:
+            self.end += self._read(self.view[self.end:])
+        out = self.view[self.start:self.start + n]
+        self.start += n
+        return out
+
+    def _into(self, out: memoryview) -> None:
+        """Fill ``out``: first from the staging buffer, the rest straight from the socket."""
+        have = min(self.end - self.start, out.nbytes)
+        out[:have] = self.view[self.start:self.start + have]
+        self.start += have
+        while have < out.nbytes:
+            have += self._read(out[have:])
+
+    def _message(self) -> tuple[str, Any]:
+        kind, tag_n, count, body_n = _FIXED.unpack(self._bytes(_FIXED.size))
+        tag = bytes(self._bytes(tag_n)).decode()
+        sizes = [_LENGTH.unpack(self._bytes(_LENGTH.size))[0] for _ in range(count)]
+        if kind == ARRAY:
+            value = np.empty(sizes, np.dtype(bytes(self._bytes(body_n)).decode()))
+            self._into(memoryview(value).cast("B"))
+            return tag, value
+        body = bytes(self._bytes(body_n)) if body_n <= STAGING else self._big(body_n)
+        bufs = []
+        for size in sizes:
+            buf = bytearray(size)
+            self._into(memoryview(buf))
+            bufs.append(buf)
+        return tag, pickle.loads(body, buffers=bufs)
+
+    def _big(self, n: int) -> bytes:
+        buf = bytearray(n)
+        self._into(memoryview(buf))
+        return bytes(buf)
+
+
+class _Out:
+    """A connection this participant opened to a peer: written only, by the task thread when
+    the socket takes a message at once, else by the connection's sender thread, in order."""
+
+    def __init__(self, sock: socket.socket, peer: int, tls: bool):
+        self.sock, self.peer, self.tls = sock, peer, tls
+        self.lock = threading.Condition(threading.Lock())
+        self.queue: deque[list[memoryview]] = deque()
+        self.busy = False                   # the sender thread is writing a message
+        self.error: str | None = None
+        self.closed = False
+        self.thread: threading.Thread | None = None
+
+    def send(self, frames: list[memoryview]) -> None:
+        with self.lock:
+            if self.error:
+                raise PeerLost(self.error)
+            if not self.tls and not self.queue and not self.busy:
+                frames = self._now(frames)
+                if not frames:
+                    return
+            self.queue.append(frames)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._drain, daemon=True,
+                                               name=f"dtrain-p2p-send-{self.peer}")
+                self.thread.start()
+            self.lock.notify()
+
+    def _now(self, frames: list[memoryview]) -> list[memoryview]:
+        """Write what the socket takes without waiting; returns what is left."""
+        try:
+            sent = self.sock.sendmsg(frames, [], socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return frames
+        except OSError as exc:
+            self.error = f"sending to rank {self.peer} failed: {exc}"
+            raise PeerLost(self.error) from None
+        left = []
+        for f in frames:
+            if sent >= f.nbytes:
+                sent -= f.nbytes
+                continue
+            left.append(f[sent:])
+            sent = 0
+        return left
+
+    def _drain(self) -> None:
+        while True:
+            with self.lock:
+                while not self.queue and not self.closed:
+                    self.lock.wait()
+                if not self.queue:
+                    return
+                frames = self.queue.popleft()
+                self.busy = True
+            try:
+                for f in frames:
+                    self.sock.sendall(f)
+            except (OSError, ssl.SSLError) as exc:
+                with self.lock:
+                    self.error = f"sending to rank {self.peer} failed: {exc}"
+                    self.queue.clear()
+                    self.busy = False
+                return
+            with self.lock:
+                self.busy = False
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.lock.notify()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+def _machine() -> str:
+    """What tells this machine (this kernel) from another: a Unix socket of a peer with the
+    same can be reached."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+class Node:
+    """This process's part of a mesh: its listeners, and its connections to and from peers.
+
+    Made by :func:`listen`; :meth:`link` gives each window the connections it needs.
+    """
+
+    def __init__(self, run: str, secret: bytes, rank: int, host: str,
+                 server: ssl.SSLContext | None, client: ssl.SSLContext | None, local: bool):
+        self.run, self.secret, self.rank = run, secret, rank
+        self.server, self.client = server, client
+        self.ins: dict[int, _In] = {}
+        self.outs: dict[int, _Out] = {}
+        self.changed = threading.Condition()
+        self.broken: str | None = None
+        self.listeners = [socket.create_server((host, 0), backlog=64)]
+        self.folder = ""
+        path = ""
+        if local and hasattr(socket, "AF_UNIX"):   # a folder only this user can open
+            self.folder = tempfile.mkdtemp(prefix="dtrain-p2p-")
+            path = os.path.join(self.folder, "s")
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            unix.bind(path)
+            unix.listen(64)
+            self.listeners.append(unix)
+        tcp_host, port = self.listeners[0].getsockname()[:2]
+        self.place = Place(tcp_host, port, path, _machine() if path else "")
+        for listener in self.listeners:
+            threading.Thread(target=self._accept, args=(listener,), daemon=True,
+                             name="dtrain-p2p-listen").start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:                             # closed: the mesh is over
+                return
+            threading.Thread(target=self._admit, args=(sock,), daemon=True,
+                             name="dtrain-p2p-admit").start()
+
+    def _admit(self, raw: socket.socket) -> None:
+        """Let a connection in once it proved itself (else drop it), within HANDSHAKE_S."""
+        sock = raw
+        try:
+            raw.settimeout(HANDSHAKE_S)
+            _tune(raw)
+            if self.server is not None and raw.family != socket.AF_UNIX:
+                sock = self.server.wrap_socket(raw, server_side=True)
+            peer = _check(sock, self.run, self.secret)
+        except (OSError, ssl.SSLError, Refused, ValueError):
+            _shut(sock)
+            return
+        with self.changed:
+            if self.broken is not None or peer in self.ins:
+                _shut(sock)
+                return
+            self.ins[peer] = _In(sock, peer)
+            self.changed.notify_all()
+
+    def _connect(self, mesh: Mesh, peer: int) -> _Out:
+        """A connection to ``peer``: its Unix socket where it runs on this machine and has
+        one, else TCP (with TLS where the cluster has it)."""
+        there = mesh.places[peer]
+        sock = None
+        if there.path and there.machine == self.place.machine:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(HANDSHAKE_S)
+                sock.connect(there.path)
+            except OSError:                     # not the same file system after all
+                _shut(sock)
+                sock = None
+        try:
+            if sock is None:
+                sock = socket.create_connection((there.host, there.port), timeout=HANDSHAKE_S)
+                if self.client is not None:
+                    sock = self.client.wrap_socket(sock, server_hostname=None)
+            _tune(sock)
+            _prove(sock, self.run, self.rank, self.secret)
+        except (OSError, ssl.SSLError, Refused) as exc:
+            if sock is not None:
+                _shut(sock)
+            raise PeerLost(f"cannot reach rank {peer} ({mesh.workers[peer]}) at "
+                           f"{there.host}:{there.port}: {exc}") from None
+        sock.settimeout(None)
+        return _Out(sock, peer, isinstance(sock, ssl.SSLSocket))
+
+    def link(self, mesh: Mesh, to: Iterable[int], frm: Iterable[int], timeout: float) -> Link:
+        """The connections of one window: to the ranks ``to`` it sends to (opened here once
+        per mesh) and from the ranks ``frm`` it reads (waited for up to ``timeout`` seconds,
+        which also bounds each read's wait)."""
+        self._check()
+        for peer in sorted(set(to) - set(self.outs)):
+            self.outs[peer] = self._connect(mesh, peer)
+        deadline = time.monotonic() + timeout
+        wanted = set(frm)
+        with self.changed:
+            while self.broken is None and not wanted <= set(self.ins):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(wanted - set(self.ins))
+                    raise PeerLost(f"rank(s) {missing} did not connect within "
+                                   f"{timeout:g} s", silent=mesh.workers[missing[0]])
+                self.changed.wait(left)
+        self._check()
+        return Link(self, mesh, timeout)
+
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise PeerLost(f"this mesh already failed: {self.broken}")
+
+    def abort(self, why: str) -> None:
+        """Shut every connection down (its peers' reads end at once) and stop listening: the
+        mesh is over for this participant."""
+        with self.changed:
+            if self.broken is None:
+                self.broken = why
+            self.changed.notify_all()
+        for listener in self.listeners:
+            _shut(listener)
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        for out in self.outs.values():
+            out.close()
+            _shut(out.sock)
+        for inn in self.ins.values():
+            _shut(inn.sock)
+
+    def close(self) -> None:
+        """The mesh ended (the run finished, or the workers changed)."""
+        self.abort("closed")
+
+
+class Link:
+    """One window's messages on this participant: :meth:`send` and :meth:`recv` by rank."""
+
+    def __init__(self, node: Node, mesh: Mesh, timeout: float):
+        self.node, self.mesh, self.timeout = node, mesh, timeout
+        self.messages = self.bytes = 0          # sent (the values' bytes, as Dask counts them)
+
+    def send(self, ranks: Sequence[int], tag: str, value: Any) -> None:
+        """Send ``value`` as message ``tag`` to each of ``ranks``; returns at once."""
+        frames, nbytes = encode(tag, value)
+        for r in ranks:
+            self.node.outs[r].send(frames)
+        self.messages += len(ranks)
+        self.bytes += len(ranks) * nbytes
+
+    def recv(self, rank: int, tag: str) -> Any:
+        """The value of message ``tag`` from rank ``rank``, once it has come."""
+        inn = self.node.ins.get(rank)
+        if inn is None:
+            raise PeerLost(f"no connection from rank {rank}")
+        try:
+            return inn.take(tag, self.timeout)
+        except _Quiet as exc:
+            worker = self.mesh.workers[rank]
+            raise PeerLost(f"{exc} (worker {worker})", silent=worker) from None
+
+
+# --- this process's meshes, and the driver's side ------------------------------------------
+
+_nodes: dict[str, Node] = {}
+_nodes_lock = threading.Lock()
+
+
+def node(run: str, rank: int) -> Node:
+    """This process's part of mesh ``run`` as rank ``rank`` (raises :class:`Misplaced`)."""
+    found = _nodes.get(run)
+    if found is None or found.rank != rank:
+        raise Misplaced(f"this worker is not rank {rank} of mesh {run} (its worker left, or "
+                        f"the mesh was closed)")
+    return found
+
+
+def listen(run: str, secret: bytes, rank: int, host: str, server: ssl.SSLContext | None,
+           client: ssl.SSLContext | None, local: bool = True) -> Place:
+    """Open this process's listeners of mesh ``run`` as rank ``rank``: TCP on ``host``
+    (``server``/``client``: its TLS contexts, None for plain TCP) and, with ``local``, a
+    Unix socket for peers on this machine; returns where it listens."""
+    made = Node(run, secret, rank, host, server, client, local)
+    with _nodes_lock:
+        _nodes[run] = made
+    return made.place
+
+
+def close(run: str) -> bool:
+    """Close this process's part of mesh ``run``; True if it had one."""
+    with _nodes_lock:
+        found = _nodes.pop(run, None)
+    if found is not None:
+        found.close()
+    return found is not None
+
+
+def open_nodes() -> list[str]:
+    """The meshes this process takes part in (tests: nothing listens after a run)."""
+    with _nodes_lock:
+        return list(_nodes)
+
+
+def new_run() -> tuple[str, bytes]:
+    """A fresh mesh id and secret."""
+    return uuid.uuid4().hex, secrets.token_bytes(32)
+
+
+def _listen_here(run: str, secret: bytes, ranks: dict[str, int], local: bool,
+                 dask_worker: Any = None) -> Place:
+    """On a worker, through ``client.run``: its listener of mesh ``run`` on its own host,
+    with its TLS where its address says it uses TLS."""
+    from distributed.comm import get_address_host
+
+    address = dask_worker.address
+    server = client = None
+    if address.startswith("tls://"):
+        security = internals.worker_security(dask_worker)
+        if security is None:
+            raise Misplaced(f"worker {address} uses TLS but its certificate is not readable")
+        server = security.get_listen_args("worker")["ssl_context"]
+        client = security.get_connection_args("worker")["ssl_context"]
+    return listen(run, secret, ranks[address], get_address_host(address), server, client, local)
+
+
+def _close_here(run: str) -> bool:
+    return close(run)
+
+
+def open_mesh(client: Any, workers: Sequence[str], timeout: float, local: bool = True
+              ) -> Mesh:
+    """A new mesh over ``workers`` (Dask worker addresses, in rank order): a fresh run id
+    and secret, and listeners on each; ``local``: peers on one machine talk over Unix
+    sockets (else TCP, as across machines).  Raises :class:`PeerLost` if a worker cannot
+    listen, or (``silent``) does not answer within ``timeout`` seconds."""
+    run, secret = new_run()
+    ranks = {w: r for r, w in enumerate(workers)}
+    answers = broadcast.answers(client, _listen_here, run, secret, ranks, local,
+                                workers=workers, timeout=timeout)
+    mesh = Mesh(run, tuple(workers), tuple(a if isinstance(a, Place) else Place("", 0)
+                                           for a in answers.values()))
+    for worker, answer in answers.items():
+        if not isinstance(answer, Place):
+            close_mesh(client, mesh, timeout)
+            if answer is broadcast.SILENT:
+                raise PeerLost(f"worker {worker} did not answer within {timeout:g} s",
+                               silent=worker)
+            raise PeerLost(f"worker {worker} could not open its listener: {answer}")
+    return mesh
+
+
+def close_mesh(client: Any, mesh: Mesh, timeout: float) -> None:
+    """Close every participant's part of ``mesh`` that is still there, waiting at most
+    ``timeout`` seconds for any (a worker that left took its part with it)."""
+    try:
+        there = internals.scheduler_workers(client)
+        broadcast.answers(client, _close_here, mesh.run,
+                          workers=[w for w in mesh.workers if w in there], timeout=timeout)
+    except Exception:           # a cluster going down: nothing is left to close
+        pass
