@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -18,7 +19,8 @@ from dtrain.core.arrays import sum_in_order
 from dtrain.core.config import load_config
 from dtrain.data.shards import Shard, load_shard
 from dtrain.maths.model import Network
-from dtrain.taskgraph import cores, fuse, handoff
+from dtrain.deploy import p2p
+from dtrain.taskgraph import cores, fuse, handoff, span
 from dtrain.taskgraph.placement import Worker
 from dtrain.taskgraph.treesum import collapsed, flat, nested_sum
 from dtrain.training.plan import plan
@@ -116,6 +118,140 @@ def test_epoch_ends_come_from_when_each_evaluation_was_done():
     p, win = _window()
     ran = fuse.Ran((), {}, (0.0, 0.5, 0.0), 14)       # the end, epoch 1's, epoch 2's
     assert fuse.epoch_ends(win, ran, 10.0) == {0: 9.5, 1: 10.0}
+
+
+# --- a window across workers: a task per worker, its crossings messages ----------------------
+
+def _cut(win, workers, steps=(0, 13)):
+    """``win`` cut by the span pass over a mesh of real sockets in this process."""
+    run, secret = p2p.new_run()
+    nodes = {w: p2p.Node(run, secret, r, "127.0.0.1", None, None, True)
+             for r, w in enumerate(workers)}
+    mesh = p2p.Mesh(run, tuple(workers), tuple(nodes[w].place for w in workers))
+    return span.steps(win, *steps, RUN, mesh, 10.0), nodes
+
+
+def _run_cut(cut, nodes, values):
+    """Run a cut window here: each worker's task in a thread of its own (they talk over the
+    mesh), then the picks and the meta."""
+    cache, errors = dict(values), {}
+
+    def piece(name):
+        task = cut.dsk[name]
+        try:
+            cache[name] = span.run_on(nodes[cut.where[name][0]], task.args[0],
+                                      *(cache[a.key] for a in task.args[1:]))
+        except Exception as exc:
+            errors[name] = exc
+
+    threads = [threading.Thread(target=piece, args=(n,)) for n in cut.pieces]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        if errors:
+            raise next(iter(errors.values()))
+        for key in cut.dsk:
+            if key not in cut.pieces:
+                cache[key] = cut.dsk[key](cache)
+        return cache
+    finally:
+        for n in nodes.values():
+            n.close()
+
+
+def test_a_window_across_workers_is_a_task_per_worker_whose_crossings_are_messages():
+    p, win = _window(workers=("w0", "w1"))
+    cut, nodes = _cut(win, ["w0", "w1"])
+    for n in nodes.values():
+        n.close()
+    pieces = [f"window-0-13-w{r}-{RUN}" for r in (0, 1)]
+    assert cut.pieces == tuple(pieces)
+    assert list(cut.dsk) == [*pieces, *win.ends, f"window-0-13-meta-{RUN}"]
+    assert keys.kind_of(pieces[1]) == keys.WINDOW
+    assert [cut.where[k] for k in pieces] == [["w0"], ["w1"]]
+    # what the scheduler sees of 14 steps: a task per worker, the end, the meta
+    assert cut.step_tasks() == 3 and win.step_tasks() >= 14 * 2
+    # each task reads its own worker's shards, nothing of the other's
+    assert cut.dsk[pieces[1]].dependencies == {f"load-shard-{i}-{RUN}" for i in (2, 3)}
+    chains = {r: cut.dsk[k].args[0].chain for r, k in enumerate(pieces)}
+    mine = {r: {k for k, w in win.where.items() if w == [f"w{r}"]} for r in (0, 1)}
+    sent, got = set(), set()
+    for r, chain in chains.items():
+        for (key, fn, args), kind in zip(chain.nodes, chain.kinds):
+            if fn is span.send:
+                assert kind == span.SEND and key in mine[r]
+                sent.update((key, to) for to in args[0])
+            elif fn is span.recv:
+                assert kind == span.RECV and key in mine[1 - r]
+                got.add((key, r))
+            else:
+                assert key in mine[r]           # a task of this worker's
+        assert {k for k, _, _ in chain.nodes} >= mine[r]     # ... and every one of them
+    assert sent == got and len(sent) >= 14      # each message read once, where it goes
+    # every value that crosses is one the step-by-step graph moves between the workers
+    crossing = {(k, int(to[1:])) for k, _, to in win.transfers({}) if k in win.dsk}
+    assert sent == crossing
+
+
+CUTS = {
+    "allreduce (replicated updates)": ([], ("w0", "w1")),
+    "allreduce, the update on the root": (["graph.update=root"], ("w0", "w1")),
+    "allreduce, fan-in 3 over 3 workers": (["graph.fan_in=3", "data.shards=5"],
+                                            ("w0", "w1", "w2")),
+    "parameter server": (["graph.strategy=parameter-server"], ("w0", "w1", "w2")),
+    "local SGD": (["graph.strategy=local-sgd", "graph.sync_every=3"], ("w0", "w1")),
+}     # model parallelism: every worker holds every shard; tests/test_hashes.py runs it cut
+
+
+@pytest.mark.parametrize("case", CUTS)
+def test_a_cut_window_computes_the_bytes_of_the_step_by_step_graph(case):
+    sets, workers = CUTS[case]
+    p, win = _window(sets, workers=workers)
+    assert len({w[0] for w in win.where.values()}) == len(workers)
+    values = _inputs(p)
+    plain = _run(win, p, values)
+    cut, nodes = _cut(win, list(workers))
+    got = _run_cut(cut, nodes, values)
+    for end in win.ends:
+        assert got[end].vector.tobytes() == plain[end].vector.tobytes()
+    ran = got[cut.meta]
+    assert list(ran.values) == [plain[key] for key in win.evals.values()]
+    assert ran.steps == 14 and ran.sent[0] > 0
+    maths = sum(ran.seconds.get(k, 0) for k in (*keys.WORK, keys.REDUCE, keys.UPDATE))
+    assert 0 < ran.seconds[fuse.CRITICAL] <= maths      # the longest chain's, not the sum
+
+
+def test_a_cut_window_whose_task_fails_stops_its_peers_at_once():
+    """One worker's task fails (here: its shard is not a shard): the other, waiting for its
+    message, stops with PeerLost at once instead of waiting out the timeout, and the
+    failing task raises its own error."""
+    p, win = _window(workers=("w0", "w1"))
+    values = _inputs(p)
+    values[f"load-shard-3-{RUN}"] = None
+    cut, nodes = _cut(win, ["w0", "w1"])
+    cache, errors = dict(values), {}
+    start = time.monotonic()
+
+    def piece(name):
+        task = cut.dsk[name]
+        try:
+            span.run_on(nodes[cut.where[name][0]], task.args[0],
+                        *(cache[a.key] for a in task.args[1:]))
+        except Exception as exc:
+            errors[name] = exc
+
+    threads = [threading.Thread(target=piece, args=(n,)) for n in cut.pieces]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for n in nodes.values():
+        n.close()
+    assert time.monotonic() - start < 5
+    w0, w1 = cut.pieces
+    assert isinstance(errors[w0], p2p.PeerLost) and not isinstance(errors[w1], p2p.Broken)
 
 
 # --- handing the state over ------------------------------------------------------------------

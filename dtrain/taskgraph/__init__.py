@@ -9,8 +9,12 @@ their graph builders (:mod:`~dtrain.taskgraph.dataparallel`,
 (:mod:`~dtrain.taskgraph.records`) and the functions the tasks run on the
 workers (:mod:`~dtrain.taskgraph.tasks`); a window's container
 (:mod:`~dtrain.taskgraph.window`) and the run's constants
-(:mod:`~dtrain.taskgraph.recipe`).  Builders are pure: they return graphs,
+(:mod:`~dtrain.taskgraph.recipe`); the passes over a built window: one on one
+worker as one task (:mod:`~dtrain.taskgraph.fuse`), one that spans workers as
+a task per worker whose crossings are messages (:mod:`~dtrain.taskgraph.span`,
+over :mod:`dtrain.deploy.p2p`), the state handed over between windows
+(:mod:`~dtrain.taskgraph.handoff`).  Builders are pure: they return graphs,
 they never talk to a cluster.
 
-May import: :mod:`dtrain.core`, :mod:`dtrain.maths`, :mod:`dtrain.data`.
+May import: :mod:`dtrain.core`, :mod:`dtrain.maths`, :mod:`dtrain.data`, :mod:`dtrain.deploy`.
 """

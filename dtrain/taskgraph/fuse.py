@@ -34,6 +34,7 @@ from dtrain.core import keys
 from dtrain.taskgraph.window import Window
 
 META = "meta"       # the part that names a fused window's timings key
+CRITICAL = "critical"   # a Ran's seconds on the window's critical path (its maths, one chain)
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,14 @@ class Chain:
 @dataclass(frozen=True)
 class Ran:
     """What a fused window returns: the outputs' values in order, the seconds spent in each
-    kind of task, and how long before the window's end each output was done."""
+    kind of task, how long before the window's end each output was done, and (a window
+    that spans workers, :mod:`~dtrain.taskgraph.span`) what it sent to other workers."""
 
     values: tuple[Any, ...]
     seconds: dict[str, float]
     before_end: tuple[float, ...]
     steps: int
+    sent: tuple[int, int] = (0, 0)      # messages and bytes sent to other workers
 
 
 def run_chain(chain: Chain, *inputs: Any) -> Ran:
@@ -90,6 +93,7 @@ def run_chain(chain: Chain, *inputs: Any) -> Ran:
                 if not left[dep] and dep not in wanted:
                     del cache[dep]
     end = clock()
+    seconds[CRITICAL] = sum(seconds[k] for k in (*keys.WORK, keys.REDUCE, keys.UPDATE))
     return Ran(tuple(cache[k] for k in chain.outputs), dict(seconds),
                tuple(end - done.get(k, end) for k in chain.outputs), chain.steps)
 
@@ -115,7 +119,7 @@ def in_order(dsk: dict[str, GraphNode]) -> list[str]:
     return out
 
 
-def _plain(node: GraphNode) -> tuple[str, Any, tuple[Any, ...]]:
+def plain(node: GraphNode) -> tuple[str, Any, tuple[Any, ...]]:
     """A task as ``(key, function, arguments)``, the arguments its records and ``TaskRef``s
     (a literal as ``(key, None, (value,))``): what the fused task runs, and what pickles
     fast, where a ``Task`` object takes some 30 us each way."""
@@ -125,6 +129,23 @@ def _plain(node: GraphNode) -> tuple[str, Any, tuple[Any, ...]]:
             isinstance(a, GraphNode) for a in node.args):
         raise TypeError(f"{node.key}: the fuse pass takes tasks of plain arguments")
     return node.key, node.func, tuple(node.args)
+
+
+def chain_of(nodes: list[tuple[str, Any, tuple[Any, ...]]], kinds: list[str | None],
+             outputs: tuple[str, ...], steps: int) -> Chain:
+    """A :class:`Chain` of ``nodes`` in the order given: its inputs are the keys its tasks
+    read that none of them makes, in the order first read."""
+    made = {key for key, _, _ in nodes}
+    uses: Counter[str] = Counter()
+    external: dict[str, None] = {}
+    for _, _, args in nodes:
+        for a in args:
+            if type(a) is TaskRef:
+                uses[a.key] += 1
+                if a.key not in made:
+                    external[a.key] = None
+    return Chain(tuple(nodes), tuple(kinds), tuple(external), tuple(outputs),
+                 tuple(uses.items()), steps)
 
 
 def one_worker(win: Window) -> str | None:
@@ -158,17 +179,10 @@ def steps(win: Window, first: int, last: int, run: str,
     if worker is None or not win.dsk:
         return win
     outputs = (*win.ends, *win.evals.values())
-    inside = set(win.dsk)
-    uses: Counter[str] = Counter()
-    external: list[str] = []
-    for node in win.dsk.values():
-        for dep in node.dependencies:
-            uses[dep] += 1
-            if dep not in inside and dep not in external:
-                external.append(dep)
     order = in_order(win.dsk)
-    chain = Chain(tuple(_plain(win.dsk[k]) for k in order), tuple(map(keys.kind_of, order)),
-                  tuple(external), outputs, tuple(uses.items()), last - first + 1)
+    chain = chain_of([plain(win.dsk[k]) for k in order], list(map(keys.kind_of, order)),
+                     outputs, last - first + 1)
+    external = chain.inputs
     name = keys.make(keys.WINDOW, first, last, run=run)
     out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
     out.add(Task(name, run_chain, chain, *map(TaskRef, external)), worker,

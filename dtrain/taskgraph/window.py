@@ -66,6 +66,7 @@ class Window:
     fused: tuple[bool, str] | None = None   # whether a worker's shards share a task, and why
     meta: str | None = None     # a window fused into one task: the key of its timings
     steps_fused: Any = None     # ... and the tasks it runs inside (taskgraph.fuse.Chain)
+    pieces: tuple[str, ...] = ()    # a window cut into a task per worker: those tasks
 
     def step_tasks(self) -> int:
         """Tasks of the training steps: every task but the starting state and evaluations."""

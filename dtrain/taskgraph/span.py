@@ -1,0 +1,198 @@
+"""A graph pass: a window that spans workers runs as one task per worker, its crossings messages.
+
+The builders build a window step by step (``forward-backward``, ``reduce``,
+``update``, ``evaluate``): that is the graph dtrain shows and tests.  Where
+its tasks sit on several workers, every value that crosses between them (a
+shard group's partial sum to its tree parent, the root level's sums back to
+every worker, a parameter server's new state to its workers) would be a
+scheduler round trip, each step: 2 to 66 times what an MPI loop costs on the
+same machine (ARCHITECTURE.md).  This pass, run by the engine after the
+builder where :func:`dtrain.taskgraph.fuse.steps` does not apply, cuts the
+window into one chain per worker, ``window-<first>-<last>-w<rank>-<run>``:
+that worker's tasks in one global order of the graph
+(:func:`~dtrain.taskgraph.fuse.in_order`), with every edge between workers
+turned into a message over the mesh (:mod:`dtrain.deploy.p2p`): a ``send``
+right after the task that makes a value another worker reads, a ``recv``
+right before the first task here that reads a value made elsewhere.  The
+maths are the same functions of the same values in the same order, so the
+bytes are those of the step-by-step graph and of one worker.
+
+What the scheduler sees of a window is one task per worker, the ends picked
+out of the chain that holds them (their keys unchanged), and
+``window-<first>-<last>-meta-<run>``: the evaluations and every chain's
+timings, as a fused window's meta.  Because each worker runs its tasks in the
+same global order and a send never waits, no chain waits for one that waits
+for it.  If one chain fails (a peer lost, its own error), it shuts the mesh
+down as it raises, so the others stop at their next message instead of
+waiting for it (:class:`~dtrain.deploy.p2p.Broken`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dask.task_spec import Task, TaskRef
+
+from dtrain.core import keys
+from dtrain.deploy import p2p
+from dtrain.taskgraph.fuse import CRITICAL, META, Chain, Ran, plain, chain_of, in_order, pick, run_chain
+from dtrain.taskgraph.window import Window
+
+SEND, RECV = "send", "recv"     # the message nodes' kinds in a chain's timings
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One worker's chain of a window that spans workers: rank ``rank`` of ``mesh``; it
+    sends to the ranks ``to`` and reads from the ranks ``frm``; no read waits longer than
+    ``timeout`` seconds."""
+
+    chain: Chain
+    mesh: p2p.Mesh
+    rank: int
+    to: tuple[int, ...]
+    frm: tuple[int, ...]
+    timeout: float
+
+
+_here = threading.local()       # the running piece's link (a chain's message nodes use it)
+
+
+def recv(rank: int, tag: str) -> Any:
+    """A message node: the value of ``tag``, made by rank ``rank``."""
+    return _here.link.recv(rank, tag)
+
+
+def send(ranks: tuple[int, ...], tag: str, value: Any) -> Any:
+    """A message node: send ``value`` as ``tag`` to ``ranks``; it stays here as it was."""
+    _here.link.send(ranks, tag, value)
+    return value
+
+
+def run_piece(piece: Piece, *inputs: Any) -> Ran:
+    """``window-<first>-<last>-w<rank>``: this worker's chain, its messages over the mesh
+    (raises :class:`~dtrain.deploy.p2p.Misplaced` on a worker that is not rank ``rank``)."""
+    from distributed import get_worker
+
+    mesh = piece.mesh
+    try:
+        here = get_worker().address
+    except ValueError:
+        here = None
+    if here != mesh.workers[piece.rank]:
+        raise p2p.Misplaced(f"rank {piece.rank}'s window task of mesh {mesh.run} ran on "
+                            f"{here}, not on {mesh.workers[piece.rank]} (which left)")
+    return run_on(p2p.node(mesh.run, piece.rank), piece, *inputs)
+
+
+def run_on(node: p2p.Node, piece: Piece, *inputs: Any) -> Ran:
+    """Run ``piece``'s chain with ``node``'s connections; if it fails, shut the mesh down
+    first, so that its peers stop at their next message."""
+    try:
+        _here.link = link = node.link(piece.mesh, piece.to, piece.frm, piece.timeout)
+        ran = run_chain(piece.chain, *inputs)
+        return dataclasses.replace(ran, sent=(link.messages, link.bytes))
+    except BaseException as exc:
+        node.abort(f"rank {piece.rank}'s window task failed: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        _here.link = None
+
+
+def span_meta(evals: tuple[tuple[int, int], ...], ends: tuple[tuple[int, int], ...],
+              trim: Callable[[tuple], tuple] | None, *rans: Ran) -> Ran:
+    """A spanning window's evaluations (``trim``-med), every chain's timings summed (its
+    critical path: the longest chain's), and when each of its outputs was done;
+    ``evals``/``ends``: (chain, position) of each."""
+    values = tuple(rans[c].values[i] for c, i in evals)
+    seconds: Counter[str] = Counter()
+    for ran in rans:
+        seconds.update(ran.seconds)
+    seconds[CRITICAL] = max(ran.seconds.get(CRITICAL, 0.0) for ran in rans)   # side by side
+    before = tuple(rans[c].before_end[i] for c, i in (*ends, *evals))
+    return Ran(values if trim is None else trim(values), dict(seconds), before,
+               max(ran.steps for ran in rans),
+               (sum(r.sent[0] for r in rans), sum(r.sent[1] for r in rans)))
+
+
+def workers_of(win: Window) -> list[str]:
+    """The workers ``win``'s tasks sit on, in the order their first task was added."""
+    return list(dict.fromkeys(where[0] for where in win.where.values()))
+
+
+def steps(win: Window, first: int, last: int, run: str, mesh: p2p.Mesh, timeout: float,
+          trim: Callable[[tuple], tuple] | None = None) -> Window:
+    """``win`` cut into one task per worker whose edges between workers are messages (see
+    the module docstring); ``mesh`` must hold every worker of ``win``.
+
+    Parameters
+    ----------
+    win
+        A window as a builder made it, on several workers.
+    first, last
+        The window's first and last step (they name its tasks).
+    run
+        The run id that ends every key.
+    mesh
+        The participants (:func:`dtrain.deploy.p2p.open_mesh`).
+    timeout
+        The longest a chain waits for a peer's message or connection.
+    trim
+        As :func:`dtrain.taskgraph.fuse.steps`' (early stopping's states).
+    """
+    order = in_order(win.dsk)
+    where = {k: win.where[k][0] for k in order}
+    rank = {w: mesh.rank(w) for w in workers_of(win)}
+    readers: dict[str, dict[str, None]] = {}        # key -> the other workers reading it
+    for k in order:
+        for dep in win.dsk[k].dependencies:
+            if dep in where and where[dep] != where[k]:
+                readers.setdefault(dep, {})[where[k]] = None
+    nodes: dict[str, list[tuple[str, Any, tuple[Any, ...]]]] = {w: [] for w in rank}
+    kinds: dict[str, list[str | None]] = {w: [] for w in rank}
+    got: dict[str, set[str]] = {w: set() for w in rank}
+    to: dict[str, set[int]] = {w: set() for w in rank}
+    frm: dict[str, set[int]] = {w: set() for w in rank}
+    for k in order:
+        w = where[k]
+        key, fn, args = plain(win.dsk[k])
+        for a in args:
+            src = where.get(a.key) if type(a) is TaskRef else None
+            if src is not None and src != w and a.key not in got[w]:
+                nodes[w].append((a.key, recv, (rank[src], a.key)))
+                kinds[w].append(RECV)
+                got[w].add(a.key)
+                frm[w].add(rank[src])
+        nodes[w].append((key, fn, args))
+        kinds[w].append(keys.kind_of(key))
+        if k in readers:
+            ranks = tuple(sorted(rank[r] for r in readers[k]))
+            nodes[w].append((key, send, (ranks, key, TaskRef(key))))
+            kinds[w].append(SEND)
+            to[w].update(ranks)
+    outputs = (*win.ends, *win.evals.values())
+    out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
+    names, found = [], {}
+    for c, w in enumerate(rank):
+        mine = tuple(k for k in outputs if where[k] == w)
+        found.update({k: (c, i) for i, k in enumerate(mine)})
+        chain = chain_of(nodes[w], kinds[w], mine, last - first + 1)
+        piece = Piece(chain, mesh, rank[w], tuple(sorted(to[w])), tuple(sorted(frm[w])),
+                      timeout)
+        names.append(out.add(Task(keys.make(keys.WINDOW, first, last, f"w{rank[w]}", run=run),
+                                  run_piece, piece, *map(TaskRef, chain.inputs)), w,
+                             sum(win.nbytes.get(k, 0) for k in mine)))
+    for key in win.ends:
+        c, i = found[key]
+        out.add(Task(key, pick, TaskRef(names[c]), i), where[key], win.nbytes.get(key, 0))
+    root = where[win.ends[0]] if win.ends else next(iter(rank))
+    out.meta = out.add(Task(keys.make(keys.WINDOW, first, last, META, run=run), span_meta,
+                            tuple(found[k] for k in win.evals.values()),
+                            tuple(found[k] for k in win.ends), trim, *map(TaskRef, names)),
+                       root)
+    out.pieces = tuple(names)
+    return out
