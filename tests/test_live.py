@@ -104,7 +104,8 @@ def test_task_stream_and_prefixes_say_forward_backward():
     # "forward" prefixes on a shared scheduler
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as client:
-        names = _train_and_read_names(client, ["train.epochs=1", "graph.fuse_shards=false"])
+        names = _train_and_read_names(client, ["train.epochs=1", "graph.fuse_shards=false",
+                                               "graph.fuse_steps=false"])   # every step
     assert {"forward-backward", "reduce", "update", "load-shard", "evaluate"} <= \
         set(names["prefixes"])
     assert "forward" not in names["prefixes"]

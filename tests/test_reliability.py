@@ -1,6 +1,7 @@
 """Faults injected for real: SIGKILLed workers and drivers, diverging runs, resumes."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -44,19 +45,96 @@ def _kill_at_epoch(epoch: int, victim):
     return echo
 
 
-def test_worker_sigkill_on_a_local_cluster(client, tmp_path):
-    """A worker process SIGKILLed mid-run: its shards are rebuilt, its tasks re-run, its
-    restarted successor is used, and the bytes are those of an undisturbed run."""
+def _stop_at_epoch(epoch: int, pid: int, then_kill: bool, said: list[str]):
+    """An echo callback that SIGSTOPs ``pid`` when epoch ``epoch`` is reported (the next
+    window is in flight then, and cannot end without it: it holds shards), and SIGKILLs it
+    half a second later (``then_kill``) or leaves it stopped: a worker that says nothing,
+    while the scheduler still lists it.  Every line goes to ``said``."""
+    def echo(line: str) -> None:
+        said.append(line)
+        if line.startswith(f"epoch {epoch:>2}/"):
+            os.kill(pid, signal.SIGSTOP)
+            if then_kill:
+                threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+    return echo
+
+
+@pytest.mark.parametrize("victim", [0, 1], ids=["the root", "another worker"])
+def test_worker_sigkill_on_a_local_cluster(client, tmp_path, victim):
+    """A worker process SIGKILLed mid-window (the window runs as a task per worker, its sums
+    worker to worker): every task of the window ends at once, the window runs again from
+    its start on the workers there (the lost worker's shards rebuilt, its restarted
+    successor used once it is back), and the bytes are those of an undisturbed run."""
     reference = _reference(tmp_path, client)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
-        first = worker_addresses(c)[0]            # holds shard 0: runs every update
-        pid = c.run(os.getpid, workers=[first])[first]
+        lost = worker_addresses(c)[victim]            # 0 holds shard 0: the root
+        pid = c.run(os.getpid, workers=[lost])[lost]
+        said: list[str] = []
+        began = time.monotonic()
         result = dtrain.train(dtrain.load_config(None, LONG), client=c, out=tmp_path / "killed",
-                              echo=_kill_at_epoch(3, lambda: pid))
-        assert first not in worker_addresses(c)    # it really died (and was replaced)
-    assert result.summary["epochs"] == 12
+                              echo=_stop_at_epoch(3, pid, True, said))
+        assert lost not in worker_addresses(c)     # it really died (and was replaced)
+    assert time.monotonic() - began < 60
+    s = result.summary
+    assert s["epochs"] == 12 and s["spanned_windows"] > 0
+    assert s["window_reruns"] and any("running it again" in line for line in said), said
     assert (tmp_path / "killed" / "params.npz").read_bytes() == reference
+
+
+def test_a_worker_that_stops_answering_is_left_out_within_the_timeout(client, tmp_path):
+    """A worker stopped mid-window (SIGSTOP: its process lives, its sockets stay open, the
+    scheduler still lists it): no one says it left, yet its peer's window task ends after
+    the window's wait (here cluster.timeout, 3 s), and the window runs again without it.
+    (Distributed's own calls to every worker would wait for it until its heartbeat times
+    out, minutes later: once the run has said so, the test ends the stopped process.)"""
+    reference = _reference(tmp_path, client)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        quiet = worker_addresses(c)[1]                # not the root, which holds load-val
+        pid = c.run(os.getpid, workers=[quiet])[quiet]
+        said: list[str] = []
+        stop = _stop_at_epoch(3, pid, False, said)
+        stopped = []
+
+        def echo(line: str) -> None:
+            stop(line)
+            if line.startswith("epoch  3/"):
+                stopped.append(time.monotonic())
+            if "left out" in line:
+                stopped.append(time.monotonic())
+                os.kill(pid, signal.SIGKILL)
+
+        try:
+            result = dtrain.train(dtrain.load_config(None, [*LONG, "cluster.timeout=3"]),
+                                  client=c, out=tmp_path / "quiet", echo=echo)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert len(stopped) == 2 and stopped[1] - stopped[0] < 20, (stopped, said)
+    (rerun,) = result.summary["window_reruns"]
+    assert quiet in rerun and "within 3 s" in rerun and "left out" in rerun, rerun
+    assert result.summary["epochs"] == 12
+    assert (tmp_path / "quiet" / "params.npz").read_bytes() == reference
+
+
+def test_a_worker_that_joins_is_used_from_the_next_window(client, tmp_path):
+    """One worker, and a second joins mid-run: the windows before it ran as one task on the
+    first, those after as a task on each with their sums worker to worker; the bytes are
+    those of a run on two workers all along."""
+    reference = _reference(tmp_path, client)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        def echo(line: str) -> None:
+            if line.startswith("epoch  3/"):
+                lc.scale(2)
+        result = dtrain.train(dtrain.load_config(None, LONG), client=c, out=tmp_path / "grown",
+                              echo=echo)
+        assert len(worker_addresses(c)) == 2
+    s = result.summary
+    assert s["fused_windows"] > 0 and s["spanned_windows"] > 0, s
+    assert s["window_reruns"] == []
+    assert (tmp_path / "grown" / "params.npz").read_bytes() == reference
 
 
 @pytest.mark.slow

@@ -26,10 +26,11 @@ QUICK = ["train.epochs=3", "data.shards=4"]
 @pytest.fixture(scope="module")
 def run_dir(client, tmp_path_factory):
     """A finished Dask run's directory, with every task type (one task per shard: no
-    reduce is summed inside a forward-backward)."""
+    reduce is summed inside a forward-backward; every step's tasks, not a window's)."""
     out = tmp_path_factory.mktemp("run") / "iris-ar"
-    dtrain.train(dtrain.load_config(None, QUICK + ["graph.fuse_shards=false"]), client=client,
-                 out=out, echo=None)
+    dtrain.train(dtrain.load_config(None, QUICK + ["graph.fuse_shards=false",
+                                                   "graph.fuse_steps=false"]),
+                 client=client, out=out, echo=None)
     return out
 
 

@@ -196,11 +196,12 @@ class GraphConfig:
                               "the same sums in the same order); auto: where the tasks it "
                               "saves cost more than a few percent of the step's compute "
                               "(dtrain.training.engines.fuse_choice), else a task per shard")
-    fuse_steps: bool = free(True, "a window whose tasks all sit on one worker (one node, one "
-                            "GPU, a laptop) runs as one task, each step inside it in order: no "
-                            "scheduler round trip per step, the same bytes "
-                            "(dtrain.taskgraph.fuse); false shows every step in the task "
-                            "stream")
+    fuse_steps: bool = free(True, "a window runs as one task per worker, each step inside it "
+                            "in order, the same bytes: on one worker (one node, one GPU, a "
+                            "laptop) with no scheduler round trip per step "
+                            "(dtrain.taskgraph.fuse); across workers, the values that cross "
+                            "between them sent worker to worker (dtrain.taskgraph.span, "
+                            "cluster.p2p); false shows every step in the task stream")
     update: str = choice("auto", "auto", "root", "replicated",
                          doc="where the optimizer step runs: on the reduce root, which sends "
                          "the new state to every worker, or on every worker from the reduced "
@@ -251,6 +252,12 @@ class ClusterConfig:
                           "'': 127.0.0.1 for a LocalCluster, every interface under MPI and "
                           "for batch jobs")
     jobqueue_file: str = free("", "dask-jobqueue YAML ('' = the jobqueue.yaml shipped with dtrain)")
+    p2p: str = choice("auto", "auto", "tcp",
+                      doc="how the tasks of a window that spans workers send each other a "
+                      "step's values (dtrain.deploy.p2p): auto, a Unix socket between workers "
+                      "on one machine and TCP between machines (with the cluster's TLS); "
+                      "tcp, TCP between any two workers (what crossing machines costs, on "
+                      "one)")
 
 
 @dataclass(frozen=True)

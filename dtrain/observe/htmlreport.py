@@ -173,8 +173,10 @@ def build(runs: list[RunData]) -> tuple[str, dict[str, Model]]:
             roots[f"step-{i}"] = step_figure(times)
             parts.append(f'<div class="wide"><!--root:step-{i}--></div>')
         else:
-            parts.append('<p class="note"><i>No task records for this run (serial runs have '
-                         'none): no step-time split and no timeline.</i></p>')
+            parts.append('<p class="note"><i>No task record of each step for this run (serial '
+                         'runs have none, and a window run as one task per worker records '
+                         'only that task: graph.fuse_steps = false records every step): no '
+                         'step-time split.</i></p>')
         timeline = timeline_figure(run.timeline)
         if timeline is not None:
             roots[f"timeline-{i}"] = timeline

@@ -34,6 +34,7 @@ class _Run:
     update: float = 0.0
     updates: int = 0
     critical: float = 0.0                       # summed over finished steps
+    tasks: int = 0                              # every task of the run the scheduler ran
     open: dict[tuple, float] = field(default_factory=dict)   # slowest task per level in flight
 
 
@@ -41,7 +42,9 @@ ROOT = (keys.COMBINE, keys.LOSS, keys.BACK_COMBINE)    # model-parallel root tas
 
 
 class StepTimer(SchedulerPlugin):
-    """Sums task compute time per run (keys ``<kind>-<step>-...-<run>``).
+    """Sums task compute time per run (keys ``<kind>-<step>-...-<run>``), and counts the
+    tasks of each run that the scheduler ran (the scheduler's own count, whatever the graphs
+    said).
 
     The model's maths (``forward-backward``, ``local-sgd``, and model-parallel
     ``forward``/``backward`` tasks) counts as forward-backward work.
@@ -54,10 +57,13 @@ class StepTimer(SchedulerPlugin):
         self.runs: dict[str, _Run] = defaultdict(_Run)
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
-        if start != "processing" or finish != "memory":
+        if start != "processing" or finish not in ("memory", "erred"):
             return
         k = keys.parse(key)
-        if k is None or k.step is None:
+        if k is None:
+            return
+        self.runs[k.run].tasks += 1
+        if k.step is None or finish != "memory":
             return
         step, r = k.step, self.runs[k.run]
         seconds = _compute_seconds(kwargs.get("startstops"))
@@ -85,7 +91,8 @@ class StepTimer(SchedulerPlugin):
         """The totals of ``run``, forgotten once read."""
         r = self.runs.pop(run, _Run())
         return {"forward_backward_seconds": r.forward_backward, "reduce_seconds": r.reduce,
-                "update_seconds": r.update, "critical_seconds": r.critical, "updates": r.updates}
+                "update_seconds": r.update, "critical_seconds": r.critical, "updates": r.updates,
+                "scheduler_tasks": r.tasks}
 
 
 class TransferCounter(WorkerPlugin):

@@ -18,7 +18,8 @@ import functools
 import gc
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError
 from typing import Any
 
 import dask
@@ -30,7 +31,7 @@ from dtrain.core.arrays import gpu_problem
 from dtrain.core.broadcast import on_workers
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
-from dtrain.deploy import tuning
+from dtrain.deploy import p2p, tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
@@ -38,7 +39,7 @@ from dtrain.deploy.workers import forgotten, gather, round_trip, wait_for_worker
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
-from dtrain.taskgraph import fuse, handoff
+from dtrain.taskgraph import fuse, handoff, span
 from dtrain.taskgraph.handoff import StateGone
 from dtrain.taskgraph.dataparallel import TINY_FLOPS, fuse_choice, shard_rows
 from dtrain.taskgraph.placement import Placement, Worker, choices
@@ -55,6 +56,9 @@ from dtrain.training.stopping import Watch, needed_states
 INLINE_MAX_BYTES = 1 << 20    # states up to this size are reduced and updated in the event loop
 INLINE_MAX_FLOPS = TINY_FLOPS  # forward-backward tasks up to this are too
 INLINE_ALONE_FLOPS = 2e8      # ... and up to this (~5-10 ms of NumPy) on one-thread workers
+PEER_WAIT_STEPS = 20          # a window task waits for a peer's message up to this many steps
+PEER_WAIT_FIRST_S = 60.0      # ... or, before a step was timed, this long (or cluster.timeout)
+RETRIES = 5                   # a window whose peers failed runs again at most this many times
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +149,14 @@ class DaskEngine:
         coll = plan.collection                      # partitions already on the cluster
         self.held: dict[Any, Future] = {f.key: f for f in coll.futures} if coll else {}
         self.moved: list[tuple[int, str, str, int]] = []   # balancing: (shard, from, to, bytes)
+        self.mesh: p2p.Mesh | None = None           # windows that span workers: their peers
+        self.meshes = 0                             # ... how many were opened
+        self.spanned_windows = 0                    # windows run as a task per worker
+        self.reruns: list[str] = []                 # windows run again, and why
+        self.silent: set[str] = set()               # workers that stopped answering: left out
+        self.sent = [0, 0]                          # ... their messages and bytes
+        self.step_seconds: float | None = None      # seconds per step so far
+        self.pieces: list[Future] = []              # the window in flight's tasks per worker
 
     def _key(self, name: str, *parts: int | str) -> str:
         return keys.make(name, *parts, run=self.run_id)
@@ -152,7 +164,11 @@ class DaskEngine:
     def _workers(self) -> list[Worker]:
         """The workers there now, as placement sees them: GPU or not, how fast, how many threads."""
         cfg = self.plan.config
-        info = workers(self.client)
+        info = {a: i for a, i in workers(self.client).items() if a not in self.silent}
+        if len(info) < self.plan.builder.min_workers:
+            raise UserError(f"the run needs {self.plan.builder.min_workers} worker(s) that "
+                            f"answer; {len(self.silent)} stopped answering mid-run (left out: "
+                            f"{', '.join(sorted(self.silent))})")
         gpu = {a: cfg.cluster.device != "cpu" and is_gpu_worker(i) and self.plan.strategy.on_gpu
                for a, i in info.items()}
         if cfg.cluster.device == "gpu" and not any(gpu.values()):
@@ -256,17 +272,18 @@ class DaskEngine:
 
     def _submit(self, win: Window) -> list[Future]:
         gpus = self.placement.gpus if self.placement else frozenset()
-        if fuse.is_fused(win):                      # the window is one task; the rest pick
-            body = next(iter(win.dsk))
-            on_gpu = {body} if win.where[body][0] in gpus else set()
-            inline: tuple[str, ...] = tuple(k for k in win.dsk if k != body) if self.inline \
-                else ()
+        if fuse.is_fused(win):                      # a task per worker; the rest pick
+            bodies = win.pieces or (next(iter(win.dsk)),)
+            on_gpu = {b for b in bodies if win.where[b][0] in gpus}
+            inline: tuple[str, ...] = tuple(k for k in win.dsk if k not in bodies) \
+                if self.inline else ()
         else:                                       # the maths of shards on GPU workers
+            bodies = ()
             on_gpu = {k for k in win.dsk if win.where[k][0] in gpus and keys.is_leaf(k)}
             inline = keys.prefixes(self.inline_kinds) if self.inline else ()
         quick = {k: tuning.INLINE for k in win.dsk if k.startswith(inline) and k not in on_gpu}
         evals = () if fuse.is_fused(win) else win.evals.values()    # fused: in the meta
-        wanted = [*win.ends, *evals, *([win.meta] if win.meta else [])]
+        wanted = [*win.ends, *evals, *([win.meta] if win.meta else []), *win.pieces]
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
                            resources=PerKey(dict.fromkeys(on_gpu, {GPU: 1}), {}),
                            executor=PerKey(quick, "default")):   # short tasks: no thread handoff
@@ -321,6 +338,10 @@ class DaskEngine:
             steps = (done.step if done else start.step) - start.step
             return (time.perf_counter() - book.began) / steps if steps else None
 
+        def save_done() -> None:            # the last window's epochs are recorded: safe to
+            if done is not None:            # resume from
+                checkpoints.save(dataclasses.replace(done, best=watch.best_state))
+
         kept: str | None = None                     # the worker holding the last window's end
         for window in windows(p, start.step, rate):
             trim = None
@@ -330,40 +351,25 @@ class DaskEngine:
                 if watch.active:    # it has seen every epoch before this window: a fused
                     trim = functools.partial(needed_states, dataclasses.replace(  # window
                         watch, best_state=None), val=p.info.val)    # brings only those kept
+            self.step_seconds = rate()
             if window.start != start.step:
                 placement = self.place(_lost_note(recorder))
             steps = [p.schedule[t] for t in window]
-            win, ends, evals, meta = self._launch(steps, window, state, val, placement, book,
-                                                  take=kept == placement.root, trim=trim)
-            self.live = ends + evals + meta + [f for _, f in book.pending if isinstance(f, Future)]
-            if book.drain():                        # early stopping: nothing after its epoch
-                self.client.cancel(ends + evals + meta)
+            got = self._window(steps, window, state, val, placement, book, trim, recorder,
+                               take=kept == placement.root, launched=save_done)
+            if got is None:                         # early stopping: nothing after its epoch
                 break
-            if done is not None:            # its epochs are recorded: safe to resume from
-                checkpoints.save(dataclasses.replace(done, best=watch.best_state))
-            book.pending = list(zip(win.evals, evals))
-            try:
-                values = gather(self.client, ends + meta, p.config.cluster.timeout,
-                                _lost_note(recorder))            # the one wait per window
-            except StateGone:       # the worker that kept the state left: start from the literal
-                self.client.cancel(ends + evals + meta)
-                del ends, evals, meta
-                forgotten(self.client, list(win.dsk), p.config.cluster.timeout)   # same keys
-                win, ends, evals, meta = self._launch(steps, window, state, val, placement,
-                                                      book, take=False, trim=trim)
-                self.live = ends + evals + meta
-                book.pending = list(zip(win.evals, evals))
-                values = gather(self.client, ends + meta, p.config.cluster.timeout,
-                                _lost_note(recorder))
-            if meta:                                # a fused window: its evaluations with it
+            win, placement, values = got
+            if win.meta:                            # a fused window: its evaluations with it
                 ran = values.pop()
                 self._count_fused(win, ran, book)
                 book.pending = list(zip(win.evals, ran.values))
             state = win.join(values)
+            self.pieces = []
             kept = placement.root if handoff.start_node(win) is None and len(win.ends) == 1 \
                 and keys.kind_of(win.ends[0]) == keys.KEPT else None
             done = Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch, state)
-            del ends, meta, values
+            del values
             if stop.requested and window.stop < len(p.schedule):   # no window is in flight
                 if book.drain():
                     break
@@ -390,21 +396,120 @@ class DaskEngine:
                        seconds, book.began - t0, trained - start.step,
                        p.schedule.samples(start.step, trained),
                        compute, metrics.worker_peak_rss_mb(self.client),
-                       {"predicted": self.predicted_bytes, "measured": moved["bytes"],
-                        "transfers": moved["transfers"],
+                       {"predicted": self.predicted_bytes,       # Dask's and the mesh's
+                        "measured": moved["bytes"] + self.sent[1],
+                        "transfers": moved["transfers"] + self.sent[0],
                         "predicted_transfers": self.predicted_transfers}, self.split(),
                        moved_summary(self.moved),
                        {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
                         "fused_windows": self.fused_windows,
+                        "spanned_windows": self.spanned_windows, "meshes": self.meshes,
+                        "reruns": self.reruns,
                         "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice,
                         "epoch_states_fetched": book.states})
 
     def _forget_kept(self) -> None:
-        """The workers drop the state they keep for this run (it has ended)."""
+        """The workers drop the state they keep for this run (it has ended) and close its
+        mesh."""
+        self._close_mesh()
         try:
             on_workers(self.client, handoff.drop, self.run_id)
         except Exception:       # a cluster going down as the run fails: nothing to drop
             pass
+
+    def _close_mesh(self) -> None:
+        if self.mesh is not None:
+            p2p.close_mesh(self.client, self.mesh, self.plan.config.cluster.timeout)
+            self.mesh = None
+
+    def _mesh(self, participants: list[str]) -> p2p.Mesh:
+        """The mesh of a window on ``participants``: the last one if they are its workers,
+        else a new one (the old closed)."""
+        if self.mesh is None or set(self.mesh.workers) != set(participants):
+            self._close_mesh()
+            cfg = self.plan.config.cluster
+            self.mesh = p2p.open_mesh(self.client, participants, cfg.timeout,
+                                      local=cfg.p2p == "auto")
+            self.meshes += 1
+        return self.mesh
+
+    def _peer_wait(self) -> float:
+        """How long a window task waits for a peer's message: long enough for the slowest
+        step seen so far many times over, never less than ``cluster.timeout``."""
+        floor = self.plan.config.cluster.timeout
+        if self.step_seconds is None:
+            return max(floor, PEER_WAIT_FIRST_S)
+        return max(floor, PEER_WAIT_STEPS * self.step_seconds)
+
+    def _window(self, steps: list, window: range, state: TrainState, val: Any,
+                placement: Placement, book: Book, trim: Any, recorder: Recorder, take: bool,
+                launched: Callable[[], None]) -> tuple[Window, Placement, list] | None:
+        """Launch one window and wait for its end; ``launched`` (the last window's checkpoint)
+        runs once it is on its way, unless early stopping ended the run there (None).
+
+        A window whose kept state was gone (:class:`StateGone`), or whose peers could not
+        go on (:class:`~dtrain.deploy.p2p.Broken`: a worker left mid-window, or between
+        windows), runs again from its literal start state on the workers there now, under a
+        new mesh, at most :data:`RETRIES` times; a window task's own error is raised.
+        Returns the window, its placement and the values of its ends (and meta)."""
+        p = self.plan
+        drained, submitted = False, []
+        for _ in range(RETRIES + 1):
+            ends: list[Future] = []
+            evals: list[Future] = []
+            meta: list[Future] = []
+            try:
+                win, ends, evals, meta = self._launch(steps, window, state, val, placement,
+                                                      book, take=take, trim=trim)
+                submitted = list(win.dsk)
+                self.live = ends + evals + meta + self.pieces + \
+                    [f for _, f in book.pending if isinstance(f, Future)]
+                if not drained:
+                    drained = True
+                    if book.drain():            # early stopping: nothing after its epoch
+                        self.client.cancel(ends + evals + meta + self.pieces)
+                        return None
+                    launched()
+                book.pending = list(zip(win.evals, evals))
+                return win, placement, gather(self.client, ends + meta,
+                                              p.config.cluster.timeout, _lost_note(recorder))
+            except (StateGone, p2p.Broken) as exc:
+                error = self._cause(exc)
+                self.client.cancel(ends + evals + meta + self.pieces)
+            del ends, evals, meta
+            if isinstance(error, p2p.Broken):
+                note = f"steps {window.start}-{window.stop - 1}: {error}"
+                if isinstance(error, p2p.PeerLost) and error.silent:   # listed, yet silent
+                    self.silent.add(error.silent)
+                    note += "; it is left out of the run"
+                self.reruns.append(note)
+                recorder.say(f"window of {note}; running it again from its start on the "
+                             f"workers there now")
+            self._close_mesh()              # a failed window's mesh is over
+            self.pieces = []
+            forgotten(self.client, submitted, p.config.cluster.timeout)   # the same keys again
+            placement, take = self.place(_lost_note(recorder)), False
+        raise UserError(f"the window of steps {window.start}-{window.stop - 1} failed "
+                        f"{RETRIES + 1} times; the last: {error}{_lost_note(recorder)}")
+
+    def _cause(self, exc: BaseException) -> BaseException:
+        """Why the window in flight failed: where its tasks per worker stopped because one of
+        them did (:class:`~dtrain.deploy.p2p.Broken`), that one's error.  An error of the
+        window's own (not a lost peer, not a state gone) is raised as it is: running the
+        window again would only fail again."""
+        if not isinstance(exc, p2p.Broken):
+            return exc
+        deadline = time.monotonic() + self.plan.config.cluster.timeout
+        for future in self.pieces:      # each ends promptly once one failed: the mesh is shut
+            try:
+                error = future.exception(timeout=max(deadline - time.monotonic(), 0.001))
+            except (TimeoutError, CancelledError):
+                continue
+            if isinstance(error, StateGone):
+                exc = error
+            elif error is not None and not isinstance(error, p2p.Broken):
+                raise error
+        return exc
 
     def _launch(self, steps: list, window: range, state: TrainState, val: Any,
                 placement: Placement, book: Book, take: bool, trim: Any = None
@@ -432,13 +537,21 @@ class DaskEngine:
             if self.fresh and window.start == 0 and p.init is None else None   # a fresh run's
         win = handoff.rewrite(win, self.run_id, window.start, window.stop, take, made)
         self.literal_bytes += handoff.literal_size(win)
-        if p.config.graph.fuse_steps:
-            win = fuse.steps(win, window.start, window.stop - 1, self.run_id, trim)
+        if p.config.graph.fuse_steps:               # a task per worker and window
+            if fuse.one_worker(win) is not None:
+                win = fuse.steps(win, window.start, window.stop - 1, self.run_id, trim)
+            elif win.dsk:
+                win = span.steps(win, window.start, window.stop - 1, self.run_id,
+                                 self._mesh(span.workers_of(win)), self._peer_wait(), trim)
         self.step_tasks += win.step_tasks()
         self.fused = win.fused or self.fused
         futures = self._submit(win)
         n, m = len(win.ends), 0 if fuse.is_fused(win) else len(win.evals)
-        ends, evals, meta = futures[:n], futures[n:n + m], futures[n + m:]
+        ends, evals = futures[:n], futures[n:n + m]
+        meta, self.pieces = futures[n + m:n + m + (win.meta is not None)], \
+            futures[n + m + (win.meta is not None):]
+        if win.pieces:
+            self.spanned_windows += 1
         for epoch, fut in zip(win.evals, evals):
             fut.add_done_callback(lambda f, e=epoch: book.arrived.setdefault(
                 e, time.perf_counter()))
@@ -450,7 +563,9 @@ class DaskEngine:
         book.arrived.update(fuse.epoch_ends(win, ran, time.perf_counter()))
         self.fused_seconds.update(ran.seconds)
         self.fused_steps += ran.steps
-        self.fused_windows += 1
+        self.fused_windows += not win.pieces
+        self.sent[0] += ran.sent[0]
+        self.sent[1] += ran.sent[1]
 
 
 @contextlib.contextmanager
@@ -470,15 +585,15 @@ def _gc_paused() -> Iterator[None]:
 
 def _add_fused(compute: dict[str, float], seconds: Counter[str], steps: int
                ) -> dict[str, float]:
-    """The StepTimer's totals (tasks the scheduler saw) plus the fused windows' (tasks run
-    inside one task, one after another: all of it on the critical path)."""
+    """The StepTimer's totals (tasks the scheduler saw) plus the windows run as a task per
+    worker (their tasks one after another in each, the longest on the critical path)."""
     if not steps:
         return compute
     work = sum(seconds[k] for k in keys.WORK)
     out = {"forward_backward_seconds": work, "reduce_seconds": seconds[keys.REDUCE],
-           "update_seconds": seconds[keys.UPDATE], "updates": steps}
-    out["critical_seconds"] = work + out["reduce_seconds"] + out["update_seconds"]
-    return {k: compute.get(k, 0) + v for k, v in out.items()}
+           "update_seconds": seconds[keys.UPDATE], "updates": steps,
+           "critical_seconds": seconds[fuse.CRITICAL]}
+    return compute | {k: compute.get(k, 0) + v for k, v in out.items()}
 
 
 def _lost_note(recorder: Recorder) -> str:

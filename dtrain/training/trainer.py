@@ -416,6 +416,10 @@ def _graph(outcome: Outcome) -> dict[str, Any]:
             "transfers_measured_per_step": outcome.comm["transfers"] / steps,
             "fused_shards": None if fused is None else {"fused": fused[0], "why": fused[1]},
             "fused_windows": g.get("fused_windows", 0),
+            "spanned_windows": g.get("spanned_windows", 0),
+            "scheduler_tasks_per_step": outcome.compute["scheduler_tasks"] / steps
+            if "scheduler_tasks" in outcome.compute else None,
+            "window_reruns": g.get("reruns", []),
             "state_bytes_in_graphs": g.get("state_bytes_in_graphs", 0),
             "epoch_states_fetched": g.get("epoch_states_fetched", 0),
             "device_choice": g.get("choice") or None}
