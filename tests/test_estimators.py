@@ -134,9 +134,10 @@ def test_a_dataframe_trains_where_its_partitions_sit(client):
     after = client.run(_incoming)
     moved = {k for w in after for entry in after[w][len(before[w]):] for k in entry}
     kinds = {keys.kind_of(k) for k in moved}
-    # only gradients, states and the partitions' statistics travelled: no data, no shard
+    # only gradients, states, the partitions' statistics and (a window that spans workers:
+    # its gradients go worker to worker) each window task's timings travelled: no data
     assert kinds <= {keys.FORWARD_BACKWARD, keys.REDUCE, keys.UPDATE, keys.STATE,
-                     keys.EVALUATE, keys.PART_STATS, keys.MERGE_STATS}, moved
+                     keys.EVALUATE, keys.PART_STATS, keys.MERGE_STATS, keys.WINDOW}, moved
     assert "data_moved" not in clf.summary_ and clf.summary_["workers"] == 2
     where = client.who_has(futures)                    # and they are still where they were
     assert [where[f.key] for f in futures] == [(workers[i // 2],) for i in range(4)]
@@ -168,7 +169,7 @@ def test_dask_input_without_a_client_uses_the_default_client(client):
     assert default_client() is client
     with get_task_stream(client) as stream:
         clf = _clf(None, max_iter=2).fit(da.from_array(x, chunks=50), da.from_array(y, chunks=50))
-    assert any(keys.kind_of(t["key"]) == keys.FORWARD_BACKWARD for t in stream.data)
+    assert any(keys.kind_of(t["key"]) in (keys.FORWARD_BACKWARD, keys.WINDOW) for t in stream.data)
     assert clf.client is None
 
 

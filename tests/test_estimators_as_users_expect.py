@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
-from distributed import Client
+from distributed import Client, LocalCluster
 from sklearn.base import is_classifier
 from sklearn.model_selection import GridSearchCV
 
@@ -385,28 +385,25 @@ def test_the_docs_list_every_fitted_attribute(client):
     assert not missing, missing
 
 
-def test_auto_averages_partitions_on_several_workers_and_steps_together_on_one(client):
-    """strategy="auto": a Dask input spread over the client's two workers trains a copy per
-    partition, each on minibatches of batch_size of its own rows, averaged once a pass at
-    the rate times the copies (say summary_ and the docs); in-memory data on one worker
-    keeps scikit-learn's synchronous step."""
-    from dtrain.estimators import settings
-    df = _frame()
-    ddf = client.persist(dd.from_pandas(df, npartitions=4))
+def test_auto_keeps_the_synchronous_step_on_partitions_spread_over_workers(client):
+    """strategy="auto" is scikit-learn's synchronous step wherever the partitions sit: the
+    same dask.dataframe fit on the client's two workers (each window a task per worker,
+    the sums worker to worker) and on a one-worker cluster gives the same bytes."""
     from distributed import futures_of, wait
+    df = _frame()
+    params = {**QUICK, "random_state": 0, "max_iter": 30}
+    ddf = client.persist(dd.from_pandas(df, npartitions=4))
     wait(futures_of(ddf))
-    spread = {min(w) for w in client.who_has(futures_of(ddf)).values() if w}
-    assert len(spread) == 2
-    params = {**QUICK, "strategy": "auto", "learning_rate_init": 0.01, "max_iter": 30}
-    clf = dtrain.MLPClassifier(client=client, **params).fit(ddf, "species")
-    s = clf.summary_
-    assert s["strategy"] == "local-sgd" and clf.score(df[FEATURES], df["species"]) >= 0.8
-    with_cfg = settings.config(clf, settings.Shape(4, 3, 120, 4, "species", workers=2),
-                               "cross-entropy", incremental=False)
-    assert with_cfg.graph.strategy == "local-sgd" and with_cfg.train.batch_size == 120
-    assert with_cfg.optim.lr == pytest.approx(0.04) and with_cfg.graph.sync_every == 1
-    one = settings.config(clf, settings.Shape(4, 3, 120, 4, "species"), "cross-entropy",
-                          incremental=False)
-    assert one.graph.strategy == "allreduce" and one.optim.lr == 0.01
-    mem = dtrain.MLPClassifier(client=client, **params).fit(*_iris())
-    assert mem.summary_["strategy"] == "allreduce"
+    assert len({min(w) for w in client.who_has(futures_of(ddf)).values() if w}) == 2
+    spread = dtrain.MLPClassifier(client=client, **params).fit(ddf, "species")
+    assert spread.summary_["strategy"] == "allreduce"
+    assert spread.summary_["spanned_windows"] > 0 and spread.summary_["workers"] == 2
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as one:
+        alone = dtrain.MLPClassifier(client=one, **params).fit(
+            one.persist(dd.from_pandas(df, npartitions=4)), "species")
+        assert alone.summary_["spanned_windows"] == 0
+    for a, b in zip(spread.coefs_ + spread.intercepts_, alone.coefs_ + alone.intercepts_):
+        assert a.tobytes() == b.tobytes()
+    x = df[FEATURES]
+    assert spread.predict_proba(x).tobytes() == alone.predict_proba(x).tobytes()

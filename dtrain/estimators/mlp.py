@@ -181,9 +181,7 @@ class _MLP(BaseEstimator):
             self._same_classes(found)
         loss, outputs = self._output(found, data)
         shape = settings.Shape(data.features, outputs, stats.train, len(coll.futures),
-                               data.label, values, stats.train / stats.mass if stats.mass else 1.0,
-                               len({h for h in coll.holders(client) if h is not None})
-                               if data.dask else 1)
+                               data.label, values, stats.train / stats.mass if stats.mass else 1.0)
         seen = self.t_ if going_on and incremental else 0
         with fitted.starting_point(self, going_on) as (init_from, initial):
             try:

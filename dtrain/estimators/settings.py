@@ -30,7 +30,6 @@ SCHEDULES = ("constant", "invscaling", "adaptive")     # learning_rate
 LOSSES = {"squared_error": "squared-error"}            # MLPRegressor's loss
 STRATEGIES = ("auto", "allreduce", "parameter-server", "local-sgd")  # those that train on partitions
 ADAPTIVE_FACTOR = 0.2   # learning_rate="adaptive" divides the rate by 5, as scikit-learn
-MAX_SCALE = 8           # strategy="auto" on spread partitions: the rate at most 8 times over
 
 PARAMS_DOC = """
     Parameters
@@ -89,15 +88,11 @@ PARAMS_DOC = """
         shares (see :mod:`dtrain.estimators.cluster`).
     strategy : {"auto", "allreduce", "parameter-server", "local-sgd"}, default="auto"
         dtrain's ``graph.strategy`` (those that train on partitions where they sit).
-        "auto": allreduce (the synchronous minibatch step, scikit-learn's algorithm) where
-        the data sits on one worker, as in-memory inputs on the embedded cluster do;
-        local-sgd where a Dask collection's partitions sit on several workers, so that a
-        step does not wait for a round trip between them: each of the K partitions trains
-        its own copy with minibatches of ``batch_size`` of its own rows, the copies are
-        averaged every ``sync_every`` steps, and the rate is ``learning_rate_init`` times
-        min(K, 8): K copies averaged take a step as one model would with K-times larger
-        minibatches, and a K-times larger minibatch takes a K-times larger rate (the
-        linear scaling rule of Goyal et al., 2017), up to 8 times.
+        "auto" is allreduce: scikit-learn's synchronous minibatch step, wherever the
+        partitions sit (on several workers, each window runs as one task per worker and
+        the step's sums go worker to worker), with the same bytes on any number of
+        workers.  local-sgd trains a copy per partition on its own rows and averages the
+        copies every ``sync_every`` steps: another algorithm, used only when asked.
     sync_every : int or "epoch", default="epoch"
         local-sgd: the steps between averagings; "epoch": once per pass over the data.
     fan_in : int, default=2
@@ -257,15 +252,11 @@ class Shape:
     label: str = ""
     values: bool = False        # real targets or 0/1 label indicators, not class labels
     weight_scale: float = 1.0   # training rows / their summed sample weights
-    workers: int = 1            # workers holding a Dask input's partitions (1: in memory)
 
 
-def strategy(est: Any, shape: Shape) -> str:
-    """``graph.strategy`` for ``strategy``: as given, or for "auto" local-sgd where the
-    partitions sit on several workers, allreduce where they sit on one."""
-    if est.strategy != "auto":
-        return est.strategy
-    return "local-sgd" if shape.workers > 1 else "allreduce"
+def strategy(est: Any) -> str:
+    """``graph.strategy`` for ``strategy``: as given, "auto" the synchronous step."""
+    return "allreduce" if est.strategy == "auto" else est.strategy
 
 
 def split(est: Any, incremental: bool) -> tuple[float, float, float]:
@@ -291,9 +282,7 @@ def schedule(est: Any, samples_seen: int = 0) -> dict[str, Any]:
 def config(est: Any, shape: Shape, loss: str, *, incremental: bool, init_from: str = "",
            seed_value: int = 0, samples_seen: int = 0) -> Config:
     """The dtrain config of one fit (``incremental``: one epoch of ``partial_fit``)."""
-    graph = strategy(est, shape)
-    copies = shape.partitions if graph == "local-sgd" and est.strategy == "auto" else 1
-    b = batch(est, max(1, shape.train_rows // copies))   # a copy's minibatch of its own rows
+    b = batch(est, shape.train_rows)
     sched = schedule(est, samples_seen)
     patience = 0 if sched["schedule"] == "adaptive" and not est.early_stopping \
         else est.n_iter_no_change           # adaptive: lowers the rate instead of stopping
@@ -312,15 +301,15 @@ def config(est: Any, shape: Shape, loss: str, *, incremental: bool, init_from: s
                   "l2": float(est.alpha) / b * shape.weight_scale, "dtype": est.dtype,
                   "seed": seed_value,
                   "init": "scikit-learn", "init_from": init_from},
-        "optim": {"name": optim, "lr": float(est.learning_rate_init) * min(copies, MAX_SCALE),
+        "optim": {"name": optim, "lr": float(est.learning_rate_init),
                   **({"momentum": float(est.momentum),
                       "nesterov": bool(est.nesterovs_momentum)} if optim == "momentum" else {}),
                   "beta1": float(est.beta_1), "beta2": float(est.beta_2),
                   "eps": float(est.epsilon), **sched},
         "train": {"epochs": 1 if incremental else est.max_iter,
-                  "batch_size": min(b * copies, shape.train_rows), **stopping},
-        "graph": {"strategy": graph, "fan_in": est.fan_in,
-                  "sync_every": -(-shape.train_rows // (b * copies))
+                  "batch_size": min(b, shape.train_rows), **stopping},
+        "graph": {"strategy": strategy(est), "fan_in": est.fan_in,
+                  "sync_every": -(-shape.train_rows // b)
                   if est.sync_every == "epoch" else est.sync_every},
         "cluster": {"dashboard_address": ""},
     })
