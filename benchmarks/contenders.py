@@ -115,6 +115,7 @@ class Contender:
     layout: bool = False          # the shape cluster.layout gives on this machine
     fuse: str = ""                # graph.fuse_shards
     device: str = ""              # cluster.device: "gpu" (one GPU worker), "auto" (GPU + CPUs)
+    p2p: str = ""                 # cluster.p2p ("" leaves the default, auto)
 
     @property
     def trains(self) -> bool:
@@ -192,6 +193,8 @@ class Contender:
             cluster["layout"] = "flat"
         if self.device:                         # CPU workers (auto): the node's cores shared
             cluster.update(device=self.device, threads_per_worker=0)
+        if self.p2p:
+            cluster["p2p"] = self.p2p
         return {"graph": graph, "cluster": cluster}
 
     def config_for(self, wl: Workload, workers: int, data_dir: Path) -> Config:
@@ -267,6 +270,9 @@ CONTENDERS = [
     Contender("torch-ddp", "PyTorch DistributedDataParallel, gloo, CPU", "torch", "allreduce"),
     Contender("dtrain-allreduce", "dtrain allreduce on a LocalCluster", "local", "allreduce",
               driver=True),
+    Contender("dtrain-allreduce-tcp", "dtrain-allreduce with its worker-to-worker messages "
+              "over TCP, as between machines (cluster.p2p = tcp)", "local", "allreduce",
+              driver=True, p2p="tcp"),
     Contender("dtrain-ps", "dtrain parameter-server on a LocalCluster", "local",
               "parameter-server", driver=True),
     Contender("dask-floor", "dtrain-allreduce's step graph with no maths: Dask's own cost",
@@ -294,6 +300,9 @@ CONTENDERS = [
               "LocalCluster", "local", "model-parallel", driver=True),
     Contender("dtrain-mpi-allreduce", "dtrain allreduce under mpiexec (--scheduler-rank 0)",
               "dtrain-mpi", "allreduce", driver=True),
+    Contender("dtrain-mpi-allreduce-tcp", "dtrain-mpi-allreduce with its worker-to-worker "
+              "messages over TCP and TLS, as between machines (cluster.p2p = tcp)",
+              "dtrain-mpi", "allreduce", driver=True, p2p="tcp"),
     Contender("dtrain-mpi-ps", "dtrain parameter-server under mpiexec (--scheduler-rank 0)",
               "dtrain-mpi", "parameter-server", driver=True),
 ]

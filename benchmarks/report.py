@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks import layouts, peers
+from benchmarks import across, layouts, peers
 
 REFERENCE = "mpi-allreduce"                 # the "x MPI" column and the targets' yardstick
 DTRAIN_TARGETED = ("dtrain-default", "dtrain-allreduce", "dtrain-threads",
@@ -101,7 +101,8 @@ def aggregate(runs: list[dict[str, Any]], n_cores: int) -> list[dict[str, Any]]:
             "bytes_predicted_per_step": _median(predicted),
             "final_train_loss": ok[-1]["train_loss"][-1] if ok and ok[-1]["train_loss"] else None,
             **{key: _median([r[key] for r in ok if r.get(key) is not None])
-               for key in ("overhead_ms", "tasks_per_step", "transfers_per_step")},
+               for key in ("overhead_ms", "tasks_per_step", "transfers_per_step",
+                           "sched_tasks_per_step")},
         })
     index = {(r["workload"], r["workers"], r["contender"]): r for r in rows}
     for r in rows:
@@ -175,7 +176,8 @@ def build(meta: dict, workloads: list[Any], counts: list[int], contenders: list[
                                "study": w.study, "targets": w.targets} for w in workloads},
         "contenders": {c.name: c.title for c in contenders},
         "rows": rows, "scaling": scaling(rows, workloads), "targets": targets(rows, workloads),
-        "layout_goal": layouts.goal_checks(rows), "runs": runs,
+        "layout_goal": layouts.goal_checks(rows), "across_goal": across.goal_checks(rows),
+        "runs": runs,
     }
 
 
@@ -247,6 +249,7 @@ def tables(results: dict[str, Any]) -> list[Table]:
     if results["targets"]:
         out.append(targets_table(results["targets"]))
     out.extend(layouts.tables(results))
+    out.extend(across.tables(results))
     for kind, title, foot in (
             ("strong", "Strong scaling (same data): epoch s, speedup T(n0)/T(n), efficiency",
              "n0 = the contender's smallest worker count; efficiency = speedup * n0 / n."),

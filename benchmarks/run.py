@@ -69,6 +69,7 @@ class Run:
     comm_bytes_predicted: float | None = None   # dtrain: counted from its graphs
     overhead_ms: float | None = None            # dtrain: ms per step beyond its critical compute
     tasks_per_step: float | None = None         # dtrain and dask-chain: from their graphs
+    sched_tasks_per_step: float | None = None   # dtrain: as its scheduler counted them
     transfers_per_step: float | None = None     # dtrain: values crossing workers, from its graphs
     wall_seconds: float = 0.0
 
@@ -218,6 +219,7 @@ def read_run(run: Run, run_dir: Path) -> None:
         overhead = facts.get("overhead_per_step")
         run.overhead_ms = None if overhead is None else overhead * 1000
         run.tasks_per_step = facts.get("tasks_per_step")
+        run.sched_tasks_per_step = facts.get("scheduler_tasks_per_step")
         run.transfers_per_step = facts.get("transfers_per_step")
         measured = facts.get("comm_bytes_measured_per_step")
         if measured is not None:

@@ -201,7 +201,8 @@ def test_rows_medians_ratios_scaling_and_targets():
                "workloads": {"w": {"title": "t", "epochs": 4, "scaling": "strong", "study": ""}},
                "targets": found, "scaling": []}
     (_, header, body, foot), (title, theader, tbody, _), *rest = report.tables(results)
-    assert [t[0].split(" (")[0] for t in rest] == ["Layouts side by side", "Layout goal"]
+    assert [t[0].split(" (")[0].split(":")[0] for t in rest] == \
+        ["Layouts side by side", "Layout goal", "Across workers"]
     cell = {(b[0], b[1]): dict(zip(header, b)) for b in body}
     assert cell["2", "dtrain-allreduce"]["bytes/step"] == "2 KiB"
     assert cell["2", "mpi-allreduce"]["bytes/step"] == "~1.5 KiB"
@@ -454,3 +455,31 @@ def test_the_estimator_benchmark_runs():
     dask_part = proc.stdout.split("Where the partitions sit")[1]
     assert ("| dtrain" in dask_part and "| dask-ml Incremental |" in dask_part) or \
         "dask-ml is not installed" in dask_part
+
+
+def test_the_across_workers_table_and_goals_read_the_schedulers_count():
+    """Issue 36's table: dtrain's ratios to MPI and DDP in one run, and the scheduler's own
+    count of tasks per step, per worker; each goal checked where its cell ran."""
+    from benchmarks import across
+    rows = [{"workload": wl, "workers": n, "contender": c, "epoch_s": e,
+             "sched_tasks_per_step": t}
+            for wl, n, c, e, t in [("P3", 2, "mpi-allreduce", 0.04, None),
+                                   ("P3", 2, "torch-ddp", 0.2, None),
+                                   ("P3", 2, "dtrain-allreduce", 0.05, 0.1),
+                                   ("P3", 4, "mpi-allreduce", 0.08, None),
+                                   ("P3", 4, "dtrain-allreduce", 0.16, 0.8),
+                                   ("iris", 2, "mpi-allreduce", 0.01, None),
+                                   ("iris", 2, "dtrain-allreduce", 0.02, 0.05)]]
+    m = across.measures(rows, "P3", 2, "dtrain-allreduce")
+    assert m == {"x MPI": pytest.approx(1.25), "x DDP": pytest.approx(0.25),
+                 "scheduler tasks / step / worker": pytest.approx(0.05)}
+    checks = {(c["workload"], c["workers"], c["what"]): c for c in across.goal_checks(rows)}
+    assert checks["P3", 2, "x MPI"]["met"] and not checks["P3", 4, "x MPI"]["met"]
+    assert checks["iris", 2, "x MPI"]["met"] and checks["iris", 2, "x MPI"]["goal"] == 3.0
+    assert not checks["P3", 4, "scheduler tasks / step / worker"]["met"]      # 0.8 / 4 > 0.1
+    assert ("P3", 4, "x DDP") not in checks                    # DDP did not run at 4
+    results = {"rows": rows, "workloads": {"P3": {}, "iris": {}}}
+    (title, header, body, _), (goal_title, _, goal_body, _) = across.tables(results)
+    assert title.startswith("Across workers") and goal_title.startswith("Across workers")
+    assert body[0][:2] == ["P3", "2"] and "1.25 / 0.25 / 0.050" in body[0]
+    assert sum(line[-1] == "NO" for line in goal_body) == 2
