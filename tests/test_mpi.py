@@ -46,6 +46,8 @@ SLOW = pytest.mark.slow
 
 @pytest.mark.parametrize("ranks, extra, workers, threads", [
     pytest.param(3, [], 1, CORES, id="3-ranks-hybrid"),
+    pytest.param(3, ["cluster.layout=flat", "cluster.p2p=tcp"], 2, 1,
+                 id="3-ranks-flat-tls-worker-to-worker"),
     pytest.param(4, ["cluster.tls=off", "cluster.layout=flat"], 3, 1,
                  id="4-ranks-flat-no-tls", marks=SLOW),
     pytest.param(3, ["cluster.layout=flat", "cluster.threads_per_worker=2"], 2, 2,
@@ -69,6 +71,12 @@ def test_mpi_run_equals_the_localcluster_run(client, tmp_path, ranks, extra, wor
     assert (summary["workers"], summary["threads"]) == (workers, workers * threads)
     assert local.summary["workers"] == 2
     protocol = "tcp" if "cluster.tls=off" in extra else "tls"
+    # a window on several workers: a task per worker, its sums worker to worker, over TLS
+    # where the cluster has it (a Unix socket between the processes of one machine)
+    assert (summary["spanned_windows"] > 0) == (workers > 1)
+    if workers > 1:
+        via = "unix" if "cluster.p2p=tcp" not in extra else protocol
+        assert summary["worker_to_worker"] == [via], summary
     assert f"scheduler: {protocol}://" in job.stdout and f"{ranks - 1} worker rank(s)" in job.stdout
     said = [line for line in job.stdout.splitlines() if line.startswith("layout: ")]
     assert len(said) == 1 and f"{workers} Dask worker(s) on 1 node(s)" in said[0], said

@@ -70,6 +70,7 @@ NONCE = 16                # bytes of each side's challenge
 HANDSHAKE_S = 10.0        # a connection proves itself within this, or is dropped
 KEEPALIVE = (5, 2, 3)     # TCP keepalive: idle s, between probes s, probes (a host gone: ~11 s)
 UNIX_BUFFER = 4 << 20     # a Unix socket's buffers
+TLS_PIECE = 1 << 20       # a TLS write from a task never waits: this much at a time
 STAGING = 1 << 16         # a connection's read buffer: most messages arrive in one read
 _FIXED = struct.Struct("!BHHI")   # a message's kind, tag bytes, then (array) dimensions and
 _LENGTH = struct.Struct("!Q")     # dtype bytes, or (pickle) buffers and pickle bytes
@@ -330,7 +331,7 @@ class _Out:
         with self.lock:
             if self.error:
                 raise PeerLost(self.error)
-            if not self.tls and not self.queue and not self.busy:
+            if not self.queue and not self.busy:
                 frames = self._now(frames)
                 if not frames:
                     return
@@ -343,6 +344,8 @@ class _Out:
 
     def _now(self, frames: list[memoryview]) -> list[memoryview]:
         """Write what the socket takes without waiting; returns what is left."""
+        if self.tls:
+            return self._now_tls(frames)
         try:
             sent = self.sock.sendmsg(frames, [], socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
@@ -358,6 +361,29 @@ class _Out:
             left.append(f[sent:])
             sent = 0
         return left
+
+    def _now_tls(self, frames: list[memoryview]) -> list[memoryview]:
+        """:meth:`_now` on TLS: whole records' worth at a time, until the socket would wait.
+        The piece it stopped in is the first thing left: OpenSSL wants the write it could
+        not finish repeated with the same bytes, which the sender thread then does."""
+        self.sock.setblocking(False)
+        try:
+            for i, frame in enumerate(frames):
+                at = 0
+                while at < frame.nbytes:
+                    piece = frame[at:at + TLS_PIECE]
+                    try:
+                        at += self.sock.send(piece)
+                    except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+                        rest = [frame[at:at + piece.nbytes], frame[at + piece.nbytes:],
+                                *frames[i + 1:]]
+                        return [f for f in rest if f.nbytes]
+            return []
+        except (OSError, ssl.SSLError) as exc:
+            self.error = f"sending to rank {self.peer} failed: {exc}"
+            raise PeerLost(self.error) from None
+        finally:
+            self.sock.setblocking(True)
 
     def _drain(self) -> None:
         while True:
@@ -384,6 +410,13 @@ class _Out:
         with self.lock:
             self.closed = True
             self.lock.notify()
+
+
+def transport(sock: socket.socket) -> str:
+    """"unix", "tls" or "tcp": what a connection goes over."""
+    if sock.family == socket.AF_UNIX:
+        return "unix"
+    return "tls" if isinstance(sock, ssl.SSLSocket) else "tcp"
 
 
 def _shut(sock: socket.socket) -> None:
@@ -543,6 +576,10 @@ class Link:
     def __init__(self, node: Node, mesh: Mesh, timeout: float):
         self.node, self.mesh, self.timeout = node, mesh, timeout
         self.messages = self.bytes = 0          # sent (the values' bytes, as Dask counts them)
+
+    def via(self) -> tuple[str, ...]:
+        """How this participant's messages went: "unix", "tcp" and/or "tls"."""
+        return tuple(sorted({transport(out.sock) for out in self.node.outs.values()}))
 
     def send(self, ranks: Sequence[int], tag: str, value: Any) -> None:
         """Send ``value`` as message ``tag`` to each of ``ranks``; returns at once."""

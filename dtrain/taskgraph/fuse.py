@@ -67,7 +67,8 @@ class Ran:
     seconds: dict[str, float]
     before_end: tuple[float, ...]
     steps: int
-    sent: tuple[int, int] = (0, 0)      # messages and bytes sent to other workers
+    sent: tuple[int, int] = (0, 0)      # messages and bytes sent to other workers ...
+    via: tuple[str, ...] = ()           # ... and how: "unix", "tcp", "tls" (deploy.p2p)
 
 
 def run_chain(chain: Chain, *inputs: Any) -> Ran:

@@ -95,7 +95,7 @@ def run_on(node: p2p.Node, piece: Piece, *inputs: Any) -> Ran:
     try:
         _here.link = link = node.link(piece.mesh, piece.to, piece.frm, piece.timeout)
         ran = run_chain(piece.chain, *inputs)
-        return dataclasses.replace(ran, sent=(link.messages, link.bytes))
+        return dataclasses.replace(ran, sent=(link.messages, link.bytes), via=link.via())
     except BaseException as exc:
         node.abort(f"rank {piece.rank}'s window task failed: {type(exc).__name__}: {exc}")
         raise
@@ -116,7 +116,8 @@ def span_meta(evals: tuple[tuple[int, int], ...], ends: tuple[tuple[int, int], .
     before = tuple(rans[c].before_end[i] for c, i in (*ends, *evals))
     return Ran(values if trim is None else trim(values), dict(seconds), before,
                max(ran.steps for ran in rans),
-               (sum(r.sent[0] for r in rans), sum(r.sent[1] for r in rans)))
+               (sum(r.sent[0] for r in rans), sum(r.sent[1] for r in rans)),
+               tuple(sorted({v for r in rans for v in r.via})))
 
 
 def workers_of(win: Window) -> list[str]:

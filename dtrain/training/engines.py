@@ -155,6 +155,7 @@ class DaskEngine:
         self.reruns: list[str] = []                 # windows run again, and why
         self.silent: set[str] = set()               # workers that stopped answering: left out
         self.sent = [0, 0]                          # ... their messages and bytes
+        self.via: set[str] = set()                  # ... and how they went (deploy.p2p)
         self.step_seconds: float | None = None      # seconds per step so far
         self.pieces: list[Future] = []              # the window in flight's tasks per worker
 
@@ -404,6 +405,7 @@ class DaskEngine:
                        {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
                         "fused_windows": self.fused_windows,
                         "spanned_windows": self.spanned_windows, "meshes": self.meshes,
+                        "via": sorted(self.via),
                         "reruns": self.reruns,
                         "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice,
                         "epoch_states_fetched": book.states})
@@ -566,6 +568,7 @@ class DaskEngine:
         self.fused_windows += not win.pieces
         self.sent[0] += ran.sent[0]
         self.sent[1] += ran.sent[1]
+        self.via.update(ran.via)
 
 
 @contextlib.contextmanager
