@@ -231,3 +231,22 @@ def test_a_peer_that_never_connects_ends_the_wait_after_the_timeout():
 def test_a_window_task_on_a_worker_of_no_mesh_is_misplaced():
     with pytest.raises(p2p.Misplaced):
         p2p.node("0" * 32, 0)
+
+
+def test_a_mesh_no_window_used_for_long_closes_itself(monkeypatch):
+    """A driver that died cannot close its mesh: each participant closes its part once no
+    window has used it for IDLE_S (here 0.1 s), and not while a window runs."""
+    monkeypatch.setattr(p2p, "IDLE_S", 0.1)
+    run, secret = p2p.new_run()
+    place = p2p.listen(run, secret, 0, "127.0.0.1", None, None, False)
+    mesh = p2p.Mesh(run, ("w0",), (place,))
+    link = p2p.node(run, 0).link(mesh, [], [], 1.0)        # a window runs
+    time.sleep(0.5)
+    assert run in p2p.open_nodes()
+    p2p.node(run, 0).done()
+    deadline = time.monotonic() + 5
+    while run in p2p.open_nodes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert run not in p2p.open_nodes() and link.messages == 0
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((place.host, place.port), timeout=2)

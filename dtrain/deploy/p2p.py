@@ -68,6 +68,7 @@ from dtrain.core import broadcast, internals
 HELLO = b"dtrain-p2p/1"   # what a connection opens with
 NONCE = 16                # bytes of each side's challenge
 HANDSHAKE_S = 10.0        # a connection proves itself within this, or is dropped
+IDLE_S = 900.0            # a mesh no window used this long closes itself
 KEEPALIVE = (5, 2, 3)     # TCP keepalive: idle s, between probes s, probes (a host gone: ~11 s)
 UNIX_BUFFER = 4 << 20     # a Unix socket's buffers
 TLS_PIECE = 1 << 20       # a TLS write from a task never waits: this much at a time
@@ -452,6 +453,7 @@ class Node:
         self.outs: dict[int, _Out] = {}
         self.changed = threading.Condition()
         self.broken: str | None = None
+        self.windows, self.used = 0, time.monotonic()   # windows running; last used
         self.listeners = [socket.create_server((host, 0), backlog=64)]
         self.folder = ""
         path = ""
@@ -527,26 +529,44 @@ class Node:
     def link(self, mesh: Mesh, to: Iterable[int], frm: Iterable[int], timeout: float) -> Link:
         """The connections of one window: to the ranks ``to`` it sends to (opened here once
         per mesh) and from the ranks ``frm`` it reads (waited for up to ``timeout`` seconds,
-        which also bounds each read's wait)."""
+        which also bounds each read's wait).  :meth:`done` says when the window is over."""
         self._check()
-        for peer in sorted(set(to) - set(self.outs)):
-            self.outs[peer] = self._connect(mesh, peer)
-        deadline = time.monotonic() + timeout
-        wanted = set(frm)
         with self.changed:
-            while self.broken is None and not wanted <= set(self.ins):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    missing = sorted(wanted - set(self.ins))
-                    raise PeerLost(f"rank(s) {missing} did not connect within "
-                                   f"{timeout:g} s", silent=mesh.workers[missing[0]])
-                self.changed.wait(left)
-        self._check()
+            self.windows += 1
+            self.used = time.monotonic()
+        try:
+            for peer in sorted(set(to) - set(self.outs)):
+                self.outs[peer] = self._connect(mesh, peer)
+            deadline = time.monotonic() + timeout
+            wanted = set(frm)
+            with self.changed:
+                while self.broken is None and not wanted <= set(self.ins):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        missing = sorted(wanted - set(self.ins))
+                        raise PeerLost(f"rank(s) {missing} did not connect within "
+                                       f"{timeout:g} s", silent=mesh.workers[missing[0]])
+                    self.changed.wait(left)
+            self._check()
+        except BaseException:
+            self.done()
+            raise
         return Link(self, mesh, timeout)
 
     def _check(self) -> None:
         if self.broken is not None:
             raise PeerLost(f"this mesh already failed: {self.broken}")
+
+    def done(self) -> None:
+        """A window that :meth:`link` let in is over."""
+        with self.changed:
+            self.windows -= 1
+            self.used = time.monotonic()
+
+    def idle(self, now: float) -> bool:
+        """Whether no window has used it for :data:`IDLE_S` seconds."""
+        with self.changed:
+            return not self.windows and now - self.used > IDLE_S
 
     def abort(self, why: str) -> None:
         """Shut every connection down (its peers' reads end at once) and stop listening: the
@@ -624,7 +644,21 @@ def listen(run: str, secret: bytes, rank: int, host: str, server: ssl.SSLContext
     made = Node(run, secret, rank, host, server, client, local)
     with _nodes_lock:
         _nodes[run] = made
+        if not any(t.name == "dtrain-p2p-reaper" for t in threading.enumerate()):
+            threading.Thread(target=_reap, daemon=True, name="dtrain-p2p-reaper").start()
     return made.place
+
+
+def _reap() -> None:
+    """Close meshes no window used for :data:`IDLE_S` (a driver that died cannot close
+    them): nothing listens long after its run."""
+    while True:
+        time.sleep(min(IDLE_S / 10, 1.0))
+        now = time.monotonic()
+        with _nodes_lock:
+            idle = [run for run, n in _nodes.items() if n.idle(now)]
+        for run in idle:
+            close(run)
 
 
 def close(run: str) -> bool:

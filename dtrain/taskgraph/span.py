@@ -94,7 +94,10 @@ def run_on(node: p2p.Node, piece: Piece, *inputs: Any) -> Ran:
     first, so that its peers stop at their next message."""
     try:
         _here.link = link = node.link(piece.mesh, piece.to, piece.frm, piece.timeout)
-        ran = run_chain(piece.chain, *inputs)
+        try:
+            ran = run_chain(piece.chain, *inputs)
+        finally:
+            node.done()
         return dataclasses.replace(ran, sent=(link.messages, link.bytes), via=link.via())
     except BaseException as exc:
         node.abort(f"rank {piece.rank}'s window task failed: {type(exc).__name__}: {exc}")
