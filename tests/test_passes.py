@@ -201,6 +201,11 @@ CUTS = {
     "allreduce, fan-in 3 over 3 workers": (["graph.fan_in=3", "data.shards=5"],
                                             ("w0", "w1", "w2")),
     "parameter server": (["graph.strategy=parameter-server"], ("w0", "w1", "w2")),
+    "6 workers: values for more than 3 relayed down a binomial tree": (
+        ["data.shards=6"], tuple(f"w{i}" for i in range(6))),
+    "parameter server, 5 workers: its state relayed": (
+        ["graph.strategy=parameter-server", "data.shards=5"],
+        tuple(f"w{i}" for i in range(6))),
     "local SGD": (["graph.strategy=local-sgd", "graph.sync_every=3"], ("w0", "w1")),
 }     # model parallelism: every worker holds every shard; tests/test_hashes.py runs it cut
 
@@ -221,6 +226,32 @@ def test_a_cut_window_computes_the_bytes_of_the_step_by_step_graph(case):
     assert ran.steps == 14 and ran.sent[0] > 0
     maths = sum(ran.seconds.get(k, 0) for k in (*keys.WORK, keys.REDUCE, keys.UPDATE))
     assert 0 < ran.seconds[fuse.CRITICAL] <= maths      # the longest chain's, not the sum
+
+
+def test_a_value_read_on_many_workers_goes_down_a_binomial_tree():
+    """Read on 5 other workers, a value is sent by its maker to 3 of them, one of which
+    passes it on to the other 2 (each member reads it from one parent, once)."""
+    p, win = _window(["data.shards=6"], workers=tuple(f"w{i}" for i in range(6)))
+    cut, nodes = _cut(win, [f"w{i}" for i in range(6)])
+    for n in nodes.values():
+        n.close()
+    sends: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+    reads: dict[str, list[tuple[int, int]]] = {}
+    for name in cut.pieces:
+        piece = cut.dsk[name].args[0]
+        for key, fn, args in piece.chain.nodes:
+            if fn is span.send:
+                sends.setdefault(key, []).append((piece.rank, args[0]))
+            elif fn is span.recv:
+                reads.setdefault(key, []).append((piece.rank, args[0]))
+    fanned = {k: v for k, v in sends.items() if sum(len(r) for _, r in v) == 5}
+    assert fanned, sends                    # the root level's sums reach every other worker
+    for key, by in fanned.items():
+        maker = next(r for r, _ in by if all(r not in to for _, to in by))
+        assert len(dict(by)[maker]) == 3 and len(by) == 2     # its maker and one relay
+        got = dict(reads[key])
+        assert len(got) == 5 and all(got[r] in dict(by) for r in got)   # each from a sender
+    assert all(len(to) <= 3 for v in sends.values() for _, to in v)
 
 
 def test_a_cut_window_whose_task_fails_stops_its_peers_at_once():

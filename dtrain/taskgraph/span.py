@@ -43,6 +43,7 @@ from dtrain.taskgraph.fuse import CRITICAL, META, Chain, Ran, plain, chain_of, i
 from dtrain.taskgraph.window import Window
 
 SEND, RECV = "send", "recv"     # the message nodes' kinds in a chain's timings
+DIRECT = 3          # a value read on up to this many other workers is sent to each by its maker
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,27 @@ def span_meta(evals: tuple[tuple[int, int], ...], ends: tuple[tuple[int, int], .
                tuple(sorted({v for r in rans for v in r.via})))
 
 
+def _parent(at: int) -> int:
+    """A binomial tree's parent of position ``at`` (> 0): ``at`` less its highest bit."""
+    return at - (1 << (at.bit_length() - 1))
+
+
+def _spread(n: int) -> list[tuple[int, list[int]]]:
+    """Who passes on a value made at position 0 of ``n`` members (the maker, then its other
+    readers): each position that sends and the positions it sends to, parents before their
+    children.  To up to :data:`DIRECT` readers the maker sends itself; to more, down a
+    binomial tree (the farthest subtree first, as MPI's broadcast): no member sends more
+    than ``log2 n`` copies, the last arriving ``ceil(log2 n)`` hops after it was made."""
+    if n - 1 <= DIRECT:
+        return [(0, list(range(1, n)))]
+    out = []
+    for at in sorted(range(n), key=lambda i: (i.bit_count(), i)):   # by depth: parents first
+        kids = [at + (1 << j) for j in reversed(range(n.bit_length()))
+                if (1 << j) > at and at + (1 << j) < n]
+        out.append((at, kids))
+    return out
+
+
 def workers_of(win: Window) -> list[str]:
     """The workers ``win``'s tasks sit on, in the order their first task was added."""
     return list(dict.fromkeys(where[0] for where in win.where.values()))
@@ -173,11 +195,21 @@ def steps(win: Window, first: int, last: int, run: str, mesh: p2p.Mesh, timeout:
                 frm[w].add(rank[src])
         nodes[w].append((key, fn, args))
         kinds[w].append(keys.kind_of(key))
-        if k in readers:
-            ranks = tuple(sorted(rank[r] for r in readers[k]))
-            nodes[w].append((key, send, (ranks, key, TaskRef(key))))
-            kinds[w].append(SEND)
-            to[w].update(ranks)
+        if k not in readers:
+            continue
+        members = [w, *sorted(readers[k], key=rank.__getitem__)]
+        for at, kids in _spread(len(members)):
+            me = members[at]
+            if at:          # a relay: the value as soon as it comes, passed on at once
+                nodes[me].append((key, recv, (rank[members[_parent(at)]], key)))
+                kinds[me].append(RECV)
+                got[me].add(key)
+                frm[me].add(rank[members[_parent(at)]])
+            if kids:
+                ranks = tuple(rank[members[c]] for c in kids)
+                nodes[me].append((key, send, (ranks, key, TaskRef(key))))
+                kinds[me].append(SEND)
+                to[me].update(ranks)
     outputs = (*win.ends, *win.evals.values())
     out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
     names, found = [], {}
