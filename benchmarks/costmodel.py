@@ -266,3 +266,137 @@ def markdown_scale(rows: list[dict[str, Any]]) -> str:
                      f"{r['seconds'] * 1e3:.2f} (prediction) | {share:.0%} | {r['bound']} | "
                      f"{need} |")
     return "\n".join(lines)
+
+
+# --- windows across workers (issue 36): each a task per worker, its crossings messages ---------
+
+NODES = (16, 64, 256)                   # nodes of the across-workers predictions
+NODE_CORE_COUNT = 16                    # cores per node there (a worker per node)
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What a message between two workers costs: ``alpha`` seconds whatever its size, then
+    its bytes over ``bandwidth`` (a sender's messages leave one after another); ``node``:
+    the seconds a chain spends per task beyond the task's own work (dtrain's Python loop;
+    0 for a compiled MPI program)."""
+
+    alpha: float
+    bandwidth: float
+    node: float = 0.0
+
+    def across(self, latency: float, bandwidth: float) -> Wire:
+        """The same software between two nodes of a network: its latency added, its
+        bandwidth the lesser."""
+        return Wire(self.alpha + latency, min(self.bandwidth, bandwidth), self.node)
+
+
+def _node_seconds(fn: Any, args: tuple, flops: float, params: int, update: float,
+                  threads: int) -> float:
+    """The work of one chain node: a group's forward-backward (its shards on up to
+    ``threads`` cores side by side, and the one new update it applies first: a worker
+    computes each replicated update once, :mod:`dtrain.taskgraph.tasks`), an update, or
+    nothing to speak of (a reduce's sum, a state, an evaluation without held-out data)."""
+    from dtrain.taskgraph.records import ForwardBackward, Update
+
+    record = args[0] if args else None
+    if isinstance(record, ForwardBackward):
+        g = record.group
+        rows = max(hi - lo for lo, hi in g.rows)
+        ways = max(1, min(threads, len(g.shards)))
+        applied = update if record.updates is not None else 0.0
+        return math.ceil(len(g.shards) / ways) * 6 * rows * params / flops + applied
+    if isinstance(record, Update):
+        return update
+    return 0.0
+
+
+def simulate(c: Any, nbytes: dict[str, int], wire: Wire, flops: float, params: int,
+             update: float, threads: int) -> float:
+    """Seconds until every chain of the cut window ``c`` (:class:`dtrain.taskgraph.span.Cut`)
+    has run: each worker runs its nodes in order; a ``recv`` waits for the message, which
+    left its sender ``alpha`` plus its bytes over the bandwidth after the ``send`` (a send
+    to several leaves them one after another)."""
+    from dtrain.taskgraph import span
+
+    clock = dict.fromkeys(c.nodes, 0.0)
+    rank_of: dict[str, int] = {}
+    for w in c.nodes:                         # the mesh's ranks: as the cut's sends name them
+        rank_of[w] = len(rank_of)
+    arrive: dict[tuple[str, int], float] = {}
+    for w, i in c.sequence:
+        key, fn, args = c.nodes[w][i]
+        if fn is span.recv:
+            clock[w] = max(clock[w], arrive[key, rank_of[w]]) + wire.node
+            continue
+        if fn is span.send:
+            size = nbytes.get(key, 0)
+            for j, to in enumerate(args[0]):
+                arrive[key, to] = clock[w] + wire.alpha + (j + 1) * size / wire.bandwidth
+            clock[w] += wire.node
+            continue
+        clock[w] += _node_seconds(fn, args, flops, params, update, threads) + wire.node
+    return max(clock.values())
+
+
+def across(layers: tuple[int, ...], rows: int, nodes: int, node_cores: int, wires: dict[str, Wire],
+           flops: float, update: float, n: int = 8) -> dict[str, float]:
+    """Seconds per allreduce step of a net of ``layers``, ``rows`` rows per core, on
+    ``nodes`` workers of ``node_cores`` cores (a worker per node, a shard per core), for each
+    of ``wires``: dtrain's own window, cut into a task per worker as the engine cuts it
+    (:func:`dtrain.taskgraph.span.cut`), timed by :func:`simulate`; the difference of a
+    ``2 n``-step and an ``n``-step window over ``n`` steps, so the window's edges cancel."""
+    from dtrain.taskgraph import span
+    from dtrain.training.plan import plan
+
+    p = plan(config(layers, rows, nodes * node_cores, "allreduce", steps=2 * n + 1))
+    names = [f"w{i}" for i in range(nodes)]
+    placement = p.builder.place(names)
+    refs = [TaskRef(f"load-shard-{i}") for i in range(nodes * node_cores)]
+    rank = {w: r for r, w in enumerate(names)}
+    out: dict[str, float] = {}
+    for name, wire in wires.items():
+        times = []
+        for steps in (n, 2 * n):
+            win = p.builder.window([p.schedule[t] for t in range(steps)], p.initial_state(),
+                                   refs, None, placement, "m")
+            times.append(simulate(span.cut(win, rank), win.nbytes, wire, flops, p.net.size,
+                                  update, node_cores))
+        out[name] = (times[1] - times[0]) / n
+    return out
+
+
+def across_rows(wires: dict[str, Wire], models: dict[str, tuple[tuple[int, ...], int, float,
+                float]], latency: float, bandwidth: float) -> list[dict[str, Any]]:
+    """Predictions at :data:`NODES` nodes of :data:`NODE_CORE_COUNT` cores (``models``: name
+    -> (layers, rows per core, FLOP/s per core, update seconds)), each wire taken across a
+    network of ``latency`` seconds and ``bandwidth`` bytes/s."""
+    net = {name: w.across(latency, bandwidth) for name, w in wires.items()}
+    out = []
+    for model, (layers, rows, flops, update) in models.items():
+        params = sum(a * b + b for a, b in zip(layers[:-1], layers[1:]))
+        compute = 6 * rows * params / flops + update
+        grad = (params + 2) * 4                     # float32 [grad | loss | correct]
+        for nodes in NODES:
+            got = across(layers, rows, nodes, NODE_CORE_COUNT, net, flops, update)
+            best = net.get("mpi", next(iter(net.values())))
+            ring = compute + 2 * (nodes - 1) / nodes * grad / best.bandwidth + \
+                2 * math.ceil(math.log2(nodes)) * best.alpha
+            out.append({"model": model, "nodes": nodes, "cores": nodes * NODE_CORE_COUNT,
+                        "compute": compute, "allreduce": ring, **got})
+    return out
+
+
+def markdown_across(rows: list[dict[str, Any]], names: tuple[str, str] = ("dtrain", "mpi")
+                    ) -> str:
+    """The across-workers predictions as one Markdown table, every value a prediction."""
+    a, b = names
+    lines = ["| model | nodes | cores | compute ms/step | dtrain ms/step (prediction) | "
+             "MPI, the same tree, ms/step (prediction) | dtrain / MPI tree | MPI Allreduce "
+             "(reduce-scatter + allgather, formula) ms/step |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['nodes']} | {r['cores']:,} | "
+                     f"{r['compute'] * 1e3:.2f} | {r[a] * 1e3:.2f} | {r[b] * 1e3:.2f} | "
+                     f"{r[a] / r[b]:.2f} | {r['allreduce'] * 1e3:.2f} |")
+    return "\n".join(lines)

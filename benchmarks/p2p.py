@@ -85,7 +85,10 @@ def _rpc_pingpong(peer: str, nbytes: int, repeat: int) -> float:
     return statistics.median(took[3:]) * 1e3
 
 
-def _on_cluster(tls: bool, repeat: int) -> dict[str, dict[str, float]]:
+def on_cluster(tls: bool, repeat: int, kinds: tuple[str, ...] = ()
+               ) -> dict[str, dict[str, float]]:
+    """The round trips (ms by size) of ``kinds`` (default: every way but MPI's) on a
+    2-worker LocalCluster, on TLS if ``tls``."""
     from distributed import Client, LocalCluster, Security
 
     from dtrain.deploy import p2p
@@ -97,7 +100,7 @@ def _on_cluster(tls: bool, repeat: int) -> dict[str, dict[str, float]]:
                       security=security) as lc, Client(lc, security=security) as c:
         c.run(_allocator)
         a, b = sorted(c.scheduler_info()["workers"])
-        kinds = ["tls"] if tls else ["rpc", "unix", "tcp"]
+        kinds = kinds or (("tls",) if tls else ("rpc", "unix", "tcp"))
         if "rpc" in kinds:
             c.register_plugin(_Echo())
         for kind in kinds:
@@ -142,7 +145,7 @@ def _mpi_side(repeat: int) -> None:
         print(json.dumps(out))
 
 
-def _mpi(repeat: int) -> dict[str, float] | None:
+def mpi(repeat: int) -> dict[str, float] | None:
     beside = Path(sys.executable).parent / "mpiexec"
     mpiexec = str(beside) if beside.is_file() else shutil.which("mpiexec")
     try:
@@ -157,6 +160,14 @@ def _mpi(repeat: int) -> dict[str, float] | None:
     if done.returncode != 0:
         return None
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def wire(row: dict[str, float]) -> tuple[float, float]:
+    """``(alpha seconds, bytes/s)`` of one way from a row's round trips: half the smallest
+    message's, and the bytes the largest adds over that."""
+    small, big = SIZES["1 KiB"], SIZES["3.2 MiB (P2)"]
+    alpha = row["1 KiB"] / 2e3
+    return alpha, (big - small) / max(row["3.2 MiB (P2)"] / 2e3 - alpha, 1e-9)
 
 
 ROWS = {"rpc": "distributed RPC from the task thread (each hop through an event loop)",
@@ -184,10 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.mpi_side:
         _mpi_side(args.repeat)
         return 0
-    found = {**_on_cluster(False, args.repeat), **_on_cluster(True, args.repeat)}
-    mpi = _mpi(args.repeat)
-    if mpi is not None:
-        found["mpi"] = mpi
+    found = {**on_cluster(False, args.repeat), **on_cluster(True, args.repeat)}
+    over_mpi = mpi(args.repeat)
+    if over_mpi is not None:
+        found["mpi"] = over_mpi
     print(f"A message there and back between two workers' task threads, median of "
           f"{args.repeat} (ms; GB/s counts both ways):\n")
     print(table(found))

@@ -150,6 +150,68 @@ def workers_of(win: Window) -> list[str]:
     return list(dict.fromkeys(where[0] for where in win.where.values()))
 
 
+@dataclass
+class Cut:
+    """A window cut into chains: each worker's ``nodes`` (``(key, function, arguments)``)
+    and their ``kinds``, the ranks each sends ``to`` and reads ``frm``, and ``sequence``:
+    every ``(worker, node index)`` in the one global order the chains follow (what a model
+    of the window's time walks)."""
+
+    nodes: dict[str, list[tuple[str, Any, tuple[Any, ...]]]]
+    kinds: dict[str, list[str | None]]
+    to: dict[str, set[int]]
+    frm: dict[str, set[int]]
+    sequence: list[tuple[str, int]]
+
+    def add(self, worker: str, node: tuple[str, Any, tuple[Any, ...]], kind: str | None
+            ) -> None:
+        self.sequence.append((worker, len(self.nodes[worker])))
+        self.nodes[worker].append(node)
+        self.kinds[worker].append(kind)
+
+
+def cut(win: Window, rank: dict[str, int]) -> Cut:
+    """Each worker's chain of ``win`` (``rank``: every worker's rank in the mesh): its tasks
+    in one global order of the graph, a ``recv`` before the first task that reads a value
+    made on another worker, a ``send`` after each value other workers read (down a binomial
+    tree to more than :data:`DIRECT` of them, each relay right after the maker)."""
+    order = in_order(win.dsk)
+    where = {k: win.where[k][0] for k in order}
+    readers: dict[str, dict[str, None]] = {}        # key -> the other workers reading it
+    for k in order:
+        for dep in win.dsk[k].dependencies:
+            if dep in where and where[dep] != where[k]:
+                readers.setdefault(dep, {})[where[k]] = None
+    out = Cut({w: [] for w in rank}, {w: [] for w in rank}, {w: set() for w in rank},
+              {w: set() for w in rank}, [])
+    got: dict[str, set[str]] = {w: set() for w in rank}
+    for k in order:
+        w = where[k]
+        key, fn, args = plain(win.dsk[k])
+        for a in args:
+            src = where.get(a.key) if type(a) is TaskRef else None
+            if src is not None and src != w and a.key not in got[w]:
+                out.add(w, (a.key, recv, (rank[src], a.key)), RECV)
+                got[w].add(a.key)
+                out.frm[w].add(rank[src])
+        out.add(w, (key, fn, args), keys.kind_of(key))
+        if k not in readers:
+            continue
+        members = [w, *sorted(readers[k], key=rank.__getitem__)]
+        for at, kids in _spread(len(members)):
+            me = members[at]
+            if at:          # a relay: the value as soon as it comes, passed on at once
+                parent = rank[members[_parent(at)]]
+                out.add(me, (key, recv, (parent, key)), RECV)
+                got[me].add(key)
+                out.frm[me].add(parent)
+            if kids:
+                ranks = tuple(rank[members[c]] for c in kids)
+                out.add(me, (key, send, (ranks, key, TaskRef(key))), SEND)
+                out.to[me].update(ranks)
+    return out
+
+
 def steps(win: Window, first: int, last: int, run: str, mesh: p2p.Mesh, timeout: float,
           trim: Callable[[tuple], tuple] | None = None) -> Window:
     """``win`` cut into one task per worker whose edges between workers are messages (see
@@ -170,61 +232,24 @@ def steps(win: Window, first: int, last: int, run: str, mesh: p2p.Mesh, timeout:
     trim
         As :func:`dtrain.taskgraph.fuse.steps`' (early stopping's states).
     """
-    order = in_order(win.dsk)
-    where = {k: win.where[k][0] for k in order}
     rank = {w: mesh.rank(w) for w in workers_of(win)}
-    readers: dict[str, dict[str, None]] = {}        # key -> the other workers reading it
-    for k in order:
-        for dep in win.dsk[k].dependencies:
-            if dep in where and where[dep] != where[k]:
-                readers.setdefault(dep, {})[where[k]] = None
-    nodes: dict[str, list[tuple[str, Any, tuple[Any, ...]]]] = {w: [] for w in rank}
-    kinds: dict[str, list[str | None]] = {w: [] for w in rank}
-    got: dict[str, set[str]] = {w: set() for w in rank}
-    to: dict[str, set[int]] = {w: set() for w in rank}
-    frm: dict[str, set[int]] = {w: set() for w in rank}
-    for k in order:
-        w = where[k]
-        key, fn, args = plain(win.dsk[k])
-        for a in args:
-            src = where.get(a.key) if type(a) is TaskRef else None
-            if src is not None and src != w and a.key not in got[w]:
-                nodes[w].append((a.key, recv, (rank[src], a.key)))
-                kinds[w].append(RECV)
-                got[w].add(a.key)
-                frm[w].add(rank[src])
-        nodes[w].append((key, fn, args))
-        kinds[w].append(keys.kind_of(key))
-        if k not in readers:
-            continue
-        members = [w, *sorted(readers[k], key=rank.__getitem__)]
-        for at, kids in _spread(len(members)):
-            me = members[at]
-            if at:          # a relay: the value as soon as it comes, passed on at once
-                nodes[me].append((key, recv, (rank[members[_parent(at)]], key)))
-                kinds[me].append(RECV)
-                got[me].add(key)
-                frm[me].add(rank[members[_parent(at)]])
-            if kids:
-                ranks = tuple(rank[members[c]] for c in kids)
-                nodes[me].append((key, send, (ranks, key, TaskRef(key))))
-                kinds[me].append(SEND)
-                to[me].update(ranks)
+    c = cut(win, rank)
     outputs = (*win.ends, *win.evals.values())
+    where = {k: win.where[k][0] for k in outputs}
     out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
     names, found = [], {}
-    for c, w in enumerate(rank):
+    for i, w in enumerate(rank):
         mine = tuple(k for k in outputs if where[k] == w)
-        found.update({k: (c, i) for i, k in enumerate(mine)})
-        chain = chain_of(nodes[w], kinds[w], mine, last - first + 1)
-        piece = Piece(chain, mesh, rank[w], tuple(sorted(to[w])), tuple(sorted(frm[w])),
+        found.update({k: (i, at) for at, k in enumerate(mine)})
+        chain = chain_of(c.nodes[w], c.kinds[w], mine, last - first + 1)
+        piece = Piece(chain, mesh, rank[w], tuple(sorted(c.to[w])), tuple(sorted(c.frm[w])),
                       timeout)
         names.append(out.add(Task(keys.make(keys.WINDOW, first, last, f"w{rank[w]}", run=run),
                                   run_piece, piece, *map(TaskRef, chain.inputs)), w,
                              sum(win.nbytes.get(k, 0) for k in mine)))
     for key in win.ends:
-        c, i = found[key]
-        out.add(Task(key, pick, TaskRef(names[c]), i), where[key], win.nbytes.get(key, 0))
+        i, at = found[key]
+        out.add(Task(key, pick, TaskRef(names[i]), at), where[key], win.nbytes.get(key, 0))
     root = where[win.ends[0]] if win.ends else next(iter(rank))
     out.meta = out.add(Task(keys.make(keys.WINDOW, first, last, META, run=run), span_meta,
                             tuple(found[k] for k in win.evals.values()),
