@@ -433,10 +433,13 @@ def test_the_estimator_table_judges_each_goal():
              "ratio": 1.83, "sklearn_acc": 0.97, "dtrain_acc": 0.98},
             {"set": "synthetic", "rows": 160_000, "epochs": 20, "sklearn_s": 6.9,
              "dtrain_s": 9.0, "ratio": 1.30, "sklearn_acc": 0.96, "dtrain_acc": 0.96}]
-    dask = [{"who": "dtrain MLPClassifier", "seconds": 3.9, "passes": 20, "accuracy": 0.990},
+    dask = [{"who": "dtrain MLPClassifier", "seconds": 3.9, "passes": 20, "accuracy": 0.990,
+             "strategy": "allreduce", "same_bytes": True},
             {"who": "dask-ml Incremental", "seconds": 12.5, "passes": 20, "accuracy": 0.999}]
     text = table(rows, dask)
     assert "| 1.83 NO |" in text and "| 1.30 yes |" in text
+    assert "| allreduce | yes | 0.31 x" in text
+    assert "| allreduce | NO |" in table(rows, [{**dask[0], "same_bytes": False}, dask[1]])
     # faster, but more than half a point less accurate: not met
     assert "0.31 x, NO" in text
     dask[0]["accuracy"] = 0.995
@@ -455,6 +458,8 @@ def test_the_estimator_benchmark_runs():
     dask_part = proc.stdout.split("Where the partitions sit")[1]
     assert ("| dtrain" in dask_part and "| dask-ml Incremental |" in dask_part) or \
         "dask-ml is not installed" in dask_part
+    if "| dtrain" in dask_part:     # synchronous on 2 workers, the bytes of 1 worker's fit
+        assert dask_part.count("| allreduce | yes |") == 2, dask_part
 
 
 def test_the_across_workers_table_and_goals_read_the_schedulers_count():
