@@ -17,9 +17,12 @@ knows buffers, ranks and a run id, nothing of training.
   change make a new mesh, under a new run id: an old mesh's messages cannot
   reach it.
 * **What listens.**  Each participant listens on its Dask worker's own host
-  (127.0.0.1 on an embedded cluster), on a port the kernel picks, for as long
-  as the mesh lasts.  Where the cluster uses TLS, so do these sockets, with
-  the worker's own certificate and CA (``distributed.Security``).  Every
+  (127.0.0.1 on an embedded cluster), on a port the kernel picks, and (for
+  peers of the same machine: the TCP stack costs them more than the bytes) on a
+  Unix socket in a folder only its user can open, for as long as the mesh lasts
+  (:data:`IDLE_S` at most without a window).  Where the cluster uses TLS, so do
+  the TCP sockets, with the worker's own certificate and CA
+  (``distributed.Security``).  Every
   connection, TLS or not, must prove that it knows the mesh's secret
   (HMAC-SHA256 challenges both ways, so the secret never crosses the wire)
   before a byte of a message is read: a stranger on a shared login node is
@@ -33,7 +36,7 @@ knows buffers, ranks and a run id, nothing of training.
   of the window's graph, so no wait can close a circle.
 * **Faults.**  A peer whose process dies has its sockets closed by the
   kernel, a host that vanished is found by TCP keepalive within seconds, and no
-  read waits longer than the mesh's ``timeout``.  Each raises :class:`PeerLost`
+  read waits longer than the window's ``timeout``.  Each raises :class:`PeerLost`
   in the waiting task, which shuts every connection of the mesh down as it
   fails, so that its peers stop too.  A task that runs on a worker other than
   the participant it was made for raises :class:`Misplaced`.  The engine runs
@@ -461,9 +464,14 @@ class Node:
             self.folder = tempfile.mkdtemp(prefix="dtrain-p2p-")
             path = os.path.join(self.folder, "s")
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            unix.bind(path)
-            unix.listen(64)
-            self.listeners.append(unix)
+            try:
+                unix.bind(path)
+                unix.listen(64)
+                self.listeners.append(unix)
+            except OSError:         # e.g. a TMPDIR too long for a socket's name: TCP only
+                unix.close()
+                shutil.rmtree(self.folder, ignore_errors=True)
+                self.folder = path = ""
         tcp_host, port = self.listeners[0].getsockname()[:2]
         self.place = Place(tcp_host, port, path, _machine() if path else "")
         for listener in self.listeners:
