@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Every table of issues 27 and 29 on a lent machine with 16 cores and one NVIDIA GPU, from a
-# bare start, in one call (under 8 minutes): the in-node table, dtrain beside serial NumPy,
-# mpi4py and PyTorch DDP at 1-16 workers, the one-GPU table, then the GPU tests.
+# Every table of issues 27, 29 and 36 on a lent machine with 16 cores and one NVIDIA GPU, from
+# a bare start, in one call (under 8 minutes): the in-node table, dtrain beside serial NumPy,
+# mpi4py and PyTorch DDP at 1-16 workers (with 16 worker processes, one per core, each window
+# a task per worker and its sums worker to worker: issue 36's goal on P3), the one-GPU table,
+# then the GPU tests.
 #
 # The machine has Python with torch, CuPy, NumPy, pandas, pyarrow, scikit-learn and mpi4py,
 # no network, and no dask, distributed or bokeh: those come as wheels carried in .whl/, and
@@ -60,6 +62,7 @@ timeout 280 python3 -m benchmarks $quick --workloads P1,P2,P3 --workers "$worker
     --data-dir .data --out "$out/cpu" --timeout 120 > "$out/cpu.log" 2> "$out/cpu.err"
 sed -n '1,/^### P1/p' "$out/cpu/results.md" | head -n -1
 grep -A 30 "^### Strong scaling" "$out/cpu/results.md" | head -12
+grep -A 16 "^### Across workers" "$out/cpu/results.md"
 grep -E "failed|warning" "$out/cpu.err" | head -5
 cp "$out/cpu/results.md" "$keep/cpu.md"; cp "$out/cpu/results.json" "$keep/cpu.json"
 cp "$out/cpu/results-speedup.png" "$keep/cpu-speedup.png"
