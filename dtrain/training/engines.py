@@ -152,12 +152,12 @@ class DaskEngine:
         self.mesh: p2p.Mesh | None = None           # windows that span workers: their peers
         self.meshes = 0                             # ... how many were opened
         self.spanned_windows = 0                    # windows run as a task per worker
-        self.reruns: list[str] = []                 # windows run again, and why
-        self.silent: set[str] = set()               # workers that stopped answering: left out
         self.sent = [0, 0]                          # ... their messages and bytes
         self.via: set[str] = set()                  # ... and how they went (deploy.p2p)
+        self.pieces: list[Future] = []              # ... the one in flight's tasks
+        self.reruns: list[str] = []                 # windows run again, and why
+        self.silent: set[str] = set()               # workers that stopped answering: left out
         self.step_seconds: float | None = None      # seconds per step so far
-        self.pieces: list[Future] = []              # the window in flight's tasks per worker
 
     def _key(self, name: str, *parts: int | str) -> str:
         return keys.make(name, *parts, run=self.run_id)
