@@ -408,7 +408,8 @@ def test_predict_with_the_wrong_number_of_features(client):
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"solver": "lbfgs"}, "dtrain trains by minibatch"),
+    ({"solver": "lbfgs", "strategy": "local-sgd"}, "strategy = 'local-sgd' with solver = "
+                                                    "'lbfgs'"),
     ({"activation": "softplus"}, "activation = 'softplus': must be"),
     ({"learning_rate_init": 0}, "learning_rate_init = 0: must be a number > 0"),
     ({"hidden_layer_sizes": (8, 0)}, "hidden_layer_sizes"),
@@ -418,7 +419,8 @@ def test_predict_with_the_wrong_number_of_features(client):
     ({"max_fun": 0}, "max_fun = 0: must be an integer >= 1"),
     ({"solver": "sgd", "learning_rate": "adaptive", "strategy": "local-sgd", "sync_every": 4},
      "optim.schedule = 'adaptive'"),
-    ({"loss": "poisson"}, "loss = 'poisson' is not supported by dtrain"),
+    ({"loss": "huber"}, "loss = 'huber': must be 'squared_error' or 'poisson'"),
+    ({"n_iter_no_change": 0}, r"n_iter_no_change = 0: must be an integer >= 1"),
 ])
 def test_parameters_dtrain_cannot_train_with(params, message, client):
     make = dtrain.MLPRegressor if "loss" in params else dtrain.MLPClassifier
