@@ -174,7 +174,7 @@ class ModelSpec:
                                  f"dtrain reads version {VERSION}: use the dtrain that wrote it")
         try:
             net, feats = d["network"], d["features"]
-            values = OUTPUTS.get(net["loss"]) == "identity"    # a regression needs targets
+            values = OUTPUTS.get(net["loss"]) in VALUE_OUTPUTS   # a regression needs targets
             spec = cls(tuple(int(n) for n in net["layers"]), str(net["activation"]),
                        str(net["loss"]), str(net["dtype"]),
                        Normalization.from_dict(d["normalization"]),

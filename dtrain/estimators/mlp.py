@@ -10,27 +10,29 @@ lazy Dask array (one task per block, the model one key of the graph).
 The parameters, fitted attributes and outputs are scikit-learn's (its MLPs'
 initialization, two classes as one logistic output, multilabel and
 multi-output targets, sample weights, the learning-rate schedules, Nesterov's
-momentum).  Where the two differ (README, "From Python and Dask", lists
-every parameter and attribute):
+momentum, ``solver="lbfgs"`` as scipy's L-BFGS-B over full-batch task graphs,
+``loss="poisson"``, the stopping rule, the input's float dtype, ``verbose``'s
+lines, ``ValueError`` for bad input).  Where the two differ (README, "From
+Python and Dask", lists every parameter and attribute):
 
 * The inputs are normalized as dtrain's runs normalize them (``normalize``,
   statistics from the training rows), and the normalization is part of the
   model, so ``coefs_`` and ``intercepts_`` act on normalized features.
 * ``loss_curve_`` and ``loss_`` are dtrain's ``train_loss``: the mean
-  per-sample loss of the epoch's minibatches, without the L2 term.
-* Early stopping watches the validation *loss* (scikit-learn: the validation
-  accuracy) and keeps the best epoch's parameters; without it, the training
-  loss, with the same patience.  dtrain stops after ``n_iter_no_change``
-  epochs without an improvement by more than ``tol`` (scikit-learn after one
-  more).
+  per-sample loss of the epoch's minibatches, without the L2 term (lbfgs: of
+  each iteration's iterate; scikit-learn's lbfgs keeps no curve).
+* With early stopping, a loss that diverges ends the fit there (best
+  parameters kept, NaN score recorded, a ``ConvergenceWarning``); scikit-learn
+  trains on to ``max_iter``.  The adaptive schedule counts epochs on the
+  training loss also with early stopping (scikit-learn: the validation score).
+* The validation split is every partition's own, not stratified; one class in
+  ``y`` is refused (scikit-learn fits a constant classifier).
 * A minibatch's weighted gradient is divided by its rows, with the weights
   scaled to average 1 over the training rows (scikit-learn: by the
   minibatch's summed weights); the same for a full batch.
 * ``partial_fit`` and a ``warm_start`` fit go on from the last state
   (parameters and optimizer slots) with the first fit's normalization; Adam's
   bias correction starts again with each call.
-* No ``solver="lbfgs"`` (``max_fun`` is accepted, unused), no
-  ``loss="poisson"``.
 """
 from __future__ import annotations
 
@@ -415,8 +417,9 @@ class MLPClassifier(ClassifierMixin, _MLP):
 class MLPRegressor(RegressorMixin, _MLP):
     __doc__ = f"""A multi-layer perceptron regressor trained by dtrain on a Dask cluster.
 
-    scikit-learn's ``MLPRegressor`` API: identity outputs, half the squared error (dtrain's
-    ``model.loss = "squared-error"``), R^2 score; one target or several.
+    scikit-learn's ``MLPRegressor`` API: identity outputs and half the squared error
+    (dtrain's ``model.loss = "squared-error"``), or exponential outputs and half the
+    Poisson deviance (``loss="poisson"``); R^2 score; one target or several.
 
     {settings.PARAMS_DOC.replace("----------", "----------" + settings.LOSS_DOC, 1)}
     """

@@ -186,8 +186,8 @@ def poisson(xp, z, t, w=None):
     dL/dz = a - t)."""
     t = t.astype(z.dtype, copy=False)                                # (B, T)
     if bool((t < 0).any()):
-        raise DataError(f"a target is {float(t[t < 0].ravel()[0])}: model.loss = 'poisson' "
-                        f"(MLPRegressor(loss='poisson')) learns targets >= 0 (counts, rates)")
+        raise DataError(f"a target is {float(t[t < 0].ravel()[0])}: the Poisson loss learns "
+                        f"targets >= 0 (counts, rates)")
     a = xp.exp(z)                                                    # (B, T)
     safe = xp.where(t > 0, t, 1)                                     # log's argument
     elementwise = xp.where(t > 0, t * (xp.log(safe) - z), 0) - t + a   # (B, T)

@@ -77,14 +77,14 @@ class FullBatchEngine(DaskEngine):
         seconds = time.perf_counter() - began
         test = heldout.evaluate_test(self.client, p, self.run_id, state, held.test,
                                      placement) if held.test is not None else None
-        self._forget_kept()
         threads = [i.get("nthreads", 1) for i in workers(self.client).values()]
-        moved = metrics.transfers(self.client, self.run_id)
+        moved = {"bytes": 0, "transfers": 0} if one else \
+            metrics.transfers(self.client, self.run_id)        # one task: nothing moves
         return Outcome(rows, state, state, self.normalization, test, len(threads),
                        seconds, began - t0, found.evaluations,
                        found.evaluations * p.train_samples,
-                       metrics.task_times(self.client, self.run_id) or {},
-                       metrics.worker_peak_rss_mb(self.client),
+                       {} if one else metrics.task_times(self.client, self.run_id) or {},
+                       {} if one else metrics.worker_peak_rss_mb(self.client),
                        {"predicted": self.predicted_bytes, "measured": moved["bytes"],
                         "transfers": moved["transfers"],
                         "predicted_transfers": self.predicted_transfers}, self.split(),
