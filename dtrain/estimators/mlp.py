@@ -268,9 +268,9 @@ class _MLP(BaseEstimator):
         if incremental:
             return self.classes_ if going_on else np.unique(np.asarray(classes))
         if data.classes is not None and len(data.classes) < 2:
-            raise ValueError(f"y holds 1 class ({data.classes[0]!r}): dtrain's classifier "
-                             f"needs at least 2 (scikit-learn's MLPClassifier fits one that "
-                             f"always predicts it); give y another class")
+            raise ValueError(f"y holds 1 class ({data.classes.tolist()[0]!r}): dtrain's "
+                             f"classifier needs at least 2 (scikit-learn's MLPClassifier fits "
+                             f"one that always predicts it); give y another class")
         return data.classes
 
     def _same_classes(self, found: np.ndarray) -> None:

@@ -23,16 +23,15 @@ import time
 from typing import Any
 
 import numpy as np
-
 from dask.task_spec import DataNode
 
 from dtrain.core import keys
 from dtrain.core.errors import Diverged, Stopped
+from dtrain.deploy.workers import gather, workers
 from dtrain.maths.lbfgs import Minimized, minimize
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
-from dtrain.deploy.workers import gather, workers
 from dtrain.taskgraph import fullbatch
 from dtrain.taskgraph.dataparallel import add_evaluation
 from dtrain.taskgraph.placement import Placement
