@@ -338,13 +338,15 @@ def test_warm_start_goes_on_from_the_last_state(client, tmp_path):
 @pytest.mark.slow
 def test_early_stopping_on_the_validation_or_the_training_loss(client):
     x, y = _iris()
+    # scikit-learn's rule: no epoch after the first improves by tol, and the fit stops
+    # after more than n_iter_no_change of them
     early = _clf(client, early_stopping=True, n_iter_no_change=2, tol=5.0, max_iter=50)
     early.fit(x, y)
-    assert early.n_iter_ == 3 and early.summary_["stopped_early"] == 3
-    assert early.best_loss_ is None and len(early.validation_scores_) == 3
+    assert early.n_iter_ == 4 and early.summary_["stopped_early"] == 4
+    assert early.best_loss_ is None and len(early.validation_scores_) == 4
     assert early.summary_["val_samples"] == 15          # round(0.1 * rows) of each partition (one)
     plain = _clf(client, n_iter_no_change=3, tol=10.0, max_iter=50).fit(x, y)
-    assert plain.n_iter_ == 4 and plain.validation_scores_ is None
+    assert plain.n_iter_ == 5 and plain.validation_scores_ is None
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         _clf(client, n_iter_no_change=3, tol=10.0, max_iter=50).fit(x, y)

@@ -2,8 +2,8 @@
 
 Every decision is a function of the monitored value of each epoch
 (``train.monitor``: the validation or the training loss, or the validation
-score) and of its training loss (a diverged epoch, the adaptive rate's end), which dtrain
-computes bit for bit the same on any number of workers, so a run stops after
+score) and of its losses (a diverged epoch, the adaptive rate's end), which
+dtrain computes bit for bit the same on any number of workers, so a run stops after
 the same epoch and keeps the same parameters whatever the cluster, and a
 resumed run, replaying its recorded rows, decides as the run it continues
 would have.  The engines make the evaluations of such a run return their
@@ -115,10 +115,10 @@ class Watch:
             self.mark, self.wait = value, 0
         else:
             self.wait += 1
-        if self.cfg.patience and self.wait >= self.cfg.patience:
-            self._stop(row, "patience")
         if self.cfg.diverged != "error" and self._diverged(row):
             self._stop(row, "diverged")
+        if self.cfg.patience and self.wait >= self.cfg.patience:
+            self._stop(row, "patience")
         if self.mirrors and row.get("train_loss") is not None:
             if not self.rate[0]:                # the rate was 0 from the start (going on)
                 self._stop(row, "rate")
