@@ -39,7 +39,7 @@ from dtrain.taskgraph.records import Evaluate, FullBatch
 from dtrain.taskgraph.window import Window
 from dtrain.training import heldout
 from dtrain.training.checkpoint import Checkpoints
-from dtrain.training.course import Outcome, Start, Stop, epoch_row, moved_line, moved_summary
+from dtrain.training.course import Outcome, Start, Stop, epoch_row, moved_summary
 from dtrain.training.engines import DaskEngine
 from dtrain.training.stopping import Watch
 
@@ -54,12 +54,7 @@ class FullBatchEngine(DaskEngine):
              stop: Stop, watch: Watch) -> Outcome:
         p, cfg = self.plan, self.plan.config
         t0 = time.perf_counter()
-        self.fresh = start.fresh
-        placement = self.place()
-        if self.moved:
-            recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
-        held = heldout.load(self.client, p, placement, self.data, self._key)
-        self.parts, self.normalization = held.futures, held.normalization
+        placement, held = self._begin(start, recorder)
         began = time.perf_counter()
         one = cfg.graph.fuse_steps and len(set(placement.leaves)) == 1
         found = self._on_worker(start.state, placement) if one \
