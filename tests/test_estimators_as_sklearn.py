@@ -153,6 +153,9 @@ def test_lbfgs_from_the_command_line(client, tmp_path):
     solver = result.summary["solver"]
     assert solver["iterations"] == len(result.metrics) == 15 and solver["status"] == 1
     assert result.summary["test_accuracy"] > 0.8
+    with pytest.raises(dtrain.UserError, match="keeps no checkpoint"):   # no L-BFGS memory kept
+        dtrain.resume(tmp_path / "run", config=dtrain.load_config(
+            tmp_path / "run" / "config.toml", ["train.epochs=30"]))
     for sets, words in [(["train.patience=3"], "set train.patience = 0"),
                         (["graph.strategy=local-sgd"], "use graph.strategy = 'allreduce'"),
                         (["optim.schedule=step"], "set optim.schedule = 'constant'")]:
@@ -160,7 +163,7 @@ def test_lbfgs_from_the_command_line(client, tmp_path):
             dtrain.load_config(CONFIG_DIR / "iris-lbfgs.toml", sets)
 
 
-# --- 2: learning_rate="adaptive" ends where scikit-learn's ends --------------------------------
+# --- 2: learning_rate="adaptive" ends where scikit-learn's ends -------------------------------
 
 def test_adaptive_stops_where_the_rate_falls_to_zero(client):
     """scikit-learn's test_adaptive_learning_rate: the fit stops once the rate would fall at
@@ -180,7 +183,7 @@ def test_adaptive_stops_where_the_rate_falls_to_zero(client):
     assert ours.n_iter_ == 1 + 6 * (10 + 1) == theirs.n_iter_
 
 
-# --- 3: the regressor's early stopping watches R^2 ---------------------------------------------
+# --- 3: the regressor's early stopping watches R^2 --------------------------------------------
 
 def test_regressor_early_stopping_records_and_stops_on_r2(client):
     """scikit-learn's test_preserve_feature_names data: 10 rows of a constant target,
@@ -220,7 +223,7 @@ def test_regressor_early_stopping_as_scikit_learns_test(client):
         assert len(warm.validation_scores_) > first
 
 
-# --- 4: n_iter_no_change=np.inf -----------------------------------------------------------------
+# --- 4: n_iter_no_change=np.inf ---------------------------------------------------------------
 
 @pytest.mark.parametrize("early_stopping", [False, True])
 def test_n_iter_no_change_inf_never_stops(early_stopping, client):
@@ -234,7 +237,7 @@ def test_n_iter_no_change_inf_never_stops(early_stopping, client):
     assert ours.n_iter_ == theirs.n_iter_ == 40
 
 
-# --- 5: float32 trains in float32 --------------------------------------------------------------
+# --- 5: float32 trains in float32 -------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [np.float32, pytest.param(np.float64,
                                                               marks=pytest.mark.slow)])
@@ -253,7 +256,7 @@ def test_parameters_and_predictions_keep_the_input_dtype(estimators, dtype, clie
     assert est.summary_["parameters"] and est.model_.spec.dtype == np.dtype(dtype).name
 
 
-# --- 6: errors users catch as ValueError ----------------------------------------------------------
+# --- 6: errors users catch as ValueError ------------------------------------------------------
 
 def _fails_alike(theirs, ours, x, y, match: str) -> str:
     """Both raise a ValueError matching ``match``; dtrain's text (which must name no config
@@ -298,7 +301,7 @@ def test_a_validation_set_too_small_is_a_value_error_naming_the_parameter(client
     assert not isinstance(caught.value, dtrain.UserError) or "train." not in str(caught.value)
 
 
-# --- 7: a diverging fit with early stopping ---------------------------------------------------------
+# --- 7: a diverging fit with early stopping ---------------------------------------------------
 
 def test_a_diverging_fit_with_early_stopping_keeps_the_best_parameters(client):
     """scikit-learn's test_mlp_diverging_loss: no error, the last validation score NaN; dtrain
@@ -323,7 +326,7 @@ def test_a_diverging_fit_with_early_stopping_keeps_the_best_parameters(client):
     assert ours.best_validation_score_ == ours.validation_scores_[s["best_epoch"] - 1]
 
 
-# --- 8: verbose prints scikit-learn's lines ------------------------------------------------------------
+# --- 8: verbose prints scikit-learn's lines ---------------------------------------------------
 
 def test_verbose_prints_scikit_learns_lines(client, capsys):
     """scikit-learn's test_verbose_sgd, and lines a script parses as it parses
@@ -345,7 +348,7 @@ def test_verbose_prints_scikit_learns_lines(client, capsys):
                                    for line in lines[1::2])
 
 
-# --- 9: one class ---------------------------------------------------------------------------------------
+# --- 9: one class -----------------------------------------------------------------------------
 
 def test_one_class_is_refused_in_one_line_saying_what_scikit_learn_does(client):
     """scikit-learn fits a constant classifier; dtrain refuses, saying so, and the
@@ -359,7 +362,7 @@ def test_one_class_is_refused_in_one_line_saying_what_scikit_learn_does(client):
     assert re.search(r"\| `classes_` \| differs: .*one class.*refused", docs)
 
 
-# --- 10: loss="poisson" ---------------------------------------------------------------------------------
+# --- 10: loss="poisson" -----------------------------------------------------------------------
 
 def test_poisson_regression_is_the_poisson_glm(client, tmp_path):
     """scikit-learn's test_mlp_vs_poisson_glm_equivalent: one identity hidden unit, lbfgs,
@@ -399,7 +402,7 @@ def test_poisson_regression_is_the_poisson_glm(client, tmp_path):
             da.from_array(x, chunks=50), da.from_array(y - 3.0, chunks=50))
 
 
-# --- 11: the default stop ----------------------------------------------------------------------------
+# --- 11: the default stop ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("n_iter_no_change", [5, *(pytest.param(n, marks=pytest.mark.slow)
                                                    for n in (2, 10))])

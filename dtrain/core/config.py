@@ -53,7 +53,7 @@ STRATEGIES_MODULE = "dtrain.taskgraph.strategies"
 
 DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "parquet", "synthetic",
             "collection")       # collection: a Dask collection handed in from Python
-VALUE_LOSSES = ("squared-error", "poisson")    # losses whose targets are real numbers (regression)
+VALUE_LOSSES = ("squared-error", "poisson")    # losses of real-valued targets (regression)
 LABEL_LOSSES = ("binary-cross-entropy",)    # may also learn 0/1 label indicators (multilabel)
 VALUE_DATASETS = ("csv", "parquet", "synthetic", "collection")    # datasets that can hold such targets
 

@@ -455,8 +455,9 @@ class MLPRegressor(RegressorMixin, _MLP):
         return settings.LOSSES[self.loss], data.targets
 
     def _check_targets(self, y: Any) -> None:
-        """Poisson targets are not negative: an in-memory ``y`` here, as scikit-learn says
-        it; a Dask one on the workers, by the loss."""
+        """Poisson targets are not negative: an in-memory ``y`` here, in the words of
+        scikit-learn's PoissonRegressor (its MLPRegressor takes them, to a NaN loss); a
+        Dask one, or a column of ``X``, on the workers by the loss."""
         if self.loss != "poisson" or is_dask(y) or isinstance(y, str):
             return
         try:

@@ -94,7 +94,10 @@ def minimize(gradient: Callable[[np.ndarray], Any], start: np.ndarray, net: Netw
         return objective(net, params, buf, l2, samples)
 
     def callback(intermediate_result: Any) -> None:
-        loss, correct = seen[np.asarray(intermediate_result.x).tobytes()]
+        x = np.asarray(intermediate_result.x)        # the line search's last point, as a rule
+        if x.tobytes() not in seen:
+            fun(x)
+        loss, correct = seen[x.tobytes()]
         now = time.perf_counter()
         done.append(Iteration(loss, correct, float(intermediate_result.fun), count[0],
                               now - clock[0]))

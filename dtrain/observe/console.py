@@ -81,7 +81,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 
 def _epochs(summary: dict[str, Any]) -> str:
     """``40 epochs``, or ``79 of 200 epochs (stopped early; best val_loss at epoch 74,
-    kept)``; lbfgs: ``63 of 200 iterations (scipy: CONVERGENCE: ...)``."""
+    kept)``; lbfgs: ``63 of 200 L-BFGS iterations, 71 evaluations (scipy: CONVERGENCE:
+    ...)``."""
     solver = summary.get("solver")
     if solver:
         return (f"{solver['iterations']} of {summary['epochs']} L-BFGS iterations, "
