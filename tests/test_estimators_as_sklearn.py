@@ -74,6 +74,7 @@ def test_lbfgs_classifies_digits_as_scikit_learns(activation, client):
     assert est.summary_["solver"]["name"] == "lbfgs" and est.best_loss_ is not None
 
 
+@pytest.mark.slow
 def test_lbfgs_reaches_scikit_learns_loss_on_the_same_problem(client):
     """On the same problem (no input normalization: scikit-learn's initial weights on
     scikit-learn's inputs) dtrain's L-BFGS reaches scikit-learn's objective, the mean loss
@@ -203,6 +204,7 @@ def test_regressor_early_stopping_records_and_stops_on_r2(client):
     assert ours.best_loss_ is None is theirs.best_loss_
 
 
+@pytest.mark.slow
 def test_regressor_early_stopping_as_scikit_learns_test(client):
     """scikit-learn's test_early_stopping and test_mlp_warm_start_with_early_stopping, for
     the regressor: R^2 scores, the best of them, and a warm start's second fit adds its
@@ -225,7 +227,7 @@ def test_regressor_early_stopping_as_scikit_learns_test(client):
 
 # --- 4: n_iter_no_change=np.inf ---------------------------------------------------------------
 
-@pytest.mark.parametrize("early_stopping", [False, True])
+@pytest.mark.parametrize("early_stopping", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_n_iter_no_change_inf_never_stops(early_stopping, client):
     """scikit-learn's test_n_iter_no_change_inf (fewer epochs): a tolerance no epoch meets
     and n_iter_no_change=np.inf run to max_iter (on main: 'must be an integer >= 1')."""
