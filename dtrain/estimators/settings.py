@@ -120,9 +120,9 @@ PARAMS_DOC = """
         The input normalization fitted on the training rows (part of the model).
     shards : int or "auto", default="auto"
         The partitions NumPy and pandas inputs are cut into (Dask inputs keep theirs);
-        "auto": one per 20 MFLOP of a step's forward-backward, 1 to 16 (a small step stays
-        one pass over its minibatch), at most one per row; it depends on the data and the
-        network, not on the machine.
+        "auto": one per 20 MFLOP of a step's forward-backward (lbfgs: of an evaluation over
+        every row), 1 to 16 (a small step stays one pass over its minibatch), at most one
+        per row; it depends on the data and the network, not on the machine.
     out : str, Path or None, default=None
         A run directory: each fit writes a normal dtrain run there (``dtrain.load(out)``).
 """
@@ -231,7 +231,8 @@ def seed(random_state: Any) -> int:
 
 def step_flops(est: Any, X: Any) -> float:
     """About the FLOP of a step's forward-backward on ``X`` (``6 * batch * parameters``,
-    one output assumed): what ``shards="auto"`` sizes the shards by."""
+    one output assumed; lbfgs: an evaluation's, over every row): what ``shards="auto"``
+    sizes the shards by."""
     shape = getattr(X, "shape", ())
     if len(shape) != 2 or not all(isinstance(n, numbers.Integral) for n in shape):
         return 0.0                                  # a Dask input keeps its own partitions
@@ -240,7 +241,8 @@ def step_flops(est: Any, X: Any) -> float:
         return 0.0
     layers = [int(features), *hidden(est.hidden_layer_sizes), 1]
     size = sum(a * b + b for a, b in zip(layers, layers[1:]))
-    b = min(200 if est.batch_size == "auto" else int(est.batch_size), rows)
+    b = rows if est.solver == "lbfgs" else \
+        min(200 if est.batch_size == "auto" else int(est.batch_size), rows)
     return 6.0 * b * size
 
 
