@@ -119,8 +119,11 @@ def test_lbfgs_warm_start_goes_to_max_iter_and_has_no_partial_fit(estimators, cl
         with pytest.warns(ConvergenceWarning):
             est.fit(x, y)
         assert est.n_iter_ == 20
+        est.set_params(tol=1e9)                 # a start that meets gtol: no iteration
+        _quiet(est.fit, x, y)
+        assert est.n_iter_ == 0 and np.isfinite(est.loss_)
         assert hasattr(make(solver="sgd"), "partial_fit")
-    assert len(est.loss_curve_) == 30 and est.t_ == 0      # two fits' iterations; t_ as theirs
+    assert len(est.loss_curve_) == 30 and est.t_ == 0      # three fits' iterations; t_ as theirs
     assert not hasattr(sk.MLPClassifier(solver="lbfgs"), "partial_fit")
     # scikit-learn's regressor means the same, but its available_if never calls the check
     assert not hasattr(ours(solver="lbfgs"), "partial_fit")

@@ -63,14 +63,14 @@ def record(est: Any, result: RunResult, data: TrainingData, found: np.ndarray,
         model.classes_ = est.classes_         # predictions of the labels' own dtype
     est.model_, est._params, est._state = model, result.params, result.state
     losses = [float(r["train_loss"]) for r in rows]
-    est.loss_curve_ = (est.loss_curve_ if going_on else []) + losses
-    est.loss_ = est.loss_curve_[-1]
     lbfgs = result.summary.get("solver", {})
+    est.loss_curve_ = (est.loss_curve_ if going_on else []) + losses
+    est.loss_ = losses[-1] if losses else lbfgs["loss"]   # lbfgs: its start met gtol
     est.n_iter_ = lbfgs.get("iterations", len(rows))   # this fit's epochs (partial_fit: 1)
     seen = 0 if lbfgs else result.summary["train_samples"] * len(rows)   # sklearn: lbfgs 0
     est.t_ = (est.t_ if going_on else 0) + seen
     stopping = est.early_stopping and not incremental and not lbfgs
-    est.best_loss_ = None if stopping else min(est.loss_curve_)
+    est.best_loss_ = None if stopping else min(est.loss_curve_, default=est.loss_)
     scores = [r[est._val_score] for r in rows if r.get(est._val_score) is not None]
     before = getattr(est, "validation_scores_", None) if going_on else None
     est.validation_scores_ = (before or []) + scores if stopping and scores else None

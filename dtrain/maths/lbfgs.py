@@ -46,11 +46,13 @@ class Iteration:
 
 @dataclass(frozen=True)
 class Minimized:
-    """What ``minimize`` found: the last iterate (P,) in the network's dtype, each iteration,
-    the evaluations made, and scipy's ``status`` (0: converged; 1: ``maxiter`` or
-    ``maxfun`` reached; 2: stopped otherwise, e.g. no step lowers the loss) and message."""
+    """What ``minimize`` found: the last iterate (P,) in the network's dtype and its mean
+    training loss, each iteration (none where the start already met ``gtol``), the
+    evaluations made, and scipy's ``status`` (0: converged; 1: ``maxiter`` or ``maxfun``
+    reached; 2: stopped otherwise, e.g. no step lowers the loss) and message."""
 
     params: np.ndarray
+    loss: float
     iterations: tuple[Iteration, ...]
     evaluations: int
     status: int
@@ -93,11 +95,15 @@ def minimize(gradient: Callable[[np.ndarray], Any], start: np.ndarray, net: Netw
             seen.pop(next(iter(seen)))
         return objective(net, params, buf, l2, samples)
 
-    def callback(intermediate_result: Any) -> None:
-        x = np.asarray(intermediate_result.x)        # the line search's last point, as a rule
+    def at(x: np.ndarray) -> tuple[float, int]:
+        """The loss and correct count of the point ``x`` (the line search's last point, as a
+        rule: else evaluated again)."""
         if x.tobytes() not in seen:
             fun(x)
-        loss, correct = seen[x.tobytes()]
+        return seen[x.tobytes()]
+
+    def callback(intermediate_result: Any) -> None:
+        loss, correct = at(np.asarray(intermediate_result.x))
         now = time.perf_counter()
         done.append(Iteration(loss, correct, float(intermediate_result.fun), count[0],
                               now - clock[0]))
@@ -110,5 +116,6 @@ def minimize(gradient: Callable[[np.ndarray], Any], start: np.ndarray, net: Netw
                                method="L-BFGS-B", callback=callback,
                                options={"maxiter": iterations, "maxfun": cfg.max_fun,
                                         "gtol": cfg.gtol})
-    return Minimized(found.x.astype(net.dtype), tuple(done), int(found.nfev),
+    loss = done[-1].loss if done else at(np.asarray(found.x, dtype=np.float64))[0]
+    return Minimized(found.x.astype(net.dtype), loss, tuple(done), count[0],
                      int(found.status), str(found.message))

@@ -86,7 +86,8 @@ class FullBatchEngine(DaskEngine):
                        {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
                         "fused_windows": int(one)},
                        {"name": "lbfgs", "iterations": last, "evaluations": found.evaluations,
-                        "status": found.status, "message": found.message, "one_task": one})
+                        "status": found.status, "message": found.message, "one_task": one,
+                        "loss": found.loss})
 
     def _on_worker(self, start: TrainState, placement: Placement) -> Minimized:
         """The whole run as one task on the worker holding every shard."""
