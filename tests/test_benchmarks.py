@@ -447,15 +447,33 @@ def test_the_estimator_table_judges_each_goal():
     assert table(rows, "dask-ml is not installed").endswith("dask-ml is not installed")
 
 
+def test_the_lbfgs_table_judges_time_and_loss():
+    from benchmarks.estimators import lbfgs_table
+
+    def row(who, seconds, ratio, loss, loss_ratio):
+        return {"set": "digits", "who": who, "rows": 1797, "seconds": seconds, "ratio": ratio,
+                "iterations": 53, "objective": loss, "loss_ratio": loss_ratio, "goal": 2.0}
+    text = lbfgs_table([row("scikit-learn", 0.6, 1.0, 2e-5, 1.0),
+                        row("dtrain", 1.3, 2.17, 2.01e-5, 1.005),
+                        row("dtrain normalize=none", 0.3, 0.5, 3e-5, 1.5)])
+    assert "| 2.17 (<= 2) NO | 2.01e-05 | 1.0050 yes |" in text
+    assert "| 0.50 (<= 2) yes | 3e-05 | 1.5000 NO |" in text
+    assert "| 0.600 | | 2e-05 | |" in text             # scikit-learn's own row: no verdict
+
+
 @pytest.mark.slow
 def test_the_estimator_benchmark_runs():
     proc = _module("estimators", "--epochs", "2", "--repeat", "1", "--rows", "3000",
                    timeout=600)
     assert proc.returncode == 0, proc.stderr
-    ratios = [line for line in proc.stdout.splitlines() if line.startswith("| digits |")
+    minibatch, lbfgs = proc.stdout.split('### solver="lbfgs"')
+    ratios = [line for line in minibatch.splitlines() if line.startswith("| digits |")
               or line.startswith("| synthetic")]
     assert len(ratios) == 2, proc.stdout
-    dask_part = proc.stdout.split("Where the partitions sit")[1]
+    rows = [line for line in lbfgs.splitlines() if line.startswith(("| iris", "| digits",
+                                                                     "| regression"))]
+    assert len(rows) == 9 and sum(" yes" in r or " NO" in r for r in rows) == 6, lbfgs
+    dask_part = minibatch.split("Where the partitions sit")[1]
     assert ("| dtrain" in dask_part and "| dask-ml Incremental |" in dask_part) or \
         "dask-ml is not installed" in dask_part
     if "| dtrain" in dask_part:     # synchronous on 2 workers, the bytes of 1 worker's fit

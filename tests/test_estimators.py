@@ -339,13 +339,15 @@ def test_warm_start_goes_on_from_the_last_state(client, tmp_path):
 @pytest.mark.slow
 def test_early_stopping_on_the_validation_or_the_training_loss(client):
     x, y = _iris()
+    # scikit-learn's rule: no epoch after the first improves by tol, and the fit stops
+    # after more than n_iter_no_change of them
     early = _clf(client, early_stopping=True, n_iter_no_change=2, tol=5.0, max_iter=50)
     early.fit(x, y)
-    assert early.n_iter_ == 3 and early.summary_["stopped_early"] == 3
-    assert early.best_loss_ is None and len(early.validation_scores_) == 3
+    assert early.n_iter_ == 4 and early.summary_["stopped_early"] == 4
+    assert early.best_loss_ is None and len(early.validation_scores_) == 4
     assert early.summary_["val_samples"] == 15          # round(0.1 * rows) of each partition (one)
     plain = _clf(client, n_iter_no_change=3, tol=10.0, max_iter=50).fit(x, y)
-    assert plain.n_iter_ == 4 and plain.validation_scores_ is None
+    assert plain.n_iter_ == 5 and plain.validation_scores_ is None
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         _clf(client, n_iter_no_change=3, tol=10.0, max_iter=50).fit(x, y)
@@ -409,7 +411,8 @@ def test_predict_with_the_wrong_number_of_features(client):
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"solver": "lbfgs"}, "dtrain trains by minibatch"),
+    ({"solver": "lbfgs", "strategy": "local-sgd"}, "strategy = 'local-sgd' with solver = "
+                                                    "'lbfgs'"),
     ({"activation": "softplus"}, "activation = 'softplus': must be"),
     ({"learning_rate_init": 0}, "learning_rate_init = 0: must be a number > 0"),
     ({"hidden_layer_sizes": (8, 0)}, "hidden_layer_sizes"),
@@ -419,7 +422,8 @@ def test_predict_with_the_wrong_number_of_features(client):
     ({"max_fun": 0}, "max_fun = 0: must be an integer >= 1"),
     ({"solver": "sgd", "learning_rate": "adaptive", "strategy": "local-sgd", "sync_every": 4},
      "optim.schedule = 'adaptive'"),
-    ({"loss": "poisson"}, "loss = 'poisson' is not supported by dtrain"),
+    ({"loss": "huber"}, "loss = 'huber': must be 'squared_error' or 'poisson'"),
+    ({"n_iter_no_change": 0}, r"n_iter_no_change = 0: must be an integer >= 1"),
 ])
 def test_parameters_dtrain_cannot_train_with(params, message, client):
     make = dtrain.MLPRegressor if "loss" in params else dtrain.MLPClassifier

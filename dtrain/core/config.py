@@ -53,7 +53,7 @@ STRATEGIES_MODULE = "dtrain.taskgraph.strategies"
 
 DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "parquet", "synthetic",
             "collection")       # collection: a Dask collection handed in from Python
-VALUE_LOSSES = ("squared-error",)    # losses whose targets are real numbers (regression)
+VALUE_LOSSES = ("squared-error", "poisson")    # losses of real-valued targets (regression)
 LABEL_LOSSES = ("binary-cross-entropy",)    # may also learn 0/1 label indicators (multilabel)
 VALUE_DATASETS = ("csv", "parquet", "synthetic", "collection")    # datasets that can hold such targets
 
@@ -110,13 +110,14 @@ class ModelConfig:
     activation: str = choice("tanh", "sigmoid", "tanh", "relu", "identity",
                              doc="the hidden layers' activation (identity: linear)")
     loss: str = choice("cross-entropy", "cross-entropy", "mse", "binary-cross-entropy",
-                       "squared-error",
+                       "squared-error", "poisson",
                        doc="cross-entropy: softmax outputs; mse: sigmoid outputs against "
                        "one-hot classes; binary-cross-entropy: one logistic output for two "
                        "classes (model.layers[-1] = 1; the second class's probability), or "
                        "one per label with data.target = 'value' (0/1 label indicators: "
                        "multilabel); squared-error: identity outputs against real targets "
-                       "(regression)")
+                       "(regression); poisson: exponential outputs against targets >= 0, half "
+                       "the Poisson deviance (regression of counts and rates)")
     l2: float = at_least(0.0, 0.0, "L2 weight penalty (weights, not biases)")
     dtype: str = choice("auto", "auto", "float32", "float64",
                         doc="auto: float32 where the run uses GPUs, else float64")
@@ -132,7 +133,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = choice("sgd", "sgd", "momentum", "adam", doc="the optimizer")
+    name: str = choice("sgd", "sgd", "momentum", "adam", "lbfgs",
+                       doc="the optimizer; lbfgs: full-batch L-BFGS (scipy's L-BFGS-B on the "
+                       "driver, each loss and gradient over the whole training set one task "
+                       "graph), train.epochs its iterations")
     lr: float = positive(0.1, "the learning rate (the schedule's starting value)")
     momentum: float = unit_open(0.9, "momentum: the velocity's decay (classical momentum, or "
                                 "Nesterov's with nesterov = true)")
@@ -161,6 +165,10 @@ class OptimConfig:
                                 "training loss below its best that counts as an improvement")
     min_lr: float = at_least(1e-6, 0.0, "adaptive schedule: a rate that would fall while at or "
                              "below this is 0 instead: training has stopped")
+    max_fun: int = at_least(15000, 1, "lbfgs: the most loss and gradient evaluations (scipy's "
+                            "maxfun)")
+    gtol: float = at_least(1e-4, 0.0, "lbfgs: converged once every component of the projected "
+                           "gradient is at most this in magnitude (scipy's gtol)")
 
 
 @dataclass(frozen=True)
@@ -171,8 +179,22 @@ class TrainConfig:
                              "monitored loss by at least min_delta (0: never stop early)")
     min_delta: float = at_least(0.0, 0.0, "the least decrease of the monitored loss that "
                                 "counts as an improvement")
-    monitor: str = choice("val_loss", "val_loss", "train_loss",
-                          doc="the loss early stopping and keep_best watch")
+    monitor: str = choice("val_loss", "val_loss", "train_loss", "val_score",
+                          doc="what early stopping and keep_best watch: a loss (lower is "
+                          "better), or val_score, the validation accuracy (a regression's R^2; "
+                          "higher is better)")
+    stopping: str = choice("dtrain", "dtrain", "scikit-learn",
+                           doc="how an epoch counts as an improvement of the monitored value: "
+                           "dtrain, better than the last epoch that improved by more than "
+                           "min_delta; scikit-learn, better than the best so far by at least "
+                           "min_delta (a slow steady descent stops), as scikit-learn's MLPs "
+                           "count, and with optim.schedule = 'adaptive' the run ends where the "
+                           "rate falls to 0")
+    diverged: str = choice("error", "error", "keep-best",
+                           doc="a step whose training loss is NaN, infinite or above max_loss: "
+                           "error, the run stops there (exit code 3); keep-best (with "
+                           "keep_best), the run ends after that epoch with the best epoch's "
+                           "parameters, its row recording the diverged losses")
     keep_best: bool = free(False, "params.npz holds the parameters of the epoch with the best "
                            "monitored loss, not the last epoch's")
     max_loss: float = positive(1e6, "a step whose mean per-sample training loss exceeds this "
@@ -378,6 +400,11 @@ def _check_consistency(cfg: Config, source: str) -> None:
         raise ConfigError(f"optim.nesterov = true in {source} but optim.name = "
                           f"'{cfg.optim.name}': Nesterov's momentum needs optim.name = "
                           f"'momentum'; set optim.nesterov = false or use momentum")
+    _check_solver(cfg, source)
+    if cfg.train.diverged == "keep-best" and not cfg.train.keep_best:
+        raise ConfigError(f"train.diverged = 'keep-best' in {source} ends a diverging run with "
+                          f"the best epoch's parameters, which train.keep_best = false does not "
+                          f"keep; set train.keep_best = true or train.diverged = 'error'")
     indicators = cfg.data.target == "value" and cfg.model.loss in LABEL_LOSSES   # multilabel
     if cfg.data.target != "auto" and cfg.data.target != _auto_target(cfg) and not indicators:
         raise ConfigError(f"data.target = '{cfg.data.target}' in {source} but model.loss = "
@@ -406,6 +433,32 @@ def _check_consistency(cfg: Config, source: str) -> None:
     if cfg.data.dataset == "image-folder" and not cfg.data.image_size:
         raise ConfigError(f"data.image_size is empty in {source}: image-folder needs "
                           f"[height, width] to resize every image to")
+
+
+def epochs_decide(train: TrainConfig, optim: OptimConfig) -> bool:
+    """Whether the driver decides from the epoch rows where the run ends or what it keeps:
+    early stopping, ``keep_best``, the adaptive rate's end under scikit-learn's rule, a
+    diverged step that goes on to its epoch's end (the evaluations then bring their states)."""
+    return train.patience > 0 or train.keep_best or train.diverged != "error" or \
+        (train.stopping == "scikit-learn" and optim.schedule == "adaptive")
+
+
+def _check_solver(cfg: Config, source: str) -> None:
+    """Full-batch L-BFGS has iterations, not epochs of minibatches: no rate, no schedule and
+    nothing to stop early from (scipy stops it: train.epochs, optim.max_fun, optim.gtol)."""
+    if cfg.optim.name != "lbfgs":
+        return
+    t = cfg.train
+    if t.patience or t.keep_best:
+        raise ConfigError(f"optim.name = 'lbfgs' in {source} stops where scipy's L-BFGS-B "
+                          f"stops (train.epochs iterations, optim.max_fun evaluations, "
+                          f"optim.gtol), so train.patience = {t.patience} and "
+                          f"train.keep_best = {str(t.keep_best).lower()} have nothing to do; "
+                          f"set train.patience = 0 and train.keep_best = false")
+    if cfg.optim.schedule != "constant":
+        raise ConfigError(f"optim.schedule = '{cfg.optim.schedule}' in {source} schedules a "
+                          f"learning rate, which optim.name = 'lbfgs' does not have (its line "
+                          f"search sizes each step); set optim.schedule = 'constant'")
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -9,6 +9,9 @@ several runs share a cluster::
     state-<step>-<run>   evaluate-<epoch>-<run>  evaluate-test-<run>
     window-<first step>-<last step>-<run>  (a window fused into one task), its
     window-<first step>-<last step>-meta-<run>  (the fused window's timings)
+    lbfgs-<first evaluation>-<run>  (a full-batch L-BFGS loop on the one worker holding
+    every shard; elsewhere each evaluation is forward-backward-<evaluation>-<shard>, the
+    reduce tree, and reduce-<evaluation>-total-<run>)
     kept-<step>-<run>  (a window's end state, kept on its worker for the next window)
     load-shard-<i>-<gen>-<run>   load-val-<run>   load-test-<run>   local-sgd-<step>-<shard>-<run>
     fit-normalization-<run>   partition-stats-<partition>-<run>   merge-stats-<level>-<i>-<run>
@@ -35,6 +38,7 @@ REDUCE = "reduce"
 UPDATE = "update"
 STATE = "state"
 WINDOW = "window"       # a window of steps that never leave one worker, as one task
+LBFGS = "lbfgs"         # a full-batch L-BFGS loop on the one worker holding every shard
 KEPT = "kept"           # a window's end state, kept on its worker for the next window
 EVALUATE = "evaluate"
 EVALUATE_TEST = "evaluate-test"
@@ -49,6 +53,7 @@ COMBINE, BACK_COMBINE, LOSS = "combine", "back-combine", "loss"
 COLORS: dict[str, str] = {
     FORWARD_BACKWARD: "#0072B2",    # blue: the compute of a step
     WINDOW: "#0072B2",              # (a fused window: many steps of it)
+    LBFGS: "#0072B2",               # (an L-BFGS loop: many full-batch evaluations of it)
     LOCAL_SGD: "#0072B2",           # (local SGD: several steps of it)
     FORWARD: "#56B4E9",             # sky blue: model-parallel halves of it
     BACKWARD: "#0072B2",
@@ -224,4 +229,6 @@ def label(key: str, covers: set[int] = frozenset()) -> str:
         return f"kept\\nstate before step {n[0]}"
     if k.kind == WINDOW:
         return f"window\\nsteps {n[0]}-{n[1]}"
+    if k.kind == LBFGS:
+        return f"lbfgs\\nevaluations from {n[0]}"
     return f"{k.kind} {n[0]}" if n else k.kind

@@ -30,6 +30,10 @@ are the predictions, targets as given in training, not normalized) has
 meaning: a classifier's file is as before, and a dtrain that predates
 regression refuses a regressor's file by its unknown loss.
 
+A Poisson regression (``loss`` "poisson", ``output`` "exp") predicts the
+exponential of its outputs; otherwise it is a regression as above (and older
+dtrains refuse it by its loss).
+
 A ``logistic`` output (loss ``binary-cross-entropy``) is a sigmoid per output:
 one output for two ``classes`` (the probability of the second), or one per
 label of a multilabel model, whose ``classes`` then name the labels, one per
@@ -51,7 +55,8 @@ from dtrain.core.errors import UserError
 FORMAT = "dtrain-model"
 VERSION = 1
 OUTPUTS = {"cross-entropy": "softmax", "mse": "sigmoid",   # the loss decides the output layer
-           "binary-cross-entropy": "logistic", "squared-error": "identity"}
+           "binary-cross-entropy": "logistic", "squared-error": "identity", "poisson": "exp"}
+VALUE_OUTPUTS = ("identity", "exp")     # a regression's: its predictions are values
 Label = str | int
 
 
@@ -122,14 +127,14 @@ class ModelSpec:
 
     @property
     def regression(self) -> bool:
-        """Whether the outputs are real-valued predictions (loss squared-error)."""
-        return self.output == "identity"
+        """Whether the outputs are real-valued predictions (loss squared-error, poisson)."""
+        return self.output in VALUE_OUTPUTS
 
     @property
     def output(self) -> str:
         """``"softmax"`` (cross-entropy), ``"sigmoid"`` (mse), ``"logistic"``
-        (binary-cross-entropy) or ``"identity"`` (squared-error): what the outputs pass
-        through."""
+        (binary-cross-entropy), ``"identity"`` (squared-error) or ``"exp"`` (poisson): what
+        the outputs pass through."""
         return OUTPUTS[self.loss]
 
     @property
@@ -169,7 +174,7 @@ class ModelSpec:
                                  f"dtrain reads version {VERSION}: use the dtrain that wrote it")
         try:
             net, feats = d["network"], d["features"]
-            values = OUTPUTS.get(net["loss"]) == "identity"    # a regression needs targets
+            values = OUTPUTS.get(net["loss"]) in VALUE_OUTPUTS   # a regression needs targets
             spec = cls(tuple(int(n) for n in net["layers"]), str(net["activation"]),
                        str(net["loss"]), str(net["dtype"]),
                        Normalization.from_dict(d["normalization"]),

@@ -63,15 +63,19 @@ def record(est: Any, result: RunResult, data: TrainingData, found: np.ndarray,
         model.classes_ = est.classes_         # predictions of the labels' own dtype
     est.model_, est._params, est._state = model, result.params, result.state
     losses = [float(r["train_loss"]) for r in rows]
+    lbfgs = result.summary.get("solver", {})
     est.loss_curve_ = (est.loss_curve_ if going_on else []) + losses
-    est.loss_ = est.loss_curve_[-1]
-    est.n_iter_ = len(rows)                   # this fit's epochs (partial_fit: 1)
-    est.t_ = (est.t_ if going_on else 0) + result.summary["train_samples"] * len(rows)
-    stopping = est.early_stopping and not incremental
-    est.best_loss_ = None if stopping else min(est.loss_curve_)
+    est.loss_ = losses[-1] if losses else lbfgs["loss"]   # lbfgs: its start met gtol
+    est.n_iter_ = lbfgs.get("iterations", len(rows))   # this fit's epochs (partial_fit: 1)
+    seen = 0 if lbfgs else result.summary["train_samples"] * len(rows)   # sklearn: lbfgs 0
+    est.t_ = (est.t_ if going_on else 0) + seen
+    stopping = est.early_stopping and not incremental and not lbfgs
+    est.best_loss_ = None if stopping else min(est.loss_curve_, default=est.loss_)
     scores = [r[est._val_score] for r in rows if r.get(est._val_score) is not None]
-    est.validation_scores_ = scores if stopping and scores else None
-    est.best_validation_score_ = max(scores) if stopping and scores else None
+    before = getattr(est, "validation_scores_", None) if going_on else None
+    est.validation_scores_ = (before or []) + scores if stopping and scores else None
+    finite = [v for v in est.validation_scores_ or () if np.isfinite(v)]
+    est.best_validation_score_ = max(finite) if stopping and finite else None
     layers = result.model.layers
     est.coefs_ = [result.params[f"W{n}"].T for n in range(1, len(layers))]
     est.intercepts_ = [result.params[f"b{n}"] for n in range(1, len(layers))]
@@ -80,11 +84,36 @@ def record(est: Any, result: RunResult, data: TrainingData, found: np.ndarray,
     est.out_activation_ = result.model.output
     est.summary_ = result.summary
     est.run_dir_ = result.out
-    if not incremental and len(rows) == est.max_iter and \
-            not result.summary.get("stopped_early"):
+    if not all(np.isfinite(w).all() for w in est.coefs_ + est.intercepts_):
+        raise ValueError("Solver produced non-finite parameter weights. The input data may "
+                         "contain large values and need to be preprocessed. (Lowering "
+                         "learning_rate_init or raising alpha may help.)")
+    _warn(est, result, rows, incremental)
+
+
+def _warn(est: Any, result: RunResult, rows: list[dict[str, Any]], incremental: bool) -> None:
+    """scikit-learn's ConvergenceWarning where a limit stopped the fit (``max_iter``; lbfgs:
+    scipy's status), and one where the loss diverged and early stopping kept an earlier
+    epoch's parameters."""
+    summary = result.summary
+    if summary.get("stopped_because") == "diverged":
+        warnings.warn(f"The training loss diverged in epoch {summary['stopped_early']} "
+                      f"(validation score {rows[-1].get(est._val_score)}): the fit ended "
+                      f"there and kept the parameters of epoch {summary['best_epoch']}, the "
+                      f"best validation score; lower learning_rate_init or raise alpha.",
+                      ConvergenceWarning, stacklevel=6)
+    elif "solver" in summary:
+        from scipy.optimize import OptimizeResult
+        from sklearn.utils.optimize import _check_optimize_result
+
+        solver = summary["solver"]
+        _check_optimize_result("lbfgs", OptimizeResult(
+            status=solver["status"], message=solver["message"], nit=solver["iterations"]),
+            est.max_iter)
+    elif not incremental and len(rows) == est.max_iter and not summary.get("stopped_early"):
         warnings.warn(f"Stochastic Optimizer: Maximum iterations ({est.max_iter}) reached "
                       f"and the optimization hasn't converged yet.", ConvergenceWarning,
-                      stacklevel=5)
+                      stacklevel=6)
 
 
 def fit_state(state: TrainState, cfg: Any) -> TrainState:

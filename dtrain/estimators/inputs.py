@@ -51,7 +51,8 @@ class TrainingData:
     label column's name when ``y`` named one.  ``targets`` is the number of a
     regression's targets, or of a multilabel ``y``'s labels (0/1 indicators,
     ``multilabel``; ``classes`` are then their indices); ``dtype`` what
-    ``predict`` returns for a multilabel ``y``.
+    ``predict`` returns for a multilabel ``y``; ``x_dtype`` the features' floats, as
+    scikit-learn keeps them (float32 if ``X`` is, else float64).
     """
 
     features: int
@@ -64,6 +65,7 @@ class TrainingData:
     targets: int = 1
     multilabel: bool = False
     dtype: Any = None
+    x_dtype: str = "float64"       # "float32" where every feature is float32 (dtype="auto")
 
     def collection(self, client: Client) -> Collection:
         return self.make(client)
@@ -139,11 +141,13 @@ def _in_memory(X: Any, y: Any, shards: int | str, classifier: bool,
         _shape_ok(X.shape)
         collections.check_numeric(X.dtypes.to_dict(), list(X.columns), "X")
         columns = tuple(X.columns)
+        x_dtype = floats(X.dtypes)
         check_finite(X.to_numpy(dtype=np.float64, na_value=np.nan), "X", columns, FIX)
     else:
         X = check_array(X, dtype="numeric", ensure_all_finite=False, ensure_2d=True,
                         accept_sparse="csr")
         columns = None
+        x_dtype = floats([X.dtype])
         _check_finite_rows(X)
     y = _labels(y, X.shape[0], classifier)
     multilabel = classifier and y.ndim == 2
@@ -163,7 +167,14 @@ def _in_memory(X: Any, y: Any, shards: int | str, classifier: bool,
         y = np.asarray(y, dtype=np.float64)          # 0/1 indicators, or real targets
     make = _frame_maker(X, y, cuts) if frame else _array_maker(X, y, cuts, weights)
     return TrainingData(X.shape[1], make, False, classes, columns, feature_names(columns),
-                        label, 1 if y.ndim == 1 else y.shape[1], multilabel, label_dtype)
+                        label, 1 if y.ndim == 1 else y.shape[1], multilabel, label_dtype,
+                        x_dtype)
+
+
+def floats(dtypes: Any) -> str:
+    """The floats scikit-learn's MLPs train in for features of ``dtypes``: float32 if every
+    one is float32, else float64."""
+    return "float32" if all(np.dtype(d) == np.float32 for d in dtypes) else "float64"
 
 
 def _check_finite_rows(X: Any) -> None:
@@ -354,7 +365,7 @@ def _dask_array(X: Any, y: Any, classifier: bool = True, w: Any = None) -> Train
     return TrainingData(int(X.shape[1]), make, True,
                         np.arange(y.shape[1]) if multilabel else None,
                         targets=1 if y.ndim == 1 else int(y.shape[1]), multilabel=multilabel,
-                        dtype=y.dtype if multilabel else None)
+                        dtype=y.dtype if multilabel else None, x_dtype=floats([X.dtype]))
 
 
 def _dask_frame(X: Any, y: Any, w: Any = None) -> TrainingData:
@@ -373,7 +384,8 @@ def _dask_frame(X: Any, y: Any, w: Any = None) -> TrainingData:
 
     def make(client: Client) -> Collection:
         return collections.from_frame(client, X, y, where="X", weight=w)
-    return TrainingData(len(columns), make, True, None, columns, feature_names(columns), label)
+    return TrainingData(len(columns), make, True, None, columns, feature_names(columns), label,
+                        x_dtype=floats(X.dtypes[list(columns)]))
 
 
 # --- predict ----------------------------------------------------------------------------------

@@ -10,27 +10,29 @@ lazy Dask array (one task per block, the model one key of the graph).
 The parameters, fitted attributes and outputs are scikit-learn's (its MLPs'
 initialization, two classes as one logistic output, multilabel and
 multi-output targets, sample weights, the learning-rate schedules, Nesterov's
-momentum).  Where the two differ (README, "From Python and Dask", lists
-every parameter and attribute):
+momentum, ``solver="lbfgs"`` as scipy's L-BFGS-B over full-batch task graphs,
+``loss="poisson"``, the stopping rule, the input's float dtype, ``verbose``'s
+lines, ``ValueError`` for bad input).  Where the two differ (README, "From
+Python and Dask", lists every parameter and attribute):
 
 * The inputs are normalized as dtrain's runs normalize them (``normalize``,
   statistics from the training rows), and the normalization is part of the
   model, so ``coefs_`` and ``intercepts_`` act on normalized features.
 * ``loss_curve_`` and ``loss_`` are dtrain's ``train_loss``: the mean
-  per-sample loss of the epoch's minibatches, without the L2 term.
-* Early stopping watches the validation *loss* (scikit-learn: the validation
-  accuracy) and keeps the best epoch's parameters; without it, the training
-  loss, with the same patience.  dtrain stops after ``n_iter_no_change``
-  epochs without an improvement by more than ``tol`` (scikit-learn after one
-  more).
+  per-sample loss of the epoch's minibatches, without the L2 term (lbfgs: of
+  each iteration's iterate; scikit-learn's lbfgs keeps no curve).
+* With early stopping, a loss that diverges ends the fit there (best
+  parameters kept, NaN score recorded, a ``ConvergenceWarning``); scikit-learn
+  trains on to ``max_iter``.  The adaptive schedule counts epochs on the
+  training loss also with early stopping (scikit-learn: the validation score).
+* The validation split is every partition's own, not stratified; one class in
+  ``y`` is refused (scikit-learn fits a constant classifier).
 * A minibatch's weighted gradient is divided by its rows, with the weights
   scaled to average 1 over the training rows (scikit-learn: by the
   minibatch's summed weights); the same for a full batch.
 * ``partial_fit`` and a ``warm_start`` fit go on from the last state
   (parameters and optimizer slots) with the first fit's normalization; Adam's
   bias correction starts again with each call.
-* No ``solver="lbfgs"`` (``max_fun`` is accepted, unused), no
-  ``loss="poisson"``.
 """
 from __future__ import annotations
 
@@ -39,9 +41,10 @@ from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
-from dtrain.core.errors import ConfigError
+from dtrain.core.errors import ConfigError, Diverged, UserError
 from dtrain.data import partitions
 from dtrain.data.partitions import PartSpec
 from dtrain.estimators import cluster, fitted, inputs, settings
@@ -66,7 +69,7 @@ class _MLP(BaseEstimator):
                  validation_fraction: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
                  epsilon: float = 1e-8, n_iter_no_change: int = 10, max_fun: int = 15000,
                  client: Any = None, strategy: str = "auto", sync_every: int | str = "epoch",
-                 fan_in: int = 2, dtype: str = "float64", normalize: str = "standardize",
+                 fan_in: int = 2, dtype: str = "auto", normalize: str = "standardize",
                  shards: int | str = "auto", out: str | Path | None = None):
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
@@ -145,11 +148,19 @@ class _MLP(BaseEstimator):
         """
         return self._fit(X, y, incremental=False, sample_weight=sample_weight)
 
+    def _check_solver(self) -> bool:
+        """``partial_fit`` is there for the stochastic solvers only, as in scikit-learn."""
+        if self.solver not in ("sgd", "adam"):
+            raise AttributeError(f"partial_fit is only available for stochastic optimizers. "
+                                 f"{self.solver} is not stochastic.")
+        return True
+
     def _fit(self, X: Any, y: Any, *, incremental: bool, classes: Any = None,
              sample_weight: Any = None) -> _MLP:
         settings.check_params(self)
         if incremental and self.early_stopping:
             raise ValueError("partial_fit does not support early_stopping=True")
+        self._check_targets(y)
         data = inputs.training_data(X, y, shards=self.shards, classifier=self._classifier,
                                     sample_weight=sample_weight,
                                     step_flops=settings.step_flops(self, X))
@@ -159,9 +170,24 @@ class _MLP(BaseEstimator):
                              f"expecting {self.n_features_in_} features as input.")
         wanted = self._wanted_classes(data, classes, going_on, incremental)
         client = cluster.client_for(self.client, data.dask)
-        with client.as_current():         # dtrain's waits ask for the current client
-            return self._train(data, client, wanted, going_on=going_on,
-                               incremental=incremental)
+        try:
+            with client.as_current():         # dtrain's waits ask for the current client
+                return self._train(data, client, wanted, going_on=going_on,
+                                   incremental=incremental)
+        except Diverged as exc:
+            raise ValueError(f"Solver produced non-finite parameter weights. The input data "
+                             f"may contain large values and need to be preprocessed. (The "
+                             f"training loss became {exc.loss} in epoch {exc.epoch + 1}; "
+                             f"lowering learning_rate_init or raising alpha may help.)") \
+                from None
+        except UserError as exc:
+            if isinstance(exc, ValueError):
+                raise
+            raise ValueError(str(exc)) from exc     # bad input is a ValueError here
+
+    def _check_targets(self, y: Any) -> None:
+        """Checks of ``y`` that one estimator makes (the regressor's: Poisson targets are
+        not negative); none here."""
 
     def _train(self, data: TrainingData, client: Any, wanted: np.ndarray | None, *,
                going_on: bool, incremental: bool) -> _MLP:
@@ -172,16 +198,23 @@ class _MLP(BaseEstimator):
         values = not self._classifier or data.multilabel      # real targets, or indicators
         if wanted is not None and not values:
             coll.classes = tuple(wanted.tolist())
-        stats = collections.describe(client, coll, PartSpec(
-            coll.columns, settings.split(self, incremental), seed, regression=values),
-            self.fan_in)
+        split = settings.split(self, incremental)
+        stats = collections.describe(client, coll, PartSpec(coll.columns, split, seed,
+                                                            regression=values), self.fan_in)
         partitions.check(stats, len(coll.futures), regression=values)
+        if split[1] and stats.val < 2:
+            raise ValueError(f"The validation set is too small: validation_fraction = "
+                             f"{self.validation_fraction} of each partition gives "
+                             f"{stats.val} of {stats.rows} rows, and early_stopping needs at "
+                             f"least 2. Increase 'validation_fraction' or the size of your "
+                             f"dataset.")
         found = np.asarray(stats.labels) if wanted is None else wanted
         if going_on and self._classifier and not incremental:
             self._same_classes(found)
         loss, outputs = self._output(found, data)
         shape = settings.Shape(data.features, outputs, stats.train, len(coll.futures),
-                               data.label, values, stats.train / stats.mass if stats.mass else 1.0)
+                               data.label, values, stats.train / stats.mass if stats.mass else 1.0,
+                               data.x_dtype)
         seen = self.t_ if going_on and incremental else 0
         with fitted.starting_point(self, going_on) as (init_from, initial):
             try:
@@ -196,10 +229,17 @@ class _MLP(BaseEstimator):
                                      f"hidden_layer_sizes changed; fit with warm_start=False "
                                      f"to start again")
                 initial = fitted.fit_state(initial, cfg)
-            result = train_on(cfg, lambda c: coll, client=client, out=self.out,
-                              echo=print if self.verbose else None, initial=initial)
+            result = train_on(cfg, lambda c: coll, client=client, out=self.out, echo=None,
+                              initial=initial, on_epoch=self._say if self.verbose else None)
         fitted.record(self, result, data, found, going_on, incremental)
         return self
+
+    def _say(self, row: dict[str, Any]) -> None:
+        """``verbose``: scikit-learn's lines for an epoch (lbfgs: an iteration)."""
+        print(f"Iteration {row['epoch']}, loss = {row['train_loss']:.8f}")
+        score = row.get(self._val_score)
+        if self.early_stopping and self.solver != "lbfgs" and score is not None:
+            print(f"Validation score: {score:f}")
 
     def _output(self, classes: np.ndarray, data: TrainingData) -> tuple[str, int]:
         """The loss and the number of outputs: softmax outputs for three classes or more,
@@ -227,8 +267,9 @@ class _MLP(BaseEstimator):
         if incremental:
             return self.classes_ if going_on else np.unique(np.asarray(classes))
         if data.classes is not None and len(data.classes) < 2:
-            raise ValueError(f"y holds 1 class ({data.classes[0]!r}); a classifier needs at "
-                             f"least 2 classes")
+            raise ValueError(f"y holds 1 class ({data.classes.tolist()[0]!r}): dtrain's "
+                             f"classifier needs at least 2 (scikit-learn's MLPClassifier fits "
+                             f"one that always predicts it); give y another class")
         return data.classes
 
     def _same_classes(self, found: np.ndarray) -> None:
@@ -328,6 +369,7 @@ class MLPClassifier(ClassifierMixin, _MLP):
         tags.classifier_tags.multi_label = True
         return tags
 
+    @available_if(_MLP._check_solver)
     def partial_fit(self, X: Any, y: Any, sample_weight: Any = None,
                     classes: Any = None) -> MLPClassifier:
         """One epoch on ``X`` and ``y`` from the current state (optimizer slots included).
@@ -374,8 +416,9 @@ class MLPClassifier(ClassifierMixin, _MLP):
 class MLPRegressor(RegressorMixin, _MLP):
     __doc__ = f"""A multi-layer perceptron regressor trained by dtrain on a Dask cluster.
 
-    scikit-learn's ``MLPRegressor`` API: identity outputs, half the squared error (dtrain's
-    ``model.loss = "squared-error"``), R^2 score; one target or several.
+    scikit-learn's ``MLPRegressor`` API: identity outputs and half the squared error
+    (dtrain's ``model.loss = "squared-error"``), or exponential outputs and half the
+    Poisson deviance (``loss="poisson"``); R^2 score; one target or several.
 
     {settings.PARAMS_DOC.replace("----------", "----------" + settings.LOSS_DOC, 1)}
     """
@@ -393,7 +436,7 @@ class MLPRegressor(RegressorMixin, _MLP):
                  validation_fraction: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
                  epsilon: float = 1e-8, n_iter_no_change: int = 10, max_fun: int = 15000,
                  client: Any = None, strategy: str = "auto", sync_every: int | str = "epoch",
-                 fan_in: int = 2, dtype: str = "float64", normalize: str = "standardize",
+                 fan_in: int = 2, dtype: str = "auto", normalize: str = "standardize",
                  shards: int | str = "auto", out: str | Path | None = None):
         self.loss = loss
         super().__init__(
@@ -410,6 +453,21 @@ class MLPRegressor(RegressorMixin, _MLP):
     def _output(self, classes: np.ndarray, data: TrainingData) -> tuple[str, int]:
         return settings.LOSSES[self.loss], data.targets
 
+    def _check_targets(self, y: Any) -> None:
+        """Poisson targets are not negative: an in-memory ``y`` here, in the words of
+        scikit-learn's PoissonRegressor (its MLPRegressor takes them, to a NaN loss); a
+        Dask one, or a column of ``X``, on the workers by the loss."""
+        if self.loss != "poisson" or is_dask(y) or isinstance(y, str):
+            return
+        try:
+            negative = bool((np.asarray(y, dtype=np.float64) < 0).any())
+        except (TypeError, ValueError):
+            return                              # not numbers: training_data says so
+        if negative:
+            raise ValueError("Some value(s) of y are negative which is not allowed for "
+                             "Poisson regression (loss='poisson').")
+
+    @available_if(_MLP._check_solver)
     def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> MLPRegressor:
         """One epoch on ``X`` and ``y`` from the current state (optimizer slots included)."""
         return self._fit(X, y, incremental=True, sample_weight=sample_weight)

@@ -10,9 +10,12 @@ scikit-learn) the schedule; ``alpha`` becomes ``model.l2 = alpha / batch``
 dtrain adds ``l2 * W``: the same step for a full minibatch; with sample
 weights ``alpha / (batch * mean weight)``, as scikit-learn divides by the
 minibatch's summed weights); ``early_stopping`` splits off
-``validation_fraction`` of every partition and watches the validation loss, otherwise the training loss is watched, in both
-cases with ``train.patience = n_iter_no_change`` and ``train.min_delta = tol``
-(the adaptive schedule watches the training loss itself, and stops no run).
+``validation_fraction`` of every partition and watches the validation score
+(accuracy, R^2), otherwise the training loss is watched, in both cases by
+scikit-learn's rule (``train.stopping``: the best so far by ``tol``, more
+than ``n_iter_no_change`` epochs: :func:`stopping`); ``solver="lbfgs"`` is
+``optim.name = "lbfgs"``, a full batch, ``max_iter`` iterations, ``max_fun``
+and ``tol`` scipy's ``maxfun`` and ``gtol``.
 """
 from __future__ import annotations
 
@@ -25,11 +28,13 @@ import numpy as np
 from dtrain.core.config import Config, load_config
 
 ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "logistic": "sigmoid", "identity": "identity"}
-SOLVERS = ("adam", "sgd")
+SOLVERS = ("adam", "sgd", "lbfgs")
 SCHEDULES = ("constant", "invscaling", "adaptive")     # learning_rate
-LOSSES = {"squared_error": "squared-error"}            # MLPRegressor's loss
+LOSSES = {"squared_error": "squared-error", "poisson": "poisson"}   # MLPRegressor's loss
+DTYPES = ("auto", "float32", "float64")
 STRATEGIES = ("auto", "allreduce", "parameter-server", "local-sgd")  # those that train on partitions
 ADAPTIVE_FACTOR = 0.2   # learning_rate="adaptive" divides the rate by 5, as scikit-learn
+NO_MAX_LOSS = float(np.finfo(np.float64).max)   # only a non-finite loss diverges, as in sklearn
 
 PARAMS_DOC = """
     Parameters
@@ -38,9 +43,10 @@ PARAMS_DOC = """
         Units of each hidden layer.
     activation : {"relu", "tanh", "logistic", "identity"}, default="relu"
         Hidden-layer activation ("logistic" is dtrain's sigmoid).
-    solver : {"adam", "sgd"}, default="adam"
-        "sgd" is dtrain's sgd, or momentum when ``momentum > 0``.  "lbfgs" is not
-        offered: dtrain trains by minibatch.
+    solver : {"adam", "sgd", "lbfgs"}, default="adam"
+        "sgd" is dtrain's sgd, or momentum when ``momentum > 0``.  "lbfgs": full-batch
+        L-BFGS, scipy's L-BFGS-B on the driver (on the worker when one holds every
+        partition), each loss and gradient over the whole training set one task graph.
     alpha : float, default=1e-4
         L2 penalty, as scikit-learn's: dtrain's ``model.l2 = alpha / batch``.
     batch_size : int or "auto", default="auto"
@@ -55,16 +61,19 @@ PARAMS_DOC = """
     power_t : float, default=0.5
         The invscaling exponent.
     max_iter : int, default=200
-        Epochs.
+        Epochs (lbfgs: iterations).
     shuffle : bool, default=True
         Reshuffle each shard every epoch.
     random_state : int, RandomState or None, default=None
         Seeds the weights and every shuffle and split; None draws a fresh seed from NumPy's
         global random state at each fit, as scikit-learn does.
     tol : float, default=1e-4
-        The least decrease of the watched loss that counts as an improvement.
+        An epoch improves when its training loss is below the best so far by at least
+        ``tol`` (with early stopping: its validation score above the best by at least
+        ``tol``), as in scikit-learn; lbfgs: scipy's ``gtol``.
     verbose : bool, default=False
-        Print dtrain's console lines (one per epoch and a summary).
+        Print scikit-learn's lines: ``Iteration N, loss = X`` per epoch (lbfgs: per
+        iteration) and, with early stopping, ``Validation score: X``.
     warm_start : bool, default=False
         A fit goes on from the previous fit's state instead of starting afresh.
     momentum : float, default=0.9
@@ -72,16 +81,18 @@ PARAMS_DOC = """
     nesterovs_momentum : bool, default=True
         Nesterov's momentum (as scikit-learn computes it) for ``solver="sgd"``.
     early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of every partition, stop when its loss stops
-        improving, and keep the best epoch's parameters.
+        Hold out ``validation_fraction`` of every partition, stop when its score (accuracy,
+        R^2) stops improving, and keep the best epoch's parameters (also where the loss
+        diverges: the fit ends there with a warning).  Not for lbfgs, as in scikit-learn.
     validation_fraction : float, default=0.1
         See ``early_stopping``.
     beta_1, beta_2, epsilon : float, default=0.9, 0.999, 1e-8
         Adam's.
-    n_iter_no_change : int, default=10
-        Epochs without an improvement by more than ``tol`` before training stops.
+    n_iter_no_change : int or numpy.inf, default=10
+        Training stops after more than ``n_iter_no_change`` epochs in a row without an
+        improvement (see ``tol``), as in scikit-learn; ``numpy.inf``: never.
     max_fun : int, default=15000
-        Accepted and checked, not used: it bounds lbfgs, which dtrain does not offer.
+        lbfgs: the most loss and gradient evaluations (scipy's ``maxfun``).
     client : distributed.Client or None, default=None
         Train on this Dask cluster.  Without one, Dask inputs use the default client if
         there is one, and everything else a LocalCluster this process starts once and
@@ -97,24 +108,25 @@ PARAMS_DOC = """
         local-sgd: the steps between averagings; "epoch": once per pass over the data.
     fan_in : int, default=2
         Children per reduce task.
-    dtype : {"float64", "float32"}, default="float64"
-        The network's arithmetic.
+    dtype : {"auto", "float64", "float32"}, default="auto"
+        The network's arithmetic; "auto": scikit-learn's, float32 for float32 ``X`` and
+        float64 otherwise (lbfgs: float64, as scikit-learn's lbfgs gives).
     normalize : {"standardize", "minmax", "none"}, default="standardize"
         The input normalization fitted on the training rows (part of the model).
     shards : int or "auto", default="auto"
         The partitions NumPy and pandas inputs are cut into (Dask inputs keep theirs);
-        "auto": one per 20 MFLOP of a step's forward-backward, 1 to 16 (a small step stays
-        one pass over its minibatch), at most one per row; it depends on the data and the
-        network, not on the machine.
+        "auto": one per 20 MFLOP of a step's forward-backward (lbfgs: of an evaluation over
+        every row), 1 to 16 (a small step stays one pass over its minibatch), at most one
+        per row; it depends on the data and the network, not on the machine.
     out : str, Path or None, default=None
         A run directory: each fit writes a normal dtrain run there (``dtrain.load(out)``).
 """
 
 
 LOSS_DOC = """
-    loss : {"squared_error"}, default="squared_error"
-        The regressor's: half the squared error, as scikit-learn's; "poisson" is not
-        supported."""
+    loss : {"squared_error", "poisson"}, default="squared_error"
+        The regressor's: half the squared error with identity outputs, or half the Poisson
+        deviance with exponential outputs (targets >= 0), as scikit-learn's."""
 
 
 def _bad(name: str, value: Any, rule: str) -> ValueError:
@@ -137,11 +149,8 @@ def _number(est: Any, name: str, low: float, high: float = np.inf, *, low_open: 
 
 def check_params(est: Any) -> None:
     """A ValueError naming the first parameter that dtrain cannot train with, and why."""
-    if est.solver == "lbfgs":
-        raise ValueError("solver = 'lbfgs' is not supported: dtrain trains by minibatch (every "
-                         "minibatch is a Dask task graph); use solver = 'adam' or 'sgd'")
     if est.solver not in SOLVERS:
-        raise _bad("solver", est.solver, "'adam' or 'sgd'")
+        raise _bad("solver", est.solver, "'lbfgs', 'sgd' or 'adam'")
     if est.activation not in ACTIVATIONS:
         raise _bad("activation", est.activation, "'relu', 'tanh', 'logistic' or 'identity'")
     hidden(est.hidden_layer_sizes)
@@ -159,17 +168,15 @@ def check_params(est: Any) -> None:
     if not isinstance(est.nesterovs_momentum, (bool, np.bool_)):
         raise _bad("nesterovs_momentum", est.nesterovs_momentum, "True or False")
     loss = getattr(est, "loss", None)
-    if loss == "poisson":
-        raise ValueError("loss = 'poisson' is not supported by dtrain (no exponential output "
-                         "layer); use loss = 'squared_error'")
     if loss is not None and loss not in LOSSES:
-        raise _bad("loss", loss, "'squared_error'")
+        raise _bad("loss", loss, "'squared_error' or 'poisson'")
     _number(est, "momentum", 0, 1, high_open=True)
     _number(est, "beta_1", 0, 1, high_open=True)
     _number(est, "beta_2", 0, 1, high_open=True)
     _number(est, "epsilon", 0, low_open=True)
     _number(est, "validation_fraction", 0, 1, low_open=True, high_open=True)
-    _number(est, "n_iter_no_change", 1, integer=True)
+    if est.n_iter_no_change != np.inf:
+        _number(est, "n_iter_no_change", 1, integer=True)
     _number(est, "fan_in", 2, integer=True)
     if est.sync_every != "epoch":
         _number(est, "sync_every", 1, integer=True)
@@ -178,8 +185,12 @@ def check_params(est: Any) -> None:
     if est.strategy not in STRATEGIES:
         raise _bad("strategy", est.strategy, f"one of {', '.join(map(repr, STRATEGIES))} (the "
                    f"strategies that train on partitions where they sit)")
-    if est.dtype not in ("float32", "float64"):
-        raise _bad("dtype", est.dtype, "'float32' or 'float64'")
+    if est.solver == "lbfgs" and est.strategy not in ("auto", "allreduce"):
+        raise ValueError(f"strategy = {est.strategy!r} with solver = 'lbfgs': each L-BFGS "
+                         f"evaluation is the loss and gradient over every partition, summed "
+                         f"by allreduce's tree; use strategy = 'auto' or 'allreduce'")
+    if est.dtype not in DTYPES:
+        raise _bad("dtype", est.dtype, "'auto', 'float32' or 'float64'")
     if est.normalize not in ("standardize", "minmax", "none"):
         raise _bad("normalize", est.normalize, "'standardize', 'minmax' or 'none'")
     if not isinstance(est.random_state, np.random.RandomState):    # drawn from at fit time
@@ -215,7 +226,8 @@ def seed(random_state: Any) -> int:
 
 def step_flops(est: Any, X: Any) -> float:
     """About the FLOP of a step's forward-backward on ``X`` (``6 * batch * parameters``,
-    one output assumed): what ``shards="auto"`` sizes the shards by."""
+    one output assumed; lbfgs: an evaluation's, over every row): what ``shards="auto"``
+    sizes the shards by."""
     shape = getattr(X, "shape", ())
     if len(shape) != 2 or not all(isinstance(n, numbers.Integral) for n in shape):
         return 0.0                                  # a Dask input keeps its own partitions
@@ -224,7 +236,8 @@ def step_flops(est: Any, X: Any) -> float:
         return 0.0
     layers = [int(features), *hidden(est.hidden_layer_sizes), 1]
     size = sum(a * b + b for a, b in zip(layers, layers[1:]))
-    b = min(200 if est.batch_size == "auto" else int(est.batch_size), rows)
+    b = rows if est.solver == "lbfgs" else \
+        min(200 if est.batch_size == "auto" else int(est.batch_size), rows)
     return 6.0 * b * size
 
 
@@ -252,16 +265,21 @@ class Shape:
     label: str = ""
     values: bool = False        # real targets or 0/1 label indicators, not class labels
     weight_scale: float = 1.0   # training rows / their summed sample weights
+    x_dtype: str = "float64"    # the features' floats: float32 where X is all float32
 
 
 def strategy(est: Any) -> str:
-    """``graph.strategy`` for ``strategy``: as given, "auto" the synchronous step."""
+    """``graph.strategy`` for ``strategy``: as given, "auto" the synchronous step (lbfgs:
+    allreduce, its full-batch evaluations' tree, whatever was given)."""
+    if est.solver == "lbfgs":
+        return "allreduce"
     return "allreduce" if est.strategy == "auto" else est.strategy
 
 
 def split(est: Any, incremental: bool) -> tuple[float, float, float]:
-    """Every partition's training, validation and test shares."""
-    if est.early_stopping and not incremental:
+    """Every partition's training, validation and test shares (lbfgs ignores early stopping,
+    as scikit-learn's does)."""
+    if est.early_stopping and not incremental and est.solver != "lbfgs":
         return (1 - est.validation_fraction, est.validation_fraction, 0.0)
     return (1.0, 0.0, 0.0)
 
@@ -269,28 +287,53 @@ def split(est: Any, incremental: bool) -> tuple[float, float, float]:
 def schedule(est: Any, samples_seen: int = 0) -> dict[str, Any]:
     """``[optim]``'s schedule keys for ``learning_rate`` (sgd only: scikit-learn's Adam
     keeps its rate constant); ``samples_seen``: the samples trained on before this fit (a
-    ``partial_fit`` going on), where invscaling's clock starts."""
+    ``partial_fit`` going on), where invscaling's clock starts.  Adaptive with
+    ``n_iter_no_change = inf`` never lowers the rate: constant."""
     kind = est.learning_rate if est.solver == "sgd" else "constant"
     if kind == "invscaling":
         return {"schedule": kind, "power_t": float(est.power_t), "samples_seen": samples_seen}
-    if kind == "adaptive":
-        return {"schedule": kind, "patience": est.n_iter_no_change, "min_delta": float(est.tol),
-                "gamma": ADAPTIVE_FACTOR}
-    return {"schedule": kind}
+    if kind == "adaptive" and est.n_iter_no_change != np.inf:
+        return {"schedule": kind, "patience": int(est.n_iter_no_change),
+                "min_delta": float(est.tol), "gamma": ADAPTIVE_FACTOR}
+    return {"schedule": "constant"}
+
+
+def stopping(est: Any, incremental: bool, sched: str) -> dict[str, Any]:
+    """``[train]``'s stopping keys, scikit-learn's rule: an epoch improves when its training
+    loss is below the best by at least ``tol`` (``early_stopping``: its validation score,
+    accuracy or R^2, above the best by at least ``tol``), and the fit stops after more than
+    ``n_iter_no_change`` epochs without one (``train.patience`` is one more); under the
+    adaptive schedule those epochs lower the rate instead (the update counts them on the
+    training loss) and the fit ends where the rate falls to 0.  With early stopping the
+    best epoch's parameters are kept, also where the loss diverges.  lbfgs stops where
+    scipy's L-BFGS-B stops."""
+    if incremental or est.solver == "lbfgs":
+        return {}
+    early = bool(est.early_stopping)
+    never = est.n_iter_no_change == np.inf or sched == "adaptive"
+    return {"patience": 0 if never else int(est.n_iter_no_change) + 1,
+            "min_delta": float(est.tol), "monitor": "val_score" if early else "train_loss",
+            "keep_best": early, "stopping": "scikit-learn",
+            "diverged": "keep-best" if early else "error"}
+
+
+def dtype(est: Any, x_dtype: str) -> str:
+    """``model.dtype``: ``dtype``, or for "auto" scikit-learn's: the float32 of a float32
+    ``X`` (``x_dtype``), else float64; lbfgs float64 (scikit-learn's lbfgs works in, and
+    returns, float64)."""
+    if est.dtype != "auto":
+        return est.dtype
+    return "float32" if x_dtype == "float32" and est.solver != "lbfgs" else "float64"
 
 
 def config(est: Any, shape: Shape, loss: str, *, incremental: bool, init_from: str = "",
            seed_value: int = 0, samples_seen: int = 0) -> Config:
     """The dtrain config of one fit (``incremental``: one epoch of ``partial_fit``)."""
-    b = batch(est, shape.train_rows)
+    full = est.solver == "lbfgs"                         # every evaluation: every row
+    b = shape.train_rows if full else batch(est, shape.train_rows)
     sched = schedule(est, samples_seen)
-    patience = 0 if sched["schedule"] == "adaptive" and not est.early_stopping \
-        else est.n_iter_no_change           # adaptive: lowers the rate instead of stopping
-    stopping = {} if incremental else {
-        "patience": patience, "min_delta": float(est.tol),
-        "monitor": "val_loss" if est.early_stopping else "train_loss",
-        "keep_best": bool(est.early_stopping)}
-    optim = "adam" if est.solver == "adam" else "momentum" if est.momentum > 0 else "sgd"
+    optim = "lbfgs" if full else "adam" if est.solver == "adam" else \
+        "momentum" if est.momentum > 0 else "sgd"
     return load_config({
         "data": {"dataset": "collection", "label": shape.label,
                  "split": list(split(est, incremental)), "normalize": est.normalize,
@@ -298,16 +341,19 @@ def config(est: Any, shape: Shape, loss: str, *, incremental: bool, init_from: s
                  **({"target": "value"} if shape.values else {})},
         "model": {"layers": [shape.features, *hidden(est.hidden_layer_sizes), shape.outputs],
                   "activation": ACTIVATIONS[est.activation], "loss": loss,
-                  "l2": float(est.alpha) / b * shape.weight_scale, "dtype": est.dtype,
-                  "seed": seed_value,
+                  "l2": float(est.alpha) / b * shape.weight_scale,
+                  "dtype": dtype(est, shape.x_dtype), "seed": seed_value,
                   "init": "scikit-learn", "init_from": init_from},
         "optim": {"name": optim, "lr": float(est.learning_rate_init),
                   **({"momentum": float(est.momentum),
                       "nesterov": bool(est.nesterovs_momentum)} if optim == "momentum" else {}),
                   "beta1": float(est.beta_1), "beta2": float(est.beta_2),
-                  "eps": float(est.epsilon), **sched},
+                  "eps": float(est.epsilon), "max_fun": int(est.max_fun),
+                  "gtol": float(est.tol), **sched},
         "train": {"epochs": 1 if incremental else est.max_iter,
-                  "batch_size": min(b, shape.train_rows), **stopping},
+                  "batch_size": min(b, shape.train_rows),
+                  "max_loss": NO_MAX_LOSS,
+                  **stopping(est, incremental, sched["schedule"])},
         "graph": {"strategy": strategy(est), "fan_in": est.fan_in,
                   "sync_every": -(-shape.train_rows // b)
                   if est.sync_every == "epoch" else est.sync_every},

@@ -35,6 +35,7 @@ one output instead, named as skl2onnx names a regressor's::
 
     variable        (N, T) T       z itself: the predicted values, one column per target
                                    (N, 1 for one target), as ``predict`` computes them
+                                   (loss poisson, output exp: Exp(z))
 
 and no ``label`` or ``probabilities``.  The input must be fed as ``T``.
 Apart from the normalization, all arithmetic is in ``T``, with the parameters
@@ -199,7 +200,8 @@ def _nodes_and_constants(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarra
     for n in range(1, layers + 1):
         inits += [const(np.asarray(params[f"W{n}"], dtype=dtype), f"W{n}"),   # (O, I)
                   const(np.asarray(params[f"b{n}"], dtype=dtype), f"b{n}")]   # (O,)
-        z = (REGRESSION_OUTPUT if spec.regression else "logits") if n == layers else f"z{n}"
+        last = REGRESSION_OUTPUT if spec.output == "identity" else "logits"
+        z = last if n == layers else f"z{n}"
         nodes.append(h.make_node("Gemm", [x, f"W{n}", f"b{n}"], [z], name=f"layer{n}",
                                  transB=1))                                  # (N, O)
         x = z
@@ -207,6 +209,9 @@ def _nodes_and_constants(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarra
             x = f"a{n}"
             nodes.append(h.make_node(_ACTIVATION_OPS[spec.activation], [z], [x],
                                      name=f"{spec.activation}{n}"))
+    if spec.output == "exp":                     # a Poisson regression: exp of the Gemm's
+        nodes.append(h.make_node("Exp", ["logits"], [REGRESSION_OUTPUT], name="exp"))
+        return nodes, inits
     if spec.regression:                          # identity outputs: the last Gemm's result
         return nodes, inits
     if spec.output == "logistic":

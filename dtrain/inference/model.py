@@ -140,7 +140,10 @@ class Model:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Output-layer inputs (B, C) of normalized rows, in chunks: what training's argmax
         reads, so a prediction is the class training counted as predicted; a regression's
-        predicted values (B, T)."""
+        predicted values (B, T) (through ``exp`` for a Poisson model), as training's R^2
+        reads them."""
+        if self.regression:
+            return self.net.predictions(self.params, x, CHUNK)
         out = np.empty((x.shape[0], self.spec.layers[-1]), dtype=self.spec.dtype)
         with np.errstate(all="ignore"):
             for lo in range(0, x.shape[0], CHUNK):

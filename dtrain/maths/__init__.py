@@ -2,7 +2,8 @@
 
 Holds the layers, losses and the flat-parameter network
 (:mod:`~dtrain.maths.model`), the optimizers over one flat state, the update
-and the local SGD round (:mod:`~dtrain.maths.optim`), the model-parallel
+and the local SGD round (:mod:`~dtrain.maths.optim`), full-batch L-BFGS over
+scipy's L-BFGS-B (:mod:`~dtrain.maths.lbfgs`), the model-parallel
 split of a network into slices (:mod:`~dtrain.maths.slicing`), and a
 regression's figures from sums that add up over parts
 (:mod:`~dtrain.maths.scores`).  Nothing here knows about Dask, files or

@@ -19,7 +19,7 @@ shards pay NumPy's per-call cost once, not once per shard
 (:meth:`Network.loss_and_grad`).
 
 A classifier's targets ``y`` are class indices (B,); a regression's
-(``squared-error``, :data:`~dtrain.core.config.VALUE_LOSSES`) are real
+(``squared-error``, ``poisson``: :data:`~dtrain.core.config.VALUE_LOSSES`) are real
 values (B, T), used as given (not normalized), and it counts no correct
 predictions (0).  ``binary-cross-entropy`` has one logistic output per
 label: two classes as indices (B,) into one output (the second class's
@@ -39,6 +39,7 @@ import numpy as np
 
 from dtrain.core.arrays import array_module, to_host
 from dtrain.core.config import VALUE_LOSSES, ModelConfig
+from dtrain.core.errors import DataError
 
 TAIL = 2    # numbers after the gradient in a buffer: summed loss (at P), correct predictions
 
@@ -178,8 +179,28 @@ def binary_cross_entropy(xp, z, y, w=None):
     return _weighted(elementwise.sum(axis=-1), dz, w)
 
 
+def poisson(xp, z, t, w=None):
+    """Exponential outputs + half the Poisson deviance against targets ``t`` >= 0 (B, T),
+    summed over the targets: ``t log(t / a) - t + a`` with ``a = exp(z)`` (``t log t`` is 0
+    at ``t = 0``), scikit-learn's ``loss="poisson"``.  Returns (loss summed over rows,
+    dL/dz = a - t)."""
+    t = t.astype(z.dtype, copy=False)                                # (B, T)
+    if bool((t < 0).any()):
+        raise DataError(f"a target is {float(t[t < 0].ravel()[0])}: the Poisson loss learns "
+                        f"targets >= 0 (counts, rates)")
+    a = xp.exp(z)                                                    # (B, T)
+    safe = xp.where(t > 0, t, 1)                                     # log's argument
+    elementwise = xp.where(t > 0, t * (xp.log(safe) - z), 0) - t + a   # (B, T)
+    dz = a - t                                                       # (B, T)
+    if w is None:
+        return _total(elementwise), dz
+    return _weighted(elementwise.sum(axis=-1), dz, w)
+
+
 LOSSES = {"cross-entropy": cross_entropy, "mse": mse, "squared-error": squared_error,
-          "binary-cross-entropy": binary_cross_entropy}
+          "binary-cross-entropy": binary_cross_entropy, "poisson": poisson}
+PREDICTIONS = {"squared-error": identity, "poisson": lambda xp, z: xp.exp(z)}   # regressions'
+                                                    # outputs: what the output layer passes on
 
 
 # --- the network ---------------------------------------------------------------------
@@ -196,8 +217,9 @@ class Network:
         Hidden-layer activation: ``"sigmoid"``, ``"tanh"``, ``"relu"`` or ``"identity"``.
     loss
         ``"cross-entropy"`` (softmax outputs), ``"mse"`` (sigmoid outputs),
-        ``"binary-cross-entropy"`` (a logistic output per label) or
-        ``"squared-error"`` (identity outputs, real targets: a regression).
+        ``"binary-cross-entropy"`` (a logistic output per label),
+        ``"squared-error"`` (identity outputs, real targets: a regression) or ``"poisson"``
+        (exponential outputs, targets >= 0).
     dtype
         ``"float32"`` or ``"float64"``.
     init
@@ -367,14 +389,17 @@ class Network:
             correct += int(self.correct(z, ys))
         return loss, correct, int(x.shape[0])
 
-    def outputs(self, params, x, chunk: int = 8192):
-        """The output layer's inputs (N, C) over a dataset, in chunks as :meth:`evaluate`
-        takes them: a regression's predictions."""
+    def predictions(self, params, x, chunk: int = 8192):
+        """A regression's predictions (N, T) over a dataset, in chunks as :meth:`evaluate`
+        takes them: the output layer's inputs, through its output function (the identity,
+        or ``exp`` for ``poisson``)."""
         xp = array_module(params)
-        out = xp.empty((x.shape[0], self.layers[-1]), dtype=params.dtype)    # (N, C)
+        out = xp.empty((x.shape[0], self.layers[-1]), dtype=params.dtype)    # (N, T)
+        output = PREDICTIONS[self.loss]
         with np.errstate(all="ignore"):
             for start in range(0, x.shape[0], chunk):
-                out[start:start + chunk] = self.forward(params, x[start:start + chunk])[-1]
+                out[start:start + chunk] = output(xp, self.forward(params,
+                                                                   x[start:start + chunk])[-1])
         return out
 
 

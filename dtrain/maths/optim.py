@@ -29,7 +29,7 @@ from dtrain.core.config import OptimConfig
 from dtrain.core.errors import Diverged
 from dtrain.maths.model import Layout, Network
 
-SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
+SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "lbfgs": 0}   # lbfgs: its memory is scipy's
 ROUND_TAIL = 3      # a local SGD leaf's buffer: [w * vector | loss sum | correct | w]
 ADAPTIVE = 3        # the adaptive schedule's numbers after the slots: [scale | best | count]
 
@@ -102,10 +102,15 @@ class Optimizer:
     net: Network | Layout
     l2: float = 0.0
     max_loss: float = math.inf          # train.max_loss: a larger mean step loss diverged
+    raises: bool = True                 # False: a diverged step goes on (train.diverged =
+                                        # "keep-best": the epoch's row says so, the driver ends)
 
     def check_loss(self, step: Step, loss: float, samples: int | float) -> None:
         """Raise :class:`~dtrain.core.errors.Diverged` if a step's summed ``loss`` over
-        ``samples`` is NaN or infinite, or its mean per sample exceeds ``max_loss``."""
+        ``samples`` is NaN or infinite, or its mean per sample exceeds ``max_loss`` (unless
+        ``raises`` is False)."""
+        if not self.raises:
+            return
         if not math.isfinite(loss):
             raise Diverged(step.index, step.epoch, loss)
         if samples and loss / samples > self.max_loss:
@@ -178,16 +183,29 @@ class Optimizer:
         without one, the factor is multiplied by ``gamma`` and the count restarts, or, if
         the rate is already at most ``min_lr``, it becomes 0: training stops, as
         scikit-learn's ``learning_rate="adaptive"`` stops."""
-        cfg, tail = self.cfg, new[-ADAPTIVE:]                # (3,) a view: [scale, best, count]
-        scale, best, count = (float(v) for v in tail)
+        tail = new[-ADAPTIVE:]                               # (3,) a view: [scale, best, count]
+        numbers = tuple(float(v) for v in tail)
         if step.first and state.epoch_samples:
-            loss = state.epoch_loss / state.epoch_samples
-            count = count + 1 if loss > best - cfg.min_delta else 0       # as scikit-learn
-            best = min(best, loss)
-            if count > cfg.patience:
-                scale, count = (0.0 if step.lr * scale <= cfg.min_lr else scale * cfg.gamma), 0
-            tail[:] = (scale, best, count)
-        return scale
+            numbers = adapted(self.cfg, step.lr, numbers, state.epoch_loss / state.epoch_samples)
+            tail[:] = numbers
+        return numbers[0]
+
+
+def adapted(cfg: OptimConfig, lr: float, numbers: tuple[float, float, float],
+            loss: float) -> tuple[float, float, float]:
+    """The adaptive schedule's ``(scale, best, count)`` after an epoch of mean training loss
+    ``loss`` at the base rate ``lr``, as scikit-learn decides: the epoch counts as no
+    improvement unless its loss is below the best less ``min_delta``; after more than
+    ``patience`` of them the scale is multiplied by ``gamma`` and the count restarts, or, if
+    the rate is already at most ``min_lr``, the scale is 0 (training has stopped).  The
+    update decides with it from the state (:meth:`Optimizer.adapt`), and the driver's
+    :class:`~dtrain.training.stopping.Watch` from the epoch rows, the same numbers."""
+    scale, best, count = numbers
+    count = count + 1 if loss > best - cfg.min_delta else 0       # as scikit-learn
+    best = min(best, loss)
+    if count > cfg.patience:
+        scale, count = (0.0 if lr * scale <= cfg.min_lr else scale * cfg.gamma), 0
+    return scale, best, count
 
 
 def _add_to_epoch(state: TrainState, step: Step, vector: Any, loss: float, samples: int,

@@ -61,11 +61,12 @@ def _timing_line(summary: dict[str, Any]) -> str:
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The final console summary."""
+    steps = "" if summary.get("solver") else \
+        f", {summary.get('steps_run', summary['steps'])} steps"       # lbfgs: in _epochs
     return [
         f"done: {summary['strategy']} on {summary['workers']} worker(s)"
         f"{_threads(summary)}, "
-        f"{summary['shards']} shards, {_epochs(summary)}, "
-        f"{summary.get('steps_run', summary['steps'])} steps "
+        f"{summary['shards']} shards, {_epochs(summary)}{steps} "
         f"in {summary['seconds']:.2f} s ({_fmt(summary['samples_per_second'], ',.0f')} samples/s)",
         (f"test_r2 {_fmt(summary['test_r2'], '.4f')}  "
          f"test_rmse {_fmt(summary.get('test_rmse'), '.4g')}  " if "test_r2" in summary
@@ -80,7 +81,12 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 
 def _epochs(summary: dict[str, Any]) -> str:
     """``40 epochs``, or ``79 of 200 epochs (stopped early; best val_loss at epoch 74,
-    kept)``."""
+    kept)``; lbfgs: ``63 of 200 L-BFGS iterations, 71 evaluations (scipy: CONVERGENCE:
+    ...)``."""
+    solver = summary.get("solver")
+    if solver:
+        return (f"{solver['iterations']} of {summary['epochs']} L-BFGS iterations, "
+                f"{solver['evaluations']} evaluations (scipy: {solver['message']})")
     stopped = summary.get("stopped_early")
     if not stopped:
         return f"{summary['epochs']} epoch{'s' if summary['epochs'] != 1 else ''}"

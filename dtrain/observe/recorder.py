@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +50,16 @@ class Recorder:
         step events.
     resume_epochs
         Reopen an interrupted run's directory, keeping this many epoch rows.
+    on_epoch
+        Called with each epoch row as it is recorded (the estimators' ``verbose`` lines).
     """
 
     def __init__(self, config: Config, out: str | Path | None, echo: Echo | None = print,
                  progress: bool | None = None, resume_epochs: int | None = None,
-                 plain_every: float | None = None):
+                 plain_every: float | None = None,
+                 on_epoch: Callable[[dict[str, Any]], None] | None = None):
         self.config = config
+        self.on_epoch = on_epoch
         self.run_dir = RunDir(Path(out), config, resume_epochs) if out is not None else None
         self.metrics: list[dict[str, Any]] = self.run_dir.epochs() if self.run_dir else []
         self.console = Console(echo, (echo is print and sys.stdout.isatty())
@@ -128,6 +132,8 @@ class Recorder:
         if self.feed is not None:
             self.feed.epoch(row)
         self.console.epoch(row)
+        if self.on_epoch is not None:
+            self.on_epoch(row)
 
     def checkpointed(self, step: int, path: Path) -> None:
         """The engine saved a checkpoint of ``step`` steps at ``path``."""

@@ -2,7 +2,8 @@
 
 Holds the strategies, one object each (:mod:`~dtrain.taskgraph.strategies`);
 their graph builders (:mod:`~dtrain.taskgraph.dataparallel`,
-:mod:`~dtrain.taskgraph.modelparallel`); the reduce tree
+:mod:`~dtrain.taskgraph.modelparallel`), and the full-batch evaluations of L-BFGS
+with its loop as one task on one worker (:mod:`~dtrain.taskgraph.fullbatch`); the reduce tree
 (:mod:`~dtrain.taskgraph.reduction`) and a group's subtree summed in one place
 (:mod:`~dtrain.taskgraph.treesum`); which worker holds which shard
 (:mod:`~dtrain.taskgraph.placement`); the typed record of every task

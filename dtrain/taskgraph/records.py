@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dtrain.core.config import OptimConfig
 from dtrain.core.events import StepEvents
 from dtrain.data.shards import Shard, minibatch
 from dtrain.maths.model import Network
@@ -119,6 +120,20 @@ class Average:
     step: Step
     host: bool
     events: StepEvents | None = None
+
+
+@dataclass(frozen=True)
+class FullBatch:
+    """``lbfgs-<first evaluation>``: a whole L-BFGS run (:func:`dtrain.maths.lbfgs.minimize`)
+    on the worker holding every shard, each loss and gradient ``leaf``: every shard's rows
+    summed as the reduce tree sums them.  ``l2``, ``samples``: the objective's; ``iterations``:
+    scipy's ``maxiter``.  Inputs: the starting state, the shards in order."""
+
+    leaf: ForwardBackward
+    optim: OptimConfig
+    l2: float
+    samples: int
+    iterations: int
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,11 @@ class Strategy:
 
     def check(self, cfg: Config, source: str) -> None:
         """Raise :class:`~dtrain.core.errors.ConfigError` for a config it cannot run."""
+        if cfg.optim.name == "lbfgs":
+            raise ConfigError(f"optim.name = 'lbfgs' in {source} computes each loss and "
+                              f"gradient over the whole training set with allreduce's reduce "
+                              f"tree, not graph.strategy = '{self.name}'; use graph.strategy = "
+                              f"'allreduce'")
         if cfg.graph.update == "replicated":
             raise ConfigError(f"graph.update = 'replicated' in {source} needs graph.strategy = "
                               f"'allreduce' (every worker trains and updates), not "
@@ -80,7 +85,7 @@ class Strategy:
                       step_events=g.step_events, replicated=self.replicated(cfg),
                       state_every=g.state_every, fuse_shards=g.fuse_shards,
                       step_event_gap=g.step_event_gap,
-                      keep_states=cfg.train.patience > 0 or cfg.train.keep_best,
+                      keep_states=core_config.epochs_decide(cfg.train, cfg.optim),
                       cores=cfg.cluster.cores, fuse_steps=g.fuse_steps)
 
     def builder(self, recipe: Recipe, cfg: Config,

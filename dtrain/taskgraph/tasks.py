@@ -248,12 +248,12 @@ Sums = tuple[float, int, int, TargetSums | None]    # loss, correct, rows, regre
 
 def evaluate_part(task: Evaluate, state: TrainState, part: Shard) -> Sums:
     """``(summed loss, correct, rows, target sums)`` of one held-out part, where it lives
-    (the target sums: a regression's test split only)."""
+    (the target sums: a regression's, for its R^2)."""
     net = task.net
     params = like(state.vector[: net.size], part.x)
     loss, correct, n = net.evaluate(params, part.x, part.y)
-    sums = TargetSums.of(to_host(net.outputs(params, part.x)), to_host(part.y)) \
-        if net.regression and task.epoch < 0 else None
+    sums = TargetSums.of(to_host(net.predictions(params, part.x)), to_host(part.y)) \
+        if net.regression else None
     return loss, correct, n, sums
 
 

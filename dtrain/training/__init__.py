@@ -8,7 +8,8 @@ read); the course every run follows, its windows, epoch rows and stops
 (:mod:`~dtrain.training.stopping`); the engines that run it, in the driver
 (:mod:`~dtrain.training.serial`) or as Dask task graphs
 (:mod:`~dtrain.training.engines`, with their held-out data,
-:mod:`~dtrain.training.heldout`); checkpoints and resuming
+:mod:`~dtrain.training.heldout`; full-batch L-BFGS:
+:mod:`~dtrain.training.fullbatch`); checkpoints and resuming
 (:mod:`~dtrain.training.checkpoint`); the public :func:`train`,
 :func:`train_on` and :func:`resume` (:mod:`~dtrain.training.trainer`); and
 pictures of what a config would run (:mod:`~dtrain.training.pictures`).

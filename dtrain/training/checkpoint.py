@@ -124,6 +124,11 @@ def _check_extension(run_dir: Path, epochs: int, more: int) -> None:
         summary = json.loads((run_dir / files.SUMMARY).read_text())
     except (OSError, ValueError):
         summary = {}
+    if summary.get("solver"):
+        raise UserError(f"run {run_dir} was trained by optim.name = "
+                        f"'{summary['solver']['name']}', which keeps no checkpoint (scipy's "
+                        f"L-BFGS memory is not saved), so it cannot go on to more iterations; "
+                        f"start a new run from its parameters with --init-from {run_dir}")
     if summary.get("stopped_early"):
         raise UserError(f"run {run_dir} was stopped early after epoch "
                         f"{summary['stopped_early']} (train.patience); it cannot go on to "

@@ -47,6 +47,7 @@ class Outcome:
     split: dict[str, dict[str, Any]] = field(default_factory=dict)   # work per worker
     moved: dict[str, Any] = field(default_factory=dict)        # partitions moved, and why
     graph: dict[str, Any] = field(default_factory=dict)   # tasks, transfers, fused shards
+    solver: dict[str, Any] = field(default_factory=dict)  # lbfgs: iterations, scipy's status
 
 
 def epoch_row(plan: Plan, ev: dict[str, float], seconds: float, first: int) -> dict[str, Any]:
@@ -58,7 +59,8 @@ def epoch_row(plan: Plan, ev: dict[str, float], seconds: float, first: int) -> d
     return {"epoch": epoch, "train_loss": seen["train_loss"],
             "train_accuracy": ev.get("train_accuracy"),
             "val_loss": seen["val_loss"],
-            "val_accuracy": ev["accuracy"] if plan.info.val else None,
+            "val_accuracy": seen["val_accuracy"],
+            **({"val_r2": seen["val_r2"]} if plan.net.regression and plan.info.val else {}),
             "seconds": seconds, "samples_per_second": samples / seconds if seconds else None,
             "lr": plan.schedule.rates[epoch - 1], "steps": per}
 

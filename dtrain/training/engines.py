@@ -325,13 +325,8 @@ class DaskEngine:
              stop: Stop, watch: Watch) -> Outcome:
         p = self.plan
         t0 = time.perf_counter()
-        self.fresh = start.fresh
-        placement = self.place()
-        if self.moved:
-            recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
-        held = heldout.load(self.client, p, placement, self.data, self._key)
-        self.parts, self.normalization, val, test = held.futures, held.normalization, \
-            held.val, held.test
+        placement, held = self._begin(start, recorder)
+        val, test = held.val, held.test
         book = Book(self.plan, recorder, watch, start.step, list(recorder.metrics))
         state, done = start.state, None
 
@@ -409,6 +404,17 @@ class DaskEngine:
                         "reruns": self.reruns,
                         "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice,
                         "epoch_states_fetched": book.states})
+
+    def _begin(self, start: Start, recorder: Recorder) -> tuple[Placement, heldout.Loaded]:
+        """What every run on the cluster starts with: the data placed and loaded (what
+        moved, said), the held-out splits loaded beside it."""
+        self.fresh = start.fresh
+        placement = self.place()
+        if self.moved:
+            recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
+        held = heldout.load(self.client, self.plan, placement, self.data, self._key)
+        self.parts, self.normalization = held.futures, held.normalization
+        return placement, held
 
     def _forget_kept(self) -> None:
         """The workers drop the state they keep for this run (it has ended) and close its

@@ -217,13 +217,15 @@ def _plan(config: Config, info: prepare.DatasetInfo, ranges: list[tuple[int, int
         raise UserError(f"model.layers[-1] = {layers[-1]} but {info.name} has {info.classes} "
                         f"{what}; set model.layers = [{info.features}, ..., {outputs}]")
     train = config.train
-    if (train.patience or train.keep_best) and train.monitor == "val_loss" and not info.val:
+    if (train.patience or train.keep_best) and train.monitor != "train_loss" and not info.val:
         raise UserError(f"train.patience = {train.patience}, train.keep_best = "
-                        f"{str(train.keep_best).lower()} watch the validation loss, but "
+                        f"{str(train.keep_best).lower()} watch the validation "
+                        f"{'score' if train.monitor == 'val_score' else 'loss'}, but "
                         f"data.split = {list(config.data.split)} leaves no validation samples; "
                         f"give the split a validation share or set train.monitor = 'train_loss'")
     net = Network.from_config(config.model)
-    opt = Optimizer(config.optim, net, config.model.l2, config.train.max_loss)
+    opt = Optimizer(config.optim, net, config.model.l2, config.train.max_loss,
+                    raises=config.train.diverged == "error")
     schedule = Schedule([b - a for a, b in ranges], config.train.batch_size, config.optim,
                         config.train.epochs)
     norm, init = _start_from(config) if config.model.init_from else (None, None)

@@ -38,6 +38,7 @@ from dtrain.training.checkpoint import Checkpoints
 from dtrain.training.collections import Collection
 from dtrain.training.course import Outcome, Start
 from dtrain.training.engines import DaskEngine
+from dtrain.training.fullbatch import FullBatchEngine
 from dtrain.training.plan import Plan, part_spec, partitioned, plan, plan_on
 from dtrain.training.serial import SerialEngine
 from dtrain.training.stopping import Watch
@@ -109,12 +110,13 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
     recorder = Recorder(config, out, echo)
     with _discarded_if_unused(recorder):
         return _run(the_plan, recorder, Start(the_plan.initial_state(), fresh=True), client,
-                    Watch(config.train))
+                    Watch.of(config))
 
 
 def train_on(config: Config, data: Callable[[Client], Collection], *,
              client: Client | None = None, out: str | Path | None = None,
-             echo: Echo | None = print, initial: TrainState | None = None) -> RunResult:
+             echo: Echo | None = print, initial: TrainState | None = None,
+             on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
     """Train on data that stays where it is on the cluster: ``data(client)`` makes it a
     :class:`~dtrain.training.collections.Collection` (a Dask collection's partitions, or
     files the workers read); each partition becomes a shard on the worker holding it.
@@ -122,15 +124,15 @@ def train_on(config: Config, data: Callable[[Client], Collection], *,
     Parameters are as for :func:`train`; the config's ``[data]`` says how to split and
     normalize.  Nothing is gathered to the driver.  ``initial``: start from this state
     (parameters and optimizer slots, as :attr:`RunResult.state` gives) instead of the
-    seeded initialization.
+    seeded initialization; ``on_epoch``: called with each epoch row as it is recorded.
     """
     mainguard.stop_if_bootstrapping()
     with _planned(config, client, data) as (the_plan, c):
         start = Start(initial, fresh=False) if initial is not None \
             else Start(the_plan.initial_state(), fresh=True)
-        recorder = Recorder(config, out, echo)
+        recorder = Recorder(config, out, echo, on_epoch=on_epoch)
         with _discarded_if_unused(recorder):
-            return _run(the_plan, recorder, start, c, Watch(config.train))
+            return _run(the_plan, recorder, start, c, Watch.of(config, initial))
 
 
 @contextlib.contextmanager
@@ -219,7 +221,7 @@ def _resume(point: Resumption, the_plan: Plan, client: Client | None,
     elif start.step:
         recorder.say(f"resuming {point.run_dir} at step {start.step} of "
                      f"{len(the_plan.schedule)} (epoch {start.epochs_done + 1})")
-    watch = Watch(point.config.train)
+    watch = Watch.of(point.config)
     watch.replay(recorder.metrics, ckpt.best if ckpt is not None else None)
     return _run(the_plan, recorder, start, client, watch)
 
@@ -264,16 +266,17 @@ def _discarded_if_unused(recorder: Recorder) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _engine(plan: Plan, client: Client | None,
-            recorder: Recorder) -> Iterator[SerialEngine | DaskEngine]:
+            recorder: Recorder) -> Iterator[SerialEngine | DaskEngine | FullBatchEngine]:
     """The engine the plan runs on.  On a scheduler that is not the run's own (``client``
     given, or a running scheduler named by the config), dtrain's plugins are removed when
     the run ends (:func:`dtrain.deploy.plugins.removed_after`)."""
     cfg, strategy = plan.config, plan.strategy
+    engine = FullBatchEngine if cfg.optim.name == "lbfgs" else DaskEngine
     if strategy.in_process:
         yield SerialEngine(plan)
     elif client is not None:
         with plugins.removed_after(client), recorder.attached(client):
-            yield DaskEngine(plan, client)
+            yield engine(plan, client)
     else:
         began = time.perf_counter()
         theirs = bool(running_scheduler(cfg.cluster))     # a running scheduler, not ours
@@ -281,7 +284,7 @@ def _engine(plan: Plan, client: Client | None,
                 plugins.removed_after(own) if theirs else contextlib.nullcontext(), \
                 recorder.attached(own):
             recorder.phases["cluster_seconds"] = round(time.perf_counter() - began, 3)
-            yield DaskEngine(plan, own)
+            yield engine(plan, own)
 
 
 @contextlib.contextmanager
@@ -357,9 +360,10 @@ def _summary(plan: Plan, outcome: Outcome, watch: Watch, phases: dict[str, float
         "epochs": cfg.train.epochs,
         "epochs_run": len(outcome.metrics),
         **watch.summary(),
-        "steps": len(plan.schedule),
-        "steps_run": (watch.stopped * plan.schedule.steps_per_epoch if watch.stopped
-                      else len(plan.schedule)),
+        "steps": outcome.steps if outcome.solver else len(plan.schedule),  # lbfgs: evaluations
+        "steps_run": outcome.steps if outcome.solver else
+        (watch.stopped * plan.schedule.steps_per_epoch if watch.stopped
+         else len(plan.schedule)),
         "batch_size": min(cfg.train.batch_size, plan.train_samples),
         "parameters": net.size,
         "train_samples": plan.train_samples,
@@ -381,6 +385,7 @@ def _summary(plan: Plan, outcome: Outcome, watch: Watch, phases: dict[str, float
         **_graph(outcome),
         "work_split": outcome.split,
         **({"data_moved": outcome.moved} if outcome.moved else {}),
+        **({"solver": outcome.solver} if outcome.solver else {}),
         "driver_peak_rss_mb": round(peak_rss_mb(), 1),
         "worker_peak_rss_mb": outcome.worker_rss,
     }
