@@ -106,9 +106,10 @@ def iris_page(iris_run):
 
 @pytest.fixture(scope="module")
 def short_run(client, tmp_path_factory):
+    """A short run on two workers, every step's tasks recorded (graph.fuse_steps = false)."""
     out = tmp_path_factory.mktemp("short") / "iris-short"
-    dtrain.train(dtrain.load_config(None, ["train.epochs=3"]), client=client, out=out,
-                 echo=None)
+    dtrain.train(dtrain.load_config(None, ["train.epochs=3", "graph.fuse_steps=false"]),
+                 client=client, out=out, echo=None)
     return out
 
 

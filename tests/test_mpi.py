@@ -47,7 +47,7 @@ SLOW = pytest.mark.slow
 @pytest.mark.parametrize("ranks, extra, workers, threads", [
     pytest.param(3, [], 1, CORES, id="3-ranks-hybrid"),
     pytest.param(3, ["cluster.layout=flat", "cluster.p2p=tcp"], 2, 1,
-                 id="3-ranks-flat-tls-worker-to-worker"),
+                 id="3-ranks-flat-tls-worker-to-worker", marks=SLOW),
     pytest.param(4, ["cluster.tls=off", "cluster.layout=flat"], 3, 1,
                  id="4-ranks-flat-no-tls", marks=SLOW),
     pytest.param(3, ["cluster.layout=flat", "cluster.threads_per_worker=2"], 2, 2,

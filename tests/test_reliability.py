@@ -59,7 +59,8 @@ def _stop_at_epoch(epoch: int, pid: int, then_kill: bool, said: list[str]):
     return echo
 
 
-@pytest.mark.parametrize("victim", [0, 1], ids=["the root", "another worker"])
+@pytest.mark.parametrize("victim", [0, pytest.param(1, marks=pytest.mark.slow)],
+                         ids=["the root", "another worker"])
 def test_worker_sigkill_on_a_local_cluster(client, tmp_path, victim):
     """A worker process SIGKILLed mid-window (the window runs as a task per worker, its sums
     worker to worker): every task of the window ends at once, the window runs again from
@@ -82,6 +83,7 @@ def test_worker_sigkill_on_a_local_cluster(client, tmp_path, victim):
     assert (tmp_path / "killed" / "params.npz").read_bytes() == reference
 
 
+@pytest.mark.slow
 def test_a_worker_that_stops_answering_is_left_out_within_the_timeout(client, tmp_path):
     """A worker stopped mid-window (SIGSTOP: its process lives, its sockets stay open, the
     scheduler still lists it): no one says it left, yet its peer's window task ends after
@@ -118,6 +120,7 @@ def test_a_worker_that_stops_answering_is_left_out_within_the_timeout(client, tm
     assert (tmp_path / "quiet" / "params.npz").read_bytes() == reference
 
 
+@pytest.mark.slow
 def test_a_worker_that_joins_is_used_from_the_next_window(client, tmp_path):
     """One worker, and a second joins mid-run: the windows before it ran as one task on the
     first, those after as a task on each with their sums worker to worker; the bytes are

@@ -131,7 +131,10 @@ def test_console_without_a_terminal_prints_progress_lines_in_a_long_epoch(client
     from dtrain.observe import console
     monkeypatch.setattr(console, "PLAIN_EVERY", 1e-6)
     lines: list[str] = []
-    dtrain.train(dtrain.load_config(None, ["train.epochs=2"]), client=client, echo=lines.append)
+    # every step its own graph: the run lasts long enough to be asked about (a window of 14
+    # steps as a task per worker is over in a few milliseconds)
+    dtrain.train(dtrain.load_config(None, ["train.epochs=2", "graph.fuse_steps=false"]),
+                 client=client, echo=lines.append)
     progress = [line for line in lines if line.startswith("step ")]
     assert progress, lines
     assert all(re.fullmatch(r"step +\d+/14  epoch [12]/2  loss [\d.]+  train_acc [\d.]+  "
