@@ -134,10 +134,10 @@ def test_a_dataframe_trains_where_its_partitions_sit(client):
     after = client.run(_incoming)
     moved = {k for w in after for entry in after[w][len(before[w]):] for k in entry}
     kinds = {keys.kind_of(k) for k in moved}
-    # only gradients, states, the partitions' statistics and (a window that spans workers:
-    # its gradients go worker to worker) each window task's timings travelled: no data
+    # only gradients, states and the partitions' statistics travelled (a window that spans
+    # workers sends its gradients worker to worker, not as Dask transfers): no data
     assert kinds <= {keys.FORWARD_BACKWARD, keys.REDUCE, keys.UPDATE, keys.STATE,
-                     keys.EVALUATE, keys.PART_STATS, keys.MERGE_STATS, keys.WINDOW}, moved
+                     keys.EVALUATE, keys.PART_STATS, keys.MERGE_STATS}, moved
     assert "data_moved" not in clf.summary_ and clf.summary_["workers"] == 2
     where = client.who_has(futures)                    # and they are still where they were
     assert [where[f.key] for f in futures] == [(workers[i // 2],) for i in range(4)]

@@ -171,8 +171,12 @@ def test_a_window_across_workers_is_a_task_per_worker_whose_crossings_are_messag
     assert list(cut.dsk) == [*pieces, *win.ends, f"window-0-13-meta-{RUN}"]
     assert keys.kind_of(pieces[1]) == keys.WINDOW
     assert [cut.where[k] for k in pieces] == [["w0"], ["w1"]]
-    # what the scheduler sees of 14 steps: a task per worker, the end, the meta
+    # what the scheduler sees of 14 steps: a task per worker, the end, the meta, which
+    # reads the root's task alone (the others report their timings to it, worker to worker)
     assert cut.step_tasks() == 3 and win.step_tasks() >= 14 * 2
+    assert cut.dsk[cut.meta].dependencies == {pieces[0]}
+    assert [cut.dsk[k].args[0].report for k in pieces] == [None, 0]
+    assert [cut.dsk[k].args[0].collect for k in pieces] == [(1,), ()]
     # each task reads its own worker's shards, nothing of the other's
     assert cut.dsk[pieces[1]].dependencies == {f"load-shard-{i}-{RUN}" for i in (2, 3)}
     chains = {r: cut.dsk[k].args[0].chain for r, k in enumerate(pieces)}
@@ -466,11 +470,16 @@ def test_a_gpu_group_is_gathered_in_one_pass_as_minibatch_lays_it_out():
 
 # --- the two passes in real runs -------------------------------------------------------------
 
-def test_a_state_gone_from_its_worker_is_sent_again_with_the_same_bytes(client, tmp_path):
-    """Each window ends kept on its worker and the next takes it there; when the worker no
-    longer holds it (left, restarted), ``take`` raises StateGone and the engine submits the
-    window again from the literal it fetched: the bytes of a run that lost nothing."""
+def test_a_state_gone_from_its_worker_is_sent_again_with_the_same_bytes(client, tmp_path,
+                                                                       monkeypatch):
+    """Each window ends kept on its worker and the next takes it there, where it is launched
+    once the one before ended (as when the workers change: here every window, the next one
+    never launched ahead); when the worker no longer holds it (left, restarted), ``take``
+    raises StateGone and the engine submits the window again from the literal it fetched:
+    the bytes of a run that lost nothing."""
     import dtrain
+    from dtrain.training.engines import DaskEngine
+    monkeypatch.setattr(DaskEngine, "_ahead", lambda *args: None)
     sets = ["train.epochs=4", "graph.window=7"]              # iris: one epoch a window
     plain = dtrain.train(load_config(None, sets), client=client, out=tmp_path / "a", echo=None)
     assert plain.summary["state_bytes_in_graphs"] == 0         # every window took its state
@@ -498,6 +507,41 @@ def test_a_state_gone_from_its_worker_is_sent_again_with_the_same_bytes(client, 
     assert (tmp_path / "a" / "params.npz").read_bytes() == \
         (tmp_path / "b" / "params.npz").read_bytes()
     assert not any(client.run(lambda: bool(handoff._kept.states)).values())   # run over: none
+
+
+def test_the_next_window_starts_from_the_end_of_the_one_still_running(client, tmp_path):
+    """A window is launched while the one before it runs (the edge between them off the
+    critical path), its state the end of that window where it is: the same bytes, losses
+    and epochs as windows launched one after another."""
+    import dtrain
+    from dtrain.training import engines
+    sets = ["train.epochs=6", "graph.window=7", "optim.lr=0.3", "optim.name=momentum"]
+    one_by_one = []
+    real = engines.DaskEngine._ahead
+
+    def counted(self, *args):
+        got = real(self, *args)
+        one_by_one.append(got is not None)
+        return got
+
+    engines.DaskEngine._ahead = counted
+    try:
+        ahead = dtrain.train(load_config(None, sets), client=client, out=tmp_path / "a",
+                             echo=None)
+    finally:
+        engines.DaskEngine._ahead = real
+    assert sum(one_by_one) >= 3, one_by_one         # most windows were launched ahead
+    engines.DaskEngine._ahead = lambda *args: None
+    try:
+        after = dtrain.train(load_config(None, sets), client=client, out=tmp_path / "b",
+                             echo=None)
+    finally:
+        engines.DaskEngine._ahead = real
+    assert (tmp_path / "a" / "params.npz").read_bytes() == \
+        (tmp_path / "b" / "params.npz").read_bytes()
+    assert [r["val_loss"] for r in ahead.metrics] == [r["val_loss"] for r in after.metrics]
+    assert ahead.summary["epochs_run"] == after.summary["epochs_run"] == 6
+    assert ahead.summary["spanned_windows"] > 0
 
 
 def _fails(x):

@@ -131,6 +131,7 @@ def test_a_worker_that_joins_is_used_from_the_next_window(client, tmp_path):
         def echo(line: str) -> None:
             if line.startswith("epoch  3/"):
                 lc.scale(2)
+                c.wait_for_workers(2, timeout=30)   # (the run would end before it started)
         result = dtrain.train(dtrain.load_config(None, LONG), client=c, out=tmp_path / "grown",
                               echo=echo)
         assert len(worker_addresses(c)) == 2

@@ -120,17 +120,27 @@ def start_node(win: Window) -> str | None:
     return found[0] if len(found) == 1 and len(win.ends) == 1 else None
 
 
+def follow(state: TrainState) -> TrainState:
+    """``state-<step>`` of a window launched while the one before it ran: that window's end
+    (its ``kept-<step>``, a dependency on the same worker)."""
+    return state
+
+
 def rewrite(win: Window, run: str, start: int, stop: int, take_kept: bool,
-            made: Fresh | None = None) -> Window:
+            made: Fresh | None = None, after: str | None = None) -> Window:
     """``win`` ending in ``kept-<stop>`` (see the module docstring) and, if ``take_kept``,
     starting from the state kept before step ``start`` instead of the literal, or with
-    ``made``, from the seeded initial state computed where it starts.  A window this pass
-    does not fit (:func:`start_node` None) comes back unchanged.
+    ``made``, from the seeded initial state computed where it starts, or with ``after``,
+    from the value of that key: the ``kept-<start>`` of the window before, still running
+    (:func:`follow`).  A window this pass does not fit (:func:`start_node` None) comes back
+    unchanged.
     """
     first = start_node(win)
     if first is None:
         return win
-    if take_kept:
+    if after is not None:
+        win.dsk[first] = Task(first, follow, TaskRef(after))
+    elif take_kept:
         win.dsk[first] = Task(first, take, Handed(run, start))
     elif made is not None:
         win.dsk[first] = Task(first, fresh, made)

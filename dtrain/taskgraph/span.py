@@ -43,6 +43,7 @@ from dtrain.taskgraph.fuse import CRITICAL, META, Chain, Ran, plain, chain_of, i
 from dtrain.taskgraph.window import Window
 
 SEND, RECV = "send", "recv"     # the message nodes' kinds in a chain's timings
+REPORT = "report"   # the tag of a chain's timings, sent to the collector once it ran
 DIRECT = 3          # a value read on up to this many other workers is sent to each by its maker
 
 
@@ -50,7 +51,9 @@ DIRECT = 3          # a value read on up to this many other workers is sent to e
 class Piece:
     """One worker's chain of a window that spans workers: rank ``rank`` of ``mesh``; it
     sends to the ranks ``to`` and reads from the ranks ``frm``; no read waits longer than
-    ``timeout`` seconds."""
+    ``timeout`` seconds.  Once its chain ran, it sends its timings to rank ``report`` (the
+    collector's), or, the collector, reads those of the ranks ``collect``: a window is over
+    when every one of its tasks is, and a task that stops answering ends the collector's."""
 
     chain: Chain
     mesh: p2p.Mesh
@@ -58,6 +61,8 @@ class Piece:
     to: tuple[int, ...]
     frm: tuple[int, ...]
     timeout: float
+    report: int | None = None
+    collect: tuple[int, ...] = ()
 
 
 _here = threading.local()       # the running piece's link (a chain's message nodes use it)
@@ -87,19 +92,24 @@ def run_piece(piece: Piece, *inputs: Any) -> Ran:
     if here != mesh.workers[piece.rank]:
         raise p2p.Misplaced(f"rank {piece.rank}'s window task of mesh {mesh.run} ran on "
                             f"{here}, not on {mesh.workers[piece.rank]} (which left)")
-    return run_on(p2p.node(mesh.run, piece.rank), piece, *inputs)
+    return run_on(p2p.node(mesh.run, piece.rank), piece, *inputs[:len(piece.chain.inputs)])
 
 
 def run_on(node: p2p.Node, piece: Piece, *inputs: Any) -> Ran:
     """Run ``piece``'s chain with ``node``'s connections; if it fails, shut the mesh down
     first, so that its peers stop at their next message."""
     try:
-        _here.link = link = node.link(piece.mesh, piece.to, piece.frm, piece.timeout)
+        to = (*piece.to, *([piece.report] if piece.report is not None else ()))
+        _here.link = link = node.link(piece.mesh, to, (*piece.frm, *piece.collect),
+                                      piece.timeout)
         try:
             ran = run_chain(piece.chain, *inputs)
+            ran = dataclasses.replace(ran, sent=(link.messages, link.bytes), via=link.via())
+            if piece.report is not None:
+                link.send([piece.report], REPORT, dataclasses.replace(ran, values=()))
+            return merged(ran, [link.recv(r, REPORT) for r in piece.collect])
         finally:
             node.done()
-        return dataclasses.replace(ran, sent=(link.messages, link.bytes), via=link.via())
     except BaseException as exc:
         node.abort(f"rank {piece.rank}'s window task failed: {type(exc).__name__}: {exc}")
         raise
@@ -107,21 +117,31 @@ def run_on(node: p2p.Node, piece: Piece, *inputs: Any) -> Ran:
         _here.link = None
 
 
-def span_meta(evals: tuple[tuple[int, int], ...], ends: tuple[tuple[int, int], ...],
-              trim: Callable[[tuple], tuple] | None, *rans: Ran) -> Ran:
-    """A spanning window's evaluations (``trim``-med), every chain's timings summed (its
-    critical path: the longest chain's), and when each of its outputs was done;
-    ``evals``/``ends``: (chain, position) of each."""
-    values = tuple(rans[c].values[i] for c, i in evals)
+def merged(mine: Ran, others: list[Ran]) -> Ran:
+    """The collector's result with every other chain's timings: seconds summed (the critical
+    path: the longest chain's), messages and bytes sent summed, and how they went."""
+    rans = [mine, *others]
     seconds: Counter[str] = Counter()
     for ran in rans:
         seconds.update(ran.seconds)
     seconds[CRITICAL] = max(ran.seconds.get(CRITICAL, 0.0) for ran in rans)   # side by side
-    before = tuple(rans[c].before_end[i] for c, i in (*ends, *evals))
-    return Ran(values if trim is None else trim(values), dict(seconds), before,
-               max(ran.steps for ran in rans),
-               (sum(r.sent[0] for r in rans), sum(r.sent[1] for r in rans)),
-               tuple(sorted({v for r in rans for v in r.via})))
+    return dataclasses.replace(
+        mine, seconds=dict(seconds), steps=max(ran.steps for ran in rans),
+        sent=(sum(r.sent[0] for r in rans), sum(r.sent[1] for r in rans)),
+        via=tuple(sorted({v for r in rans for v in r.via})))
+
+
+def span_meta(evals: tuple[int, ...], outputs: int, trim: Callable[[tuple], tuple] | None,
+              ran: Ran) -> Ran:
+    """A spanning window's evaluations (positions ``evals`` among the collector's outputs,
+    ``trim``-med), every chain's timings (:func:`merged`), and when each of the window's
+    ends and evaluations was done (0: an end on another worker)."""
+    values = tuple(ran.values[i] for i in evals)
+    before = (*(0.0,) * (outputs - len(evals)), *(ran.before_end[i] for i in evals))
+    if len(ran.before_end) == len(ran.values) == outputs:       # every output here
+        before = ran.before_end
+    return dataclasses.replace(ran, values=values if trim is None else trim(values),
+                               before_end=tuple(before))
 
 
 def _parent(at: int) -> int:
@@ -213,7 +233,8 @@ def cut(win: Window, rank: dict[str, int]) -> Cut:
 
 
 def steps(win: Window, first: int, last: int, run: str, mesh: p2p.Mesh, timeout: float,
-          trim: Callable[[tuple], tuple] | None = None) -> Window:
+          trim: Callable[[tuple], tuple] | None = None,
+          after: dict[str, str] | None = None) -> Window:
     """``win`` cut into one task per worker whose edges between workers are messages (see
     the module docstring); ``mesh`` must hold every worker of ``win``.
 
@@ -231,29 +252,42 @@ def steps(win: Window, first: int, last: int, run: str, mesh: p2p.Mesh, timeout:
         The longest a chain waits for a peer's message or connection.
     trim
         As :func:`dtrain.taskgraph.fuse.steps`' (early stopping's states).
+    after
+        For a window launched while the one before it runs: each worker's task of that
+        window, which this window's task on the worker waits for (its inputs after the
+        chain's own, unread): the two never read one worker's connections at once, and
+        none waits for peers longer than the wait while the window before still runs.
     """
     rank = {w: mesh.rank(w) for w in workers_of(win)}
     c = cut(win, rank)
     outputs = (*win.ends, *win.evals.values())
     where = {k: win.where[k][0] for k in outputs}
+    # the collector: where the evaluations are (the root), which the meta reads alone
+    collector = where[next(iter(win.evals.values()), win.ends[0] if win.ends else "")] \
+        if outputs else next(iter(rank))
+    if any(where[k] != collector for k in win.evals.values()):
+        raise ValueError(f"the evaluations of window {first}-{last} sit on several workers")
     out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
     names, found = [], {}
     for i, w in enumerate(rank):
         mine = tuple(k for k in outputs if where[k] == w)
         found.update({k: (i, at) for at, k in enumerate(mine)})
         chain = chain_of(c.nodes[w], c.kinds[w], mine, last - first + 1)
+        here = w == collector
         piece = Piece(chain, mesh, rank[w], tuple(sorted(c.to[w])), tuple(sorted(c.frm[w])),
-                      timeout)
+                      timeout, None if here else rank[collector],
+                      tuple(sorted(rank[v] for v in rank if v != w)) if here else ())
+        waits = [after[w]] if after and w in after else []
         names.append(out.add(Task(keys.make(keys.WINDOW, first, last, f"w{rank[w]}", run=run),
-                                  run_piece, piece, *map(TaskRef, chain.inputs)), w,
+                                  run_piece, piece, *map(TaskRef, [*chain.inputs, *waits])), w,
                              sum(win.nbytes.get(k, 0) for k in mine)))
     for key in win.ends:
         i, at = found[key]
         out.add(Task(key, pick, TaskRef(names[i]), at), where[key], win.nbytes.get(key, 0))
-    root = where[win.ends[0]] if win.ends else next(iter(rank))
+    home = list(rank).index(collector)
+    mine = [k for k in outputs if where[k] == collector]
     out.meta = out.add(Task(keys.make(keys.WINDOW, first, last, META, run=run), span_meta,
-                            tuple(found[k] for k in win.evals.values()),
-                            tuple(found[k] for k in win.ends), trim, *map(TaskRef, names)),
-                       root)
+                            tuple(mine.index(k) for k in win.evals.values()), len(outputs),
+                            trim, TaskRef(names[home])), collector)
     out.pieces = tuple(names)
     return out

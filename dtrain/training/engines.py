@@ -76,6 +76,33 @@ class PerKey:
         return self.values.get(key, self.default)
 
 
+@dataclasses.dataclass
+class Launched:
+    """A window on its way: its graph and the futures of its ends, its evaluations (a window
+    run step by step), its meta (fused or cut: the evaluations and timings) and its tasks
+    per worker (cut)."""
+
+    win: Window
+    ends: list[Future]
+    evals: list[Future]
+    meta: list[Future]
+    pieces: list[Future]
+
+    @property
+    def futures(self) -> list[Future]:
+        return [*self.ends, *self.evals, *self.meta, *self.pieces]
+
+    def after(self) -> tuple[str, dict[str, str]] | None:
+        """What a window launched while this one runs starts from (its end state's key, on
+        its worker) and waits for on each worker (this window's task there), or None where
+        this window does not end in one kept state (model parallelism)."""
+        w = self.win
+        if len(w.ends) != 1 or keys.kind_of(w.ends[0]) != keys.KEPT:
+            return None
+        tasks = w.pieces or ((next(iter(w.dsk)),) if fuse.is_fused(w) else ())
+        return w.ends[0], {w.where[k][0]: k for k in tasks}
+
+
 def inline_kinds(plan: Plan, placement: Placement | None = None,
                  threads: int | None = None) -> tuple[str, ...]:
     """Kinds of the tasks short enough to run in the worker's event loop rather than
@@ -154,7 +181,6 @@ class DaskEngine:
         self.spanned_windows = 0                    # windows run as a task per worker
         self.sent = [0, 0]                          # ... their messages and bytes
         self.via: set[str] = set()                  # ... and how they went (deploy.p2p)
-        self.pieces: list[Future] = []              # ... the one in flight's tasks
         self.reruns: list[str] = []                 # windows run again, and why
         self.silent: set[str] = set()               # workers that stopped answering: left out
         self.step_seconds: float | None = None      # seconds per step so far
@@ -339,41 +365,56 @@ class DaskEngine:
                 checkpoints.save(dataclasses.replace(done, best=watch.best_state))
 
         kept: str | None = None                     # the worker holding the last window's end
-        for window in windows(p, start.step, rate):
+        # the next window, launched while this one ran (not with early stopping: a window's
+        # evaluations bring only the states its watch will keep, a watch as the window
+        # before left it)
+        ahead: Launched | None = None
+        todo = windows(p, start.step, rate)
+        window, finished = next(todo, None), True
+        while window is not None:
             trim = None
-            if not any(isinstance(f, Future) for _, f in book.pending):   # values: no wait
+            if ahead is None and not any(isinstance(f, Future) for _, f in book.pending):
                 if book.drain():                    # early stopping: nothing after its epoch
+                    finished = False
                     break
                 if watch.active:    # it has seen every epoch before this window: a fused
                     trim = functools.partial(needed_states, dataclasses.replace(  # window
                         watch, best_state=None), val=p.info.val)    # brings only those kept
             self.step_seconds = rate()
-            if window.start != start.step:
+            if ahead is None and window.start != start.step:
                 placement = self.place(_lost_note(recorder))
             steps = [p.schedule[t] for t in window]
+            nxt = next(todo, None)
             got = self._window(steps, window, state, val, placement, book, trim, recorder,
-                               take=kept == placement.root, launched=save_done)
+                               take=kept == placement.root, launched=save_done, ahead=ahead,
+                               then=None if nxt is None or stop.requested or watch.active
+                               else functools.partial(self._ahead, nxt, state, val, book,
+                                                      recorder))
             if got is None:                         # early stopping: nothing after its epoch
+                finished = False
                 break
-            win, placement, values = got
+            win, placement, values, ahead = got
             if win.meta:                            # a fused window: its evaluations with it
                 ran = values.pop()
                 self._count_fused(win, ran, book)
                 book.pending = list(zip(win.evals, ran.values))
             state = win.join(values)
-            self.pieces = []
             kept = placement.root if handoff.start_node(win) is None and len(win.ends) == 1 \
                 and keys.kind_of(win.ends[0]) == keys.KEPT else None
             done = Checkpoint(window.stop, window.stop // p.schedule.steps_per_epoch, state)
             del values
-            if stop.requested and window.stop < len(p.schedule):   # no window is in flight
+            if stop.requested and window.stop < len(p.schedule):
+                self._cancel(ahead)                 # no window is in flight
+                ahead = None
                 if book.drain():
+                    finished = False
                     break
                 checkpoints.save(dataclasses.replace(done, best=watch.best_state))
                 stop_here(stop, p, window.stop, checkpoints)
-        else:
-            if not book.drain() and done is not None:
-                checkpoints.save(dataclasses.replace(done, best=watch.best_state))
+            window = nxt
+        self._cancel(ahead)
+        if finished and not book.drain() and done is not None:
+            checkpoints.save(dataclasses.replace(done, best=watch.best_state))
         seconds = time.perf_counter() - book.began
         last = book.last_state if watch.stopped else state
         final = chosen(watch, last)
@@ -451,40 +492,48 @@ class DaskEngine:
 
     def _window(self, steps: list, window: range, state: TrainState, val: Any,
                 placement: Placement, book: Book, trim: Any, recorder: Recorder, take: bool,
-                launched: Callable[[], None]) -> tuple[Window, Placement, list] | None:
-        """Launch one window and wait for its end; ``launched`` (the last window's checkpoint)
-        runs once it is on its way, unless early stopping ended the run there (None).
+                launched: Callable[[], None], ahead: Launched | None = None,
+                then: Callable[[Launched, Placement], Launched | None] | None = None
+                ) -> tuple[Window, Placement, list, Launched | None] | None:
+        """Launch one window (or take ``ahead``, launched while the one before ran) and wait
+        for its end; ``launched`` (the last window's checkpoint) runs once it is on its way,
+        unless early stopping ended the run there (None).  Meanwhile ``then`` launches the
+        next window, if it can, starting from this one's end where it is: the edge between
+        two windows (the driver's wait, the next graph's way to the workers) is off the
+        critical path.
 
         A window whose kept state was gone (:class:`StateGone`), or whose peers could not
         go on (:class:`~dtrain.deploy.p2p.Broken`: a worker left mid-window, or between
         windows), runs again from its literal start state on the workers there now, under a
-        new mesh, at most :data:`RETRIES` times; a window task's own error is raised.
-        Returns the window, its placement and the values of its ends (and meta)."""
+        new mesh, at most :data:`RETRIES` times (the next window, started from its end, with
+        it); a window task's own error is raised.  Returns the window, its placement, the
+        values of its ends (and meta), and the next window if it is on its way."""
         p = self.plan
-        drained, submitted = False, []
+        drained, submitted, error = False, [], None
         for _ in range(RETRIES + 1):
-            ends: list[Future] = []
-            evals: list[Future] = []
-            meta: list[Future] = []
+            cur, nxt = ahead, None
+            ahead = None
             try:
-                win, ends, evals, meta = self._launch(steps, window, state, val, placement,
-                                                      book, take=take, trim=trim)
-                submitted = list(win.dsk)
-                self.live = ends + evals + meta + self.pieces + \
-                    [f for _, f in book.pending if isinstance(f, Future)]
+                if cur is None:
+                    cur = self._launch(steps, window, state, val, placement, book, take=take,
+                                       trim=trim)
+                submitted = list(cur.win.dsk)
+                nxt = then(cur, placement) if then is not None else None
+                self.live = [*cur.futures, *(nxt.futures if nxt else ()),
+                             *(f for _, f in book.pending if isinstance(f, Future))]
                 if not drained:
                     drained = True
                     if book.drain():            # early stopping: nothing after its epoch
-                        self.client.cancel(ends + evals + meta + self.pieces)
+                        self._cancel(cur, nxt)
                         return None
                     launched()
-                book.pending = list(zip(win.evals, evals))
-                return win, placement, gather(self.client, ends + meta,
-                                              p.config.cluster.timeout, _lost_note(recorder))
+                book.pending = list(zip(cur.win.evals, cur.evals))
+                values = gather(self.client, cur.ends + cur.meta, p.config.cluster.timeout,
+                                _lost_note(recorder))
+                return cur.win, placement, values, nxt
             except (StateGone, p2p.Broken) as exc:
-                error = self._cause(exc)
-                self.client.cancel(ends + evals + meta + self.pieces)
-            del ends, evals, meta
+                error = self._cause(exc, cur)
+                self._cancel(cur, nxt)
             if isinstance(error, p2p.Broken):
                 note = f"steps {window.start}-{window.stop - 1}: {error}"
                 if isinstance(error, p2p.PeerLost) and error.silent:   # listed, yet silent
@@ -494,13 +543,37 @@ class DaskEngine:
                 recorder.say(f"window of {note}; running it again from its start on the "
                              f"workers there now")
             self._close_mesh()              # a failed window's mesh is over
-            self.pieces = []
             forgotten(self.client, submitted, p.config.cluster.timeout)   # the same keys again
             placement, take = self.place(_lost_note(recorder)), False
         raise UserError(f"the window of steps {window.start}-{window.stop - 1} failed "
                         f"{RETRIES + 1} times; the last: {error}{_lost_note(recorder)}")
 
-    def _cause(self, exc: BaseException) -> BaseException:
+    def _ahead(self, window: range, shape: TrainState, val: Any, book: Book,
+               recorder: Recorder, cur: Launched, placement: Placement) -> Launched | None:
+        """The window after ``cur``, launched while ``cur`` runs, from its end state where
+        that is (``shape``: a state of its size, for the builder, whose literal the end
+        replaces); None (it is launched once ``cur`` ended) where ``cur`` ends in no single
+        kept state, or the workers changed (a new one is placed after ``cur``'s end)."""
+        after = cur.after()
+        if after is None or not self.plan.config.graph.fuse_steps:
+            return None
+        end, tasks = after
+        now = self.place(_lost_note(recorder))
+        if now.workers != placement.workers or now.root != placement.root:
+            return None
+        steps = [self.plan.schedule[t] for t in window]
+        return self._launch(steps, window, shape, val, now, book, take=False, after=after)
+
+    def _cancel(self, cur: Launched | None, nxt: Launched | None = None) -> None:
+        """Cancel a window, and the next one started from its end: that one first, on its
+        own (the scheduler asserts that whoever cancels a key wants every task that depends
+        on it; nobody wants the next window's tasks that read this one's end, only their
+        ends)."""
+        for one in (nxt, cur):
+            if one is not None and one.futures:
+                self.client.cancel(one.futures)
+
+    def _cause(self, exc: BaseException, cur: Launched | None) -> BaseException:
         """Why the window in flight failed: where its tasks per worker stopped because one of
         them did (:class:`~dtrain.deploy.p2p.Broken`), that one's error.  An error of the
         window's own (not a lost peer, not a state gone) is raised as it is: running the
@@ -508,7 +581,7 @@ class DaskEngine:
         if not isinstance(exc, p2p.Broken):
             return exc
         deadline = time.monotonic() + self.plan.config.cluster.timeout
-        for future in self.pieces:      # each ends promptly once one failed: the mesh is shut
+        for future in cur.pieces if cur else ():    # each ends at once after one failed
             try:
                 error = future.exception(timeout=max(deadline - time.monotonic(), 0.001))
             except (TimeoutError, CancelledError):
@@ -520,20 +593,20 @@ class DaskEngine:
         return exc
 
     def _launch(self, steps: list, window: range, state: TrainState, val: Any,
-                placement: Placement, book: Book, take: bool, trim: Any = None
-                ) -> tuple[Window, list[Future], list[Future], list[Future]]:
+                placement: Placement, book: Book, take: bool, trim: Any = None,
+                after: tuple[str, dict[str, str]] | None = None) -> Launched:
         """Build, rewrite and submit one window: the builder's graph, its state handed over
-        on the worker that kept it (``take``; :mod:`~dtrain.taskgraph.handoff`), its steps
-        fused where they never leave a worker (:mod:`~dtrain.taskgraph.fuse`; ``trim``: what
-        of its evaluations comes back).  Returns the window and the futures of its ends, its
-        evaluations and (fused) its timings."""
+        on the worker that kept it (``take``; :mod:`~dtrain.taskgraph.handoff`) or, with
+        ``after``, the end of the window still running before it, its steps fused into a
+        task per worker (:mod:`~dtrain.taskgraph.fuse`, :mod:`~dtrain.taskgraph.span`;
+        ``trim``: what of its evaluations comes back)."""
         with _gc_paused():
             return self._build_and_submit(steps, window, state, val, placement, book, take,
-                                          trim)
+                                          trim, after)
 
     def _build_and_submit(self, steps: list, window: range, state: TrainState, val: Any,
-                          placement: Placement, book: Book, take: bool, trim: Any
-                          ) -> tuple[Window, list[Future], list[Future], list[Future]]:
+                          placement: Placement, book: Book, take: bool, trim: Any,
+                          after: tuple[str, dict[str, str]] | None) -> Launched:
         p = self.plan
         win = p.builder.window(steps, state, self.refs, heldout.refs(val), placement,
                                self.run_id)
@@ -543,27 +616,29 @@ class DaskEngine:
         self.predicted_transfers += len(moves)
         made = handoff.Fresh(p.net, p.opt, p.config.model.seed) \
             if self.fresh and window.start == 0 and p.init is None else None   # a fresh run's
-        win = handoff.rewrite(win, self.run_id, window.start, window.stop, take, made)
+        win = handoff.rewrite(win, self.run_id, window.start, window.stop, take, made,
+                              after[0] if after else None)
         self.literal_bytes += handoff.literal_size(win)
         if p.config.graph.fuse_steps:               # a task per worker and window
             if fuse.one_worker(win) is not None:
                 win = fuse.steps(win, window.start, window.stop - 1, self.run_id, trim)
             elif win.dsk:
                 win = span.steps(win, window.start, window.stop - 1, self.run_id,
-                                 self._mesh(span.workers_of(win)), self._peer_wait(), trim)
+                                 self._mesh(span.workers_of(win)), self._peer_wait(), trim,
+                                 after[1] if after else None)
         self.step_tasks += win.step_tasks()
         self.fused = win.fused or self.fused
         futures = self._submit(win)
-        n, m = len(win.ends), 0 if fuse.is_fused(win) else len(win.evals)
-        ends, evals = futures[:n], futures[n:n + m]
-        meta, self.pieces = futures[n + m:n + m + (win.meta is not None)], \
-            futures[n + m + (win.meta is not None):]
+        n, m, k = len(win.ends), 0 if fuse.is_fused(win) else len(win.evals), \
+            win.meta is not None
+        out = Launched(win, futures[:n], futures[n:n + m], futures[n + m:n + m + k],
+                       futures[n + m + k:])
         if win.pieces:
             self.spanned_windows += 1
-        for epoch, fut in zip(win.evals, evals):
+        for epoch, fut in zip(win.evals, out.evals):
             fut.add_done_callback(lambda f, e=epoch: book.arrived.setdefault(
                 e, time.perf_counter()))
-        return win, ends, evals, meta
+        return out
 
     def _count_fused(self, win: Window, ran: fuse.Ran, book: Book) -> None:
         """A fused window's timings: its task seconds by kind, and when its epochs ended
