@@ -302,7 +302,8 @@ def test_plugin_reaches_a_scheduler_in_another_process(tmp_path):
         address = json.loads(info.read_text())["address"]
         with Client(address, timeout=30) as client:
             client.wait_for_workers(2, timeout=60)
-            names = _train_and_read_names(client, ["train.epochs=3"])
+            names = _train_and_read_names(client, ["train.epochs=3",
+                                                   "graph.fuse_steps=false"])   # every step
             pid = client.run_on_scheduler(os.getpid)
         assert pid != os.getpid()
         assert "forward-backward" in names["prefixes"] and "forward" not in names["prefixes"]

@@ -71,7 +71,7 @@ def test_report_command_rebuilds_and_overlays(run_dir, tmp_path):
     (serial / "report.html").unlink()
     proc = run_cli("report", str(serial))
     assert proc.returncode == 0, proc.stderr
-    assert "No task records" in (serial / "report.html").read_text()
+    assert "No task record of each step" in (serial / "report.html").read_text()
     out = tmp_path / "both.html"
     proc = run_cli("report", str(run_dir), str(serial), "--out", str(out))
     assert proc.returncode == 0, proc.stderr

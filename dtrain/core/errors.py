@@ -88,9 +88,14 @@ class Stopped(BaseException):
         return [f"{where}; {what}", f"resume with: {resume} {self.run_dir}"]
 
 
+class RunEnded(Exception):
+    """A window task stopped because its run ended (a window launched ahead of a stop)."""
+
+
 # what a worker's "Compute Failed" log names for these; the driver reports them once instead
+# (a run that ended says nothing of a window it no longer wanted)
 REPORTED_BY_DRIVER = tuple(f"{cls.__name__}(" for cls in (Diverged, UserError, DataError,
-                                                           ConfigError))
+                                                           ConfigError, RunEnded))
 
 
 def exit_code(exc: BaseException) -> int:

@@ -54,7 +54,19 @@ class CutByClose(logging.Filter):
     failures mid-run still show.
     """
 
-    CUT = ("Failed to communicate with scheduler during heartbeat", "failed during get data")
+    CUT = ("Failed to communicate with scheduler during heartbeat", "failed during get data",
+           "Async instruction for")     # a task still running (a window launched ahead)
+    LOGGERS = ("distributed.worker", "distributed.worker.state_machine")
+
+    def install(self) -> CutByClose:
+        """Put this filter on every logger it watches; returns it."""
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+        return self
+
+    def remove(self) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
 
     def __init__(self, worker: Worker):
         self.worker, self.closing = worker, False
@@ -80,7 +92,7 @@ class QuietClose(WorkerPlugin):
     def setup(self, worker) -> None:
         log = logging.getLogger("distributed.worker")
         if not any(isinstance(f, CutByClose) for f in log.filters):
-            log.addFilter(CutByClose(worker))
+            CutByClose(worker).install()
 
 
 def mark_closing() -> None:

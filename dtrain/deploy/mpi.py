@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import sys
 import threading
 import time
@@ -434,10 +433,9 @@ async def _serve_worker(address: str, cfg: ClusterConfig, security: Any, rank: i
                       interface=cfg.interface or None, death_timeout=cfg.timeout,
                       dashboard_address=NO_DASHBOARD,     # its /health, /metrics: loopback
                       resources={GPU: 1} if gpu else None) as worker:
-        log = logging.getLogger("distributed.worker")
-        log.addFilter(noise := CutByClose(worker))
+        noise = CutByClose(worker).install()
         internals.add_worker_handler(worker, CLOSING_OP, noise.mark_closing)
         try:
             await worker.finished()
         finally:
-            log.removeFilter(noise)
+            noise.remove()

@@ -457,6 +457,7 @@ class Node:
         self.changed = threading.Condition()
         self.broken: str | None = None
         self.windows, self.used = 0, time.monotonic()   # windows running; last used
+        self.ended: deque[int] = deque(maxlen=8)    # the last windows that ended here
         self.listeners = [socket.create_server((host, 0), backlog=64)]
         self.folder = ""
         path = ""
@@ -565,11 +566,27 @@ class Node:
         if self.broken is not None:
             raise PeerLost(f"this mesh already failed: {self.broken}")
 
-    def done(self) -> None:
-        """A window that :meth:`link` let in is over."""
+    def done(self, window: int = 0) -> None:
+        """Window ``window`` (its first step), which :meth:`link` let in, is over here."""
         with self.changed:
             self.windows -= 1
             self.used = time.monotonic()
+            self.ended.append(window)
+            self.changed.notify_all()
+
+    def turn(self, after: int, timeout: float) -> None:
+        """Return once the window whose first step is ``after`` ended here (a window
+        launched while that one runs, on a worker of several threads, may start first).
+        Raises :class:`PeerLost` after ``timeout`` seconds, or if the mesh failed."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while after not in self.ended and self.broken is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PeerLost(f"the window of step {after} did not end here within "
+                                   f"{timeout:g} s")
+                self.changed.wait(left)
+        self._check()
 
     def idle(self, now: float) -> bool:
         """Whether no window has used it for :data:`IDLE_S` seconds."""

@@ -22,6 +22,7 @@ each epoch and each kind of work took.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from typing import Any
 from dask.task_spec import DataNode, GraphNode, Task, TaskRef
 
 from dtrain.core import keys
+from dtrain.core.errors import RunEnded
 from dtrain.taskgraph.window import Window
 
 META = "meta"       # the part that names a fused window's timings key
@@ -55,6 +57,7 @@ class Chain:
     outputs: tuple[str, ...]
     uses: tuple[tuple[str, int], ...]
     steps: int = 0
+    run: str = ""               # the run it belongs to (it stops when the run ended)
 
 
 @dataclass(frozen=True)
@@ -69,17 +72,74 @@ class Ran:
     steps: int
     sent: tuple[int, int] = (0, 0)      # messages and bytes sent to other workers ...
     via: tuple[str, ...] = ()           # ... and how: "unix", "tcp", "tls" (deploy.p2p)
+    ended: float = 0.0                  # when it ended, by the worker's wall clock
+
+
+class _Runs:
+    """The runs whose windows run in this process, and those that ended: a window launched
+    ahead of a run's end (a stop, the last epoch) may already run, and stops at its next
+    task once the driver says the run ended (:func:`end`)."""
+
+    def __init__(self) -> None:
+        self.running: Counter[str] = Counter()
+        self.ended: set[str] = set()
+        self.changed = threading.Condition()
+
+    def enter(self, run: str) -> None:
+        with self.changed:
+            self.running[run] += 1
+
+    def leave(self, run: str) -> None:
+        with self.changed:
+            self.running[run] -= 1
+            if not self.running[run]:
+                del self.running[run]
+            self.changed.notify_all()
+
+    def end(self, run: str, wait: float) -> bool:
+        """Mark ``run`` ended; wait up to ``wait`` seconds for its windows here to stop."""
+        deadline = time.monotonic() + wait
+        with self.changed:
+            if len(self.ended) >= 64:
+                self.ended.clear()
+            self.ended.add(run)
+            while self.running[run] and time.monotonic() < deadline:
+                self.changed.wait(max(deadline - time.monotonic(), 0.0))
+            return not self.running[run]
+
+
+_runs = _Runs()
+CHECK_EVERY = 64            # tasks between a window's looks at whether its run ended
+
+
+def end(run: str, wait: float = 2.0) -> bool:
+    """The run ended: its windows in this process stop at their next look (they raise
+    :class:`~dtrain.core.errors.RunEnded`); True once none runs (within ``wait`` s)."""
+    return _runs.end(run, wait)
 
 
 def run_chain(chain: Chain, *inputs: Any) -> Ran:
     """Run a fused window's tasks in order, in this thread; see :class:`Chain`."""
+    if chain.run in _runs.ended:
+        raise RunEnded(f"run {chain.run} ended")
+    _runs.enter(chain.run)
+    try:
+        return _run_chain(chain, inputs)
+    finally:
+        _runs.leave(chain.run)
+
+
+def _run_chain(chain: Chain, inputs: tuple[Any, ...]) -> Ran:
     cache: dict[str, Any] = dict(zip(chain.inputs, inputs))
     left = dict(chain.uses)
     wanted = set(chain.outputs)
     seconds: Counter[str] = Counter()
     done: dict[str, float] = {}
     clock = time.perf_counter
-    for (key, fn, args), kind in zip(chain.nodes, chain.kinds):
+    ended = _runs.ended
+    for at, ((key, fn, args), kind) in enumerate(zip(chain.nodes, chain.kinds)):
+        if not at % CHECK_EVERY and chain.run in ended:
+            raise RunEnded(f"run {chain.run} ended")
         start = clock()
         values = [cache[a.key] if type(a) is TaskRef else a for a in args]
         cache[key] = fn(*values) if fn is not None else values[0]
@@ -96,7 +156,8 @@ def run_chain(chain: Chain, *inputs: Any) -> Ran:
     end = clock()
     seconds[CRITICAL] = sum(seconds[k] for k in (*keys.WORK, keys.REDUCE, keys.UPDATE))
     return Ran(tuple(cache[k] for k in chain.outputs), dict(seconds),
-               tuple(end - done.get(k, end) for k in chain.outputs), chain.steps)
+               tuple(end - done.get(k, end) for k in chain.outputs), chain.steps,
+               ended=time.time())
 
 
 def in_order(dsk: dict[str, GraphNode]) -> list[str]:
@@ -133,7 +194,7 @@ def plain(node: GraphNode) -> tuple[str, Any, tuple[Any, ...]]:
 
 
 def chain_of(nodes: list[tuple[str, Any, tuple[Any, ...]]], kinds: list[str | None],
-             outputs: tuple[str, ...], steps: int) -> Chain:
+             outputs: tuple[str, ...], steps: int, run: str = "") -> Chain:
     """A :class:`Chain` of ``nodes`` in the order given: its inputs are the keys its tasks
     read that none of them makes, in the order first read."""
     made = {key for key, _, _ in nodes}
@@ -146,7 +207,7 @@ def chain_of(nodes: list[tuple[str, Any, tuple[Any, ...]]], kinds: list[str | No
                 if a.key not in made:
                     external[a.key] = None
     return Chain(tuple(nodes), tuple(kinds), tuple(external), tuple(outputs),
-                 tuple(uses.items()), steps)
+                 tuple(uses.items()), steps, run)
 
 
 def one_worker(win: Window) -> str | None:
@@ -182,7 +243,7 @@ def steps(win: Window, first: int, last: int, run: str,
     outputs = (*win.ends, *win.evals.values())
     order = in_order(win.dsk)
     chain = chain_of([plain(win.dsk[k]) for k in order], list(map(keys.kind_of, order)),
-                     outputs, last - first + 1)
+                     outputs, last - first + 1, run)
     external = chain.inputs
     name = keys.make(keys.WINDOW, first, last, run=run)
     out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
@@ -214,9 +275,18 @@ def is_fused(win: Window) -> bool:
     return win.meta is not None
 
 
-def epoch_ends(win: Window, ran: Ran, arrived: float) -> dict[int, float]:
-    """When each epoch of a fused window ended, on the driver's clock: the window's result
-    ``arrived`` at that moment, and each evaluation was done ``ran.before_end`` earlier."""
+def epoch_ends(win: Window, ran: Ran, ended: float) -> dict[int, float]:
+    """When each epoch of a fused window ended, on the driver's clock: the window ended at
+    ``ended``, and each evaluation was done ``ran.before_end`` earlier."""
     outputs = (*win.ends, *win.evals.values())
     before = dict(zip(outputs, ran.before_end))
-    return {epoch: arrived - before.get(key, 0.0) for epoch, key in win.evals.items()}
+    return {epoch: ended - before.get(key, 0.0) for epoch, key in win.evals.items()}
+
+
+def ended(ran: Ran, arrived: float, before: float | None) -> float:
+    """When a fused window ended, on the driver's clock: by the worker's wall clock, where
+    that is after the window ``before`` it ended and before its result ``arrived`` (the
+    driver may look late, busy launching the next window; a worker on another machine may
+    keep another time)."""
+    at = ran.ended - (time.time() - time.perf_counter())
+    return min(arrived, max(at, before if before is not None else at))

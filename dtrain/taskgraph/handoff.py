@@ -23,6 +23,7 @@ the window again with the literal it fetched: the same state, the same bytes.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from dtrain.core import keys
 from dtrain.core.arrays import to_host
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, TrainState
+from dtrain.taskgraph import fuse
 from dtrain.taskgraph.window import Window
 
 KEEP_RUNS = 4           # runs whose last state a worker keeps at once (one each)
@@ -43,10 +45,13 @@ class StateGone(Exception):
 
 @dataclass(frozen=True)
 class Handed:
-    """A kept state's name: its run and the step it stands before."""
+    """A kept state's name: its run and the step it stands before; ``wait``: how long
+    :func:`take` waits for it to be kept (a window launched while the one before it runs
+    may start first, on a worker of several threads)."""
 
     run: str
     step: int
+    wait: float = 0.0
 
 
 class _Kept:
@@ -54,25 +59,37 @@ class _Kept:
 
     def __init__(self) -> None:
         self.states: dict[str, tuple[int, TrainState]] = {}
-        self.lock = threading.Lock()
+        self.ended: set[str] = set()        # runs dropped: nobody waits for their states
+        self.changed = threading.Condition()
 
     def put(self, handed: Handed, state: TrainState) -> None:
-        with self.lock:
+        with self.changed:
             self.states.pop(handed.run, None)
             while len(self.states) >= KEEP_RUNS:
                 self.states.pop(next(iter(self.states)))
             self.states[handed.run] = (handed.step, state)
+            self.changed.notify_all()
 
     def get(self, handed: Handed) -> TrainState:
-        with self.lock:
-            step, state = self.states.get(handed.run, (None, None))
+        deadline = time.monotonic() + handed.wait
+        with self.changed:
+            while True:
+                step, state = self.states.get(handed.run, (None, None))
+                left = deadline - time.monotonic()
+                if step == handed.step or left <= 0 or handed.run in self.ended:
+                    break
+                self.changed.wait(left)
         if step != handed.step:
             raise StateGone(f"this worker holds no state of run {handed.run} before step "
                             f"{handed.step}")
         return state
 
     def drop(self, run: str) -> bool:
-        with self.lock:
+        with self.changed:
+            if len(self.ended) >= 64:
+                self.ended.clear()
+            self.ended.add(run)
+            self.changed.notify_all()       # a window launched ahead, cancelled, stops waiting
             return self.states.pop(run, None) is not None
 
 
@@ -89,6 +106,13 @@ def keep(handed: Handed, state: TrainState) -> TrainState:
 def take(handed: Handed) -> TrainState:
     """``state-<step>``: the state the last window kept here (raises :class:`StateGone`)."""
     return _kept.get(handed)
+
+
+def end(run: str) -> bool:
+    """The run ended: its windows here stop (:func:`dtrain.taskgraph.fuse.end`: one launched
+    ahead of the end may run), and this process forgets its state; True if it had one."""
+    fuse.end(run)
+    return drop(run)
 
 
 def drop(run: str) -> bool:
@@ -120,28 +144,19 @@ def start_node(win: Window) -> str | None:
     return found[0] if len(found) == 1 and len(win.ends) == 1 else None
 
 
-def follow(state: TrainState) -> TrainState:
-    """``state-<step>`` of a window launched while the one before it ran: that window's end
-    (its ``kept-<step>``, a dependency on the same worker)."""
-    return state
-
-
 def rewrite(win: Window, run: str, start: int, stop: int, take_kept: bool,
-            made: Fresh | None = None, after: str | None = None) -> Window:
+            made: Fresh | None = None, wait: float = 0.0) -> Window:
     """``win`` ending in ``kept-<stop>`` (see the module docstring) and, if ``take_kept``,
-    starting from the state kept before step ``start`` instead of the literal, or with
-    ``made``, from the seeded initial state computed where it starts, or with ``after``,
-    from the value of that key: the ``kept-<start>`` of the window before, still running
-    (:func:`follow`).  A window this pass does not fit (:func:`start_node` None) comes back
-    unchanged.
+    starting from the state kept before step ``start`` instead of the literal (waiting up
+    to ``wait`` seconds for it: a window launched while the one before it runs), or with
+    ``made``, from the seeded initial state computed where it starts.  A window this pass
+    does not fit (:func:`start_node` None) comes back unchanged.
     """
     first = start_node(win)
     if first is None:
         return win
-    if after is not None:
-        win.dsk[first] = Task(first, follow, TaskRef(after))
-    elif take_kept:
-        win.dsk[first] = Task(first, take, Handed(run, start))
+    if take_kept:
+        win.dsk[first] = Task(first, take, Handed(run, start, wait))
     elif made is not None:
         win.dsk[first] = Task(first, fresh, made)
     (end,) = win.ends

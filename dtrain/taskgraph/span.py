@@ -53,7 +53,9 @@ class Piece:
     sends to the ranks ``to`` and reads from the ranks ``frm``; no read waits longer than
     ``timeout`` seconds.  Once its chain ran, it sends its timings to rank ``report`` (the
     collector's), or, the collector, reads those of the ranks ``collect``: a window is over
-    when every one of its tasks is, and a task that stops answering ends the collector's."""
+    when every one of its tasks is, and a task that stops answering ends the collector's.
+    A window launched while the one before it runs starts on a worker only once that
+    one's task there ended (``follows``; :meth:`dtrain.deploy.p2p.Node.turn`)."""
 
     chain: Chain
     mesh: p2p.Mesh
@@ -63,6 +65,8 @@ class Piece:
     timeout: float
     report: int | None = None
     collect: tuple[int, ...] = ()
+    first: int = 0                  # the window's first step: its turn on the node ...
+    follows: int | None = None      # ... after the window of this first step, if given
 
 
 _here = threading.local()       # the running piece's link (a chain's message nodes use it)
@@ -92,13 +96,15 @@ def run_piece(piece: Piece, *inputs: Any) -> Ran:
     if here != mesh.workers[piece.rank]:
         raise p2p.Misplaced(f"rank {piece.rank}'s window task of mesh {mesh.run} ran on "
                             f"{here}, not on {mesh.workers[piece.rank]} (which left)")
-    return run_on(p2p.node(mesh.run, piece.rank), piece, *inputs[:len(piece.chain.inputs)])
+    return run_on(p2p.node(mesh.run, piece.rank), piece, *inputs)
 
 
 def run_on(node: p2p.Node, piece: Piece, *inputs: Any) -> Ran:
     """Run ``piece``'s chain with ``node``'s connections; if it fails, shut the mesh down
     first, so that its peers stop at their next message."""
     try:
+        if piece.follows is not None:
+            node.turn(piece.follows, piece.timeout)
         to = (*piece.to, *([piece.report] if piece.report is not None else ()))
         _here.link = link = node.link(piece.mesh, to, (*piece.frm, *piece.collect),
                                       piece.timeout)
@@ -109,7 +115,7 @@ def run_on(node: p2p.Node, piece: Piece, *inputs: Any) -> Ran:
                 link.send([piece.report], REPORT, dataclasses.replace(ran, values=()))
             return merged(ran, [link.recv(r, REPORT) for r in piece.collect])
         finally:
-            node.done()
+            node.done(piece.first)
     except BaseException as exc:
         node.abort(f"rank {piece.rank}'s window task failed: {type(exc).__name__}: {exc}")
         raise
@@ -233,8 +239,8 @@ def cut(win: Window, rank: dict[str, int]) -> Cut:
 
 
 def steps(win: Window, first: int, last: int, run: str, mesh: p2p.Mesh, timeout: float,
-          trim: Callable[[tuple], tuple] | None = None,
-          after: dict[str, str] | None = None) -> Window:
+          trim: Callable[[tuple], tuple] | None = None, follows: int | None = None
+          ) -> Window:
     """``win`` cut into one task per worker whose edges between workers are messages (see
     the module docstring); ``mesh`` must hold every worker of ``win``.
 
@@ -252,11 +258,11 @@ def steps(win: Window, first: int, last: int, run: str, mesh: p2p.Mesh, timeout:
         The longest a chain waits for a peer's message or connection.
     trim
         As :func:`dtrain.taskgraph.fuse.steps`' (early stopping's states).
-    after
-        For a window launched while the one before it runs: each worker's task of that
-        window, which this window's task on the worker waits for (its inputs after the
-        chain's own, unread): the two never read one worker's connections at once, and
-        none waits for peers longer than the wait while the window before still runs.
+    follows
+        For a window launched while the one before it runs, on the same mesh: that
+        window's first step.  Each task here starts only once that window's task on its
+        worker ended: the two never read one worker's connections at once, and none waits
+        for its peers while the window before still runs.
     """
     rank = {w: mesh.rank(w) for w in workers_of(win)}
     c = cut(win, rank)
@@ -272,14 +278,14 @@ def steps(win: Window, first: int, last: int, run: str, mesh: p2p.Mesh, timeout:
     for i, w in enumerate(rank):
         mine = tuple(k for k in outputs if where[k] == w)
         found.update({k: (i, at) for at, k in enumerate(mine)})
-        chain = chain_of(c.nodes[w], c.kinds[w], mine, last - first + 1)
+        chain = chain_of(c.nodes[w], c.kinds[w], mine, last - first + 1, run)
         here = w == collector
         piece = Piece(chain, mesh, rank[w], tuple(sorted(c.to[w])), tuple(sorted(c.frm[w])),
                       timeout, None if here else rank[collector],
-                      tuple(sorted(rank[v] for v in rank if v != w)) if here else ())
-        waits = [after[w]] if after and w in after else []
+                      tuple(sorted(rank[v] for v in rank if v != w)) if here else (),
+                      first, follows)
         names.append(out.add(Task(keys.make(keys.WINDOW, first, last, f"w{rank[w]}", run=run),
-                                  run_piece, piece, *map(TaskRef, [*chain.inputs, *waits])), w,
+                                  run_piece, piece, *map(TaskRef, chain.inputs)), w,
                              sum(win.nbytes.get(k, 0) for k in mine)))
     for key in win.ends:
         i, at = found[key]

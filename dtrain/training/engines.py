@@ -83,6 +83,7 @@ class Launched:
     per worker (cut)."""
 
     win: Window
+    first: int                  # its first step
     ends: list[Future]
     evals: list[Future]
     meta: list[Future]
@@ -92,15 +93,12 @@ class Launched:
     def futures(self) -> list[Future]:
         return [*self.ends, *self.evals, *self.meta, *self.pieces]
 
-    def after(self) -> tuple[str, dict[str, str]] | None:
-        """What a window launched while this one runs starts from (its end state's key, on
-        its worker) and waits for on each worker (this window's task there), or None where
-        this window does not end in one kept state (model parallelism)."""
+    @property
+    def kept(self) -> bool:
+        """Whether the window ends in one state kept on its worker (``kept-<step>``), which
+        the next window can take there (not model parallelism's, nor a window of steps)."""
         w = self.win
-        if len(w.ends) != 1 or keys.kind_of(w.ends[0]) != keys.KEPT:
-            return None
-        tasks = w.pieces or ((next(iter(w.dsk)),) if fuse.is_fused(w) else ())
-        return w.ends[0], {w.where[k][0]: k for k in tasks}
+        return fuse.is_fused(w) and len(w.ends) == 1 and keys.kind_of(w.ends[0]) == keys.KEPT
 
 
 def inline_kinds(plan: Plan, placement: Placement | None = None,
@@ -369,6 +367,7 @@ class DaskEngine:
         # evaluations bring only the states its watch will keep, a watch as the window
         # before left it)
         ahead: Launched | None = None
+        last_end: float | None = None               # when the last window ended
         todo = windows(p, start.step, rate)
         window, finished = next(todo, None), True
         while window is not None:
@@ -393,11 +392,15 @@ class DaskEngine:
             if got is None:                         # early stopping: nothing after its epoch
                 finished = False
                 break
-            win, placement, values, ahead = got
+            cur, placement, values, ahead = got
+            win = cur.win
             if win.meta:                            # a fused window: its evaluations with it
                 ran = values.pop()
-                self._count_fused(win, ran, book)
+                last_end = fuse.ended(ran, time.perf_counter(), last_end)
+                self._count_fused(win, ran, book, last_end)
                 book.pending = list(zip(win.evals, ran.values))
+            else:
+                last_end = time.perf_counter()
             state = win.join(values)
             kept = placement.root if handoff.start_node(win) is None and len(win.ends) == 1 \
                 and keys.kind_of(win.ends[0]) == keys.KEPT else None
@@ -458,11 +461,11 @@ class DaskEngine:
         return placement, held
 
     def _forget_kept(self) -> None:
-        """The workers drop the state they keep for this run (it has ended) and close its
-        mesh."""
+        """The workers stop this run's windows (one launched ahead may run), drop the state
+        they keep for it (it has ended) and close its mesh."""
         self._close_mesh()
         try:
-            on_workers(self.client, handoff.drop, self.run_id)
+            on_workers(self.client, handoff.end, self.run_id)
         except Exception:       # a cluster going down as the run fails: nothing to drop
             pass
 
@@ -494,7 +497,7 @@ class DaskEngine:
                 placement: Placement, book: Book, trim: Any, recorder: Recorder, take: bool,
                 launched: Callable[[], None], ahead: Launched | None = None,
                 then: Callable[[Launched, Placement], Launched | None] | None = None
-                ) -> tuple[Window, Placement, list, Launched | None] | None:
+                ) -> tuple[Launched, Placement, list, Launched | None] | None:
         """Launch one window (or take ``ahead``, launched while the one before ran) and wait
         for its end; ``launched`` (the last window's checkpoint) runs once it is on its way,
         unless early stopping ended the run there (None).  Meanwhile ``then`` launches the
@@ -506,8 +509,9 @@ class DaskEngine:
         go on (:class:`~dtrain.deploy.p2p.Broken`: a worker left mid-window, or between
         windows), runs again from its literal start state on the workers there now, under a
         new mesh, at most :data:`RETRIES` times (the next window, started from its end, with
-        it); a window task's own error is raised.  Returns the window, its placement, the
-        values of its ends (and meta), and the next window if it is on its way."""
+        it); a window task's own error is raised.  Returns the window launched, its
+        placement, the values of its ends (and meta), and the next window if it is on its
+        way."""
         p = self.plan
         drained, submitted, error = False, [], None
         for _ in range(RETRIES + 1):
@@ -530,7 +534,7 @@ class DaskEngine:
                 book.pending = list(zip(cur.win.evals, cur.evals))
                 values = gather(self.client, cur.ends + cur.meta, p.config.cluster.timeout,
                                 _lost_note(recorder))
-                return cur.win, placement, values, nxt
+                return cur, placement, values, nxt
             except (StateGone, p2p.Broken) as exc:
                 error = self._cause(exc, cur)
                 self._cancel(cur, nxt)
@@ -550,19 +554,21 @@ class DaskEngine:
 
     def _ahead(self, window: range, shape: TrainState, val: Any, book: Book,
                recorder: Recorder, cur: Launched, placement: Placement) -> Launched | None:
-        """The window after ``cur``, launched while ``cur`` runs, from its end state where
-        that is (``shape``: a state of its size, for the builder, whose literal the end
-        replaces); None (it is launched once ``cur`` ended) where ``cur`` ends in no single
-        kept state, or the workers changed (a new one is placed after ``cur``'s end)."""
-        after = cur.after()
-        if after is None or not self.plan.config.graph.fuse_steps:
+        """The window after ``cur``, launched while ``cur`` runs: its tasks go to the workers
+        at once, each runs once ``cur``'s task on its worker ended, and it starts from the
+        state ``cur`` keeps there (:func:`~dtrain.taskgraph.handoff.take`, waiting for it)
+        without a round trip through the scheduler (``shape``: a state of its size, whose
+        literal the builder makes and the take replaces).  None (it is launched once ``cur``
+        ended) where ``cur`` ends in no single kept state, or the workers changed (a new one
+        is placed after ``cur``'s end)."""
+        if not cur.kept:
             return None
-        end, tasks = after
         now = self.place(_lost_note(recorder))
         if now.workers != placement.workers or now.root != placement.root:
             return None
         steps = [self.plan.schedule[t] for t in window]
-        return self._launch(steps, window, shape, val, now, book, take=False, after=after)
+        return self._launch(steps, window, shape, val, now, book, take=True,
+                            follows=cur.first)
 
     def _cancel(self, cur: Launched | None, nxt: Launched | None = None) -> None:
         """Cancel a window, and the next one started from its end: that one first, on its
@@ -594,19 +600,20 @@ class DaskEngine:
 
     def _launch(self, steps: list, window: range, state: TrainState, val: Any,
                 placement: Placement, book: Book, take: bool, trim: Any = None,
-                after: tuple[str, dict[str, str]] | None = None) -> Launched:
+                follows: int | None = None) -> Launched:
         """Build, rewrite and submit one window: the builder's graph, its state handed over
-        on the worker that kept it (``take``; :mod:`~dtrain.taskgraph.handoff`) or, with
-        ``after``, the end of the window still running before it, its steps fused into a
-        task per worker (:mod:`~dtrain.taskgraph.fuse`, :mod:`~dtrain.taskgraph.span`;
-        ``trim``: what of its evaluations comes back)."""
+        on the worker that kept it (``take``; :mod:`~dtrain.taskgraph.handoff`), its steps
+        fused into a task per worker (:mod:`~dtrain.taskgraph.fuse`,
+        :mod:`~dtrain.taskgraph.span`; ``trim``: what of its evaluations comes back);
+        ``follows``: the first step of the window still running before it (its tasks wait
+        for that one's, and for the state it keeps)."""
         with _gc_paused():
             return self._build_and_submit(steps, window, state, val, placement, book, take,
-                                          trim, after)
+                                          trim, follows)
 
     def _build_and_submit(self, steps: list, window: range, state: TrainState, val: Any,
                           placement: Placement, book: Book, take: bool, trim: Any,
-                          after: tuple[str, dict[str, str]] | None) -> Launched:
+                          follows: int | None) -> Launched:
         p = self.plan
         win = p.builder.window(steps, state, self.refs, heldout.refs(val), placement,
                                self.run_id)
@@ -617,7 +624,7 @@ class DaskEngine:
         made = handoff.Fresh(p.net, p.opt, p.config.model.seed) \
             if self.fresh and window.start == 0 and p.init is None else None   # a fresh run's
         win = handoff.rewrite(win, self.run_id, window.start, window.stop, take, made,
-                              after[0] if after else None)
+                              self._peer_wait() if follows is not None else 0.0)
         self.literal_bytes += handoff.literal_size(win)
         if p.config.graph.fuse_steps:               # a task per worker and window
             if fuse.one_worker(win) is not None:
@@ -625,14 +632,14 @@ class DaskEngine:
             elif win.dsk:
                 win = span.steps(win, window.start, window.stop - 1, self.run_id,
                                  self._mesh(span.workers_of(win)), self._peer_wait(), trim,
-                                 after[1] if after else None)
+                                 follows)
         self.step_tasks += win.step_tasks()
         self.fused = win.fused or self.fused
         futures = self._submit(win)
         n, m, k = len(win.ends), 0 if fuse.is_fused(win) else len(win.evals), \
             win.meta is not None
-        out = Launched(win, futures[:n], futures[n:n + m], futures[n + m:n + m + k],
-                       futures[n + m + k:])
+        out = Launched(win, window.start, futures[:n], futures[n:n + m],
+                       futures[n + m:n + m + k], futures[n + m + k:])
         if win.pieces:
             self.spanned_windows += 1
         for epoch, fut in zip(win.evals, out.evals):
@@ -640,10 +647,10 @@ class DaskEngine:
                 e, time.perf_counter()))
         return out
 
-    def _count_fused(self, win: Window, ran: fuse.Ran, book: Book) -> None:
+    def _count_fused(self, win: Window, ran: fuse.Ran, book: Book, ended: float) -> None:
         """A fused window's timings: its task seconds by kind, and when its epochs ended
-        (their evaluations all arrive with the window's end)."""
-        book.arrived.update(fuse.epoch_ends(win, ran, time.perf_counter()))
+        (their evaluations all arrive with the window's end, which was at ``ended``)."""
+        book.arrived.update(fuse.epoch_ends(win, ran, ended))
         self.fused_seconds.update(ran.seconds)
         self.fused_steps += ran.steps
         self.fused_windows += not win.pieces
