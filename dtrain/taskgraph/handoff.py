@@ -31,6 +31,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dtrain.core import keys
 from dtrain.core.arrays import to_host
+from dtrain.core.errors import RunEnded
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, TrainState
 from dtrain.taskgraph import fuse
@@ -79,17 +80,23 @@ class _Kept:
                 if step == handed.step or left <= 0 or handed.run in self.ended:
                     break
                 self.changed.wait(left)
+        if step != handed.step and handed.run in self.ended:   # a window launched ahead
+            raise RunEnded(f"run {handed.run} ended")         # of the run's end
         if step != handed.step:
             raise StateGone(f"this worker holds no state of run {handed.run} before step "
                             f"{handed.step}")
         return state
 
-    def drop(self, run: str) -> bool:
+    def end(self, run: str) -> None:
+        """No state of ``run`` will come: a take that waits for one stops waiting."""
         with self.changed:
             if len(self.ended) >= 64:
                 self.ended.clear()
             self.ended.add(run)
-            self.changed.notify_all()       # a window launched ahead, cancelled, stops waiting
+            self.changed.notify_all()
+
+    def drop(self, run: str) -> bool:
+        with self.changed:
             return self.states.pop(run, None) is not None
 
 
@@ -110,7 +117,9 @@ def take(handed: Handed) -> TrainState:
 
 def end(run: str) -> bool:
     """The run ended: its windows here stop (:func:`dtrain.taskgraph.fuse.end`: one launched
-    ahead of the end may run), and this process forgets its state; True if it had one."""
+    ahead of the end may run or wait for its state), and this process forgets its state;
+    True if it had one."""
+    _kept.end(run)
     fuse.end(run)
     return drop(run)
 
