@@ -316,11 +316,16 @@ def test_short_tasks_run_in_the_event_loop():
 
 def test_windows_last_about_a_second_unless_fixed():
     """graph.window = 0 (the default): the first window 100 steps, then a second's worth at
-    the rate so far, 100 to 1000 steps; a fixed window is kept; local SGD rounds stay whole."""
+    the rate so far, 100 to 1000 steps (400 before any window was timed); a fixed window
+    is kept; local SGD rounds stay whole."""
     auto = plan(dtrain.load_config(None, ["train.epochs=200"]))           # 1400 steps
     assert [window_steps(auto, r) for r in (None, 0.05, 0.004, 0.0001)] == [100, 100, 250, 1000]
     rates = iter([None, 0.002, 0.01, 0.0001])
     assert [len(w) for w in windows(auto, 0, lambda: next(rates))] == [100, 500, 100, 700]
+    # a window sized while the first still runs (launched ahead, no rate yet): 4 x 100 steps
+    rates = iter([None, None, 0.0001])
+    assert [len(w) for w in windows(auto, 0, lambda: next(rates))] == [100, 400, 900]
+    assert window_steps(auto, None, first=False) == 400
     fixed = plan(dtrain.load_config(None, ["train.epochs=200", "graph.window=30"]))
     assert {window_steps(fixed, r) for r in (None, 0.0001)} == {30}
     rounds = plan(dtrain.load_config(None, ["graph.strategy=local-sgd", "graph.window=5",

@@ -14,7 +14,10 @@ epoch's early stopping, but nothing goes back: the graph is a few kilobytes
 whatever the model.  A fresh run's first window does not carry its initial
 state either: ``state-0`` computes it from the seed where it is needed
 (:class:`Fresh`).  The state a worker keeps is one per run, replaced each
-window and dropped when the run ends.
+window and dropped when the run ends.  A window launched while the one before
+it still runs (the engine does so where no early stopping watches) takes the
+state the same way, waiting for it to be kept (:class:`Handed`'s ``wait``):
+between two windows nothing goes through the scheduler.
 
 If the worker that kept the state left, or the scheduler ran ``take``
 somewhere else, ``take`` raises :class:`StateGone` and the engine submits

@@ -88,19 +88,26 @@ def stop_here(stop: Stop, plan: Plan, step: int, checkpoints: Checkpoints) -> No
 
 WINDOW_SECONDS = 1.0              # graph.window = 0: windows of about this long ...
 WINDOW_STEPS = (100, 1000)        # ... and this many steps (the first window: the fewest)
+UNTIMED = 4                       # a later window before any was timed: this many times the first
 
 
-def window_steps(plan: Plan, seconds_per_step: float | None) -> int:
+def window_steps(plan: Plan, seconds_per_step: float | None, first: bool = True) -> int:
     """Steps in the next window: ``graph.window``, or with 0 (auto) as many as take about
     ``WINDOW_SECONDS`` at the rate measured so far, within ``WINDOW_STEPS``.
 
     Each window edge is a pause of some 10-30 ms (the driver waits for the
-    window's end state, then submits the next graph): long windows of short steps
-    hide it, short windows of long steps keep checkpoints frequent.
+    window's end state, then submits the next graph; hidden where the next window
+    is launched while one runs, if the window is longer than the driver's turn):
+    long windows of short steps hide it, short windows of long steps keep
+    checkpoints frequent.  The first window is the shortest; a later one sized
+    before any window was timed (launched while the first runs) :data:`UNTIMED`
+    times as long.
     """
     fixed, (low, high) = plan.config.graph.window, WINDOW_STEPS
-    if fixed or not seconds_per_step:
-        return fixed or low
+    if fixed:
+        return fixed
+    if not seconds_per_step:
+        return low if first else UNTIMED * low
     return max(low, min(high, round(WINDOW_SECONDS / seconds_per_step)))
 
 
@@ -114,7 +121,7 @@ def windows(plan: Plan, start: int,
     total = len(plan.schedule)
     first = start
     while first < total:
-        stop = min(first + window_steps(plan, seconds_per_step()), total)
+        stop = min(first + window_steps(plan, seconds_per_step(), first == start), total)
         while stop < total and not plan.recipe.unit_starts(plan.schedule[stop]):
             stop += 1
         yield range(first, stop)
