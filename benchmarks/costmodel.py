@@ -38,7 +38,7 @@ from typing import Any
 from dask.task_spec import TaskRef
 
 from dtrain.core import keys
-from dtrain.taskgraph import fuse
+from dtrain.taskgraph import fuse, span
 from dtrain.taskgraph.dataparallel import TINY_FLOPS
 
 CHECK_MODELS = {"tiny": ((16, 16, 2), 8), "P3-shaped": ((784, 128, 10), 128)}
@@ -90,6 +90,8 @@ class Step:
     steps: int                            # steps in the window built
     dag: list[tuple[int | None, int, tuple[tuple[int, int], ...]]]  # (leaf's step, worker,
     node_of: Any = None                                                #  deps (i, bytes))
+    chains: Any = None          # a window cut into a task per worker (span.cut): its seconds
+    #                             per step over a Wire, (wire, flops, params, update, threads)
 
     def path(self, c: dict[str, float], net: dict[str, float]) -> float:
         """Seconds per step on the longest chain of tasks and transfers (compute aside):
@@ -135,11 +137,14 @@ def config(layers: tuple[int, ...], rows: int, shards: int, strategy: str = "all
 
 
 def count(layers: tuple[int, ...], rows: int, layout: Layout, strategy: str = "allreduce",
-          sync_every: int = LOCAL_SGD_EVERY) -> Step:
+          sync_every: int = LOCAL_SGD_EVERY, cut: bool = True) -> Step:
     """Build windows of dtrain's graph for ``layout`` (a shard per core) and count them: the
     tasks and transfers of a window of ``2 n`` steps less those of ``n`` steps, over ``n``
     (``n``: 8, the default ``graph.state_every``, or a local SGD round), so a window's edges
-    (its starting state, its final update) cancel and kept states count as in a long run."""
+    (its starting state, its final update) cancel and kept states count as in a long run.
+    A window on one worker is one task; one that spans workers is a task per worker, its
+    crossings messages (``cut``, as the engine runs it), or (not ``cut``) each step's tasks
+    and transfers through the scheduler, as before windows were cut (issue 22's model)."""
     from dtrain.training.plan import plan
 
     n = sync_every if strategy == "local-sgd" else 8
@@ -156,11 +161,28 @@ def count(layers: tuple[int, ...], rows: int, layout: Layout, strategy: str = "a
         moves.append(win.transfers(located))
     win = wins[1]
     width = max(placement.leaves.count(w) for w in set(placement.leaves))
+    node_of = lambda w: layout.node_of(w) if w < layout.workers else 0   # noqa: E731
     if fuse.one_worker(win) is not None:    # the engine runs the window as one task
         fused = [fuse.steps(w, 0, steps - 1, "m") for w, steps in zip(wins, (n, 2 * n))]
         return Step((fused[1].step_tasks() - fused[0].step_tasks()) / n, 0.0, 0.0,
-                    bool(win.fused and win.fused[0]), width, 2 * n, [],
-                    lambda w: layout.node_of(w) if w < layout.workers else 0)
+                    bool(win.fused and win.fused[0]), width, 2 * n, [], node_of)
+    if cut:                                 # the engine cuts it into a task per worker
+        rank = {w: r for r, w in enumerate(names)}
+        cuts = [span.cut(w, rank) for w in wins]
+        sent = [sum(w.nbytes.get(key, 0) * len(args[0])
+                    for chain, kinds in zip(c.nodes.values(), c.kinds.values())
+                    for (key, _, args), kind in zip(chain, kinds) if kind == span.SEND)
+                for c, w in zip(cuts, wins)]
+
+        def seconds(wire: Wire, flops: float, params: int, update: float, threads: int
+                    ) -> float:
+            took = [simulate(c, w.nbytes, wire, flops, params, update, threads)
+                    for c, w in zip(cuts, wins)]
+            return (took[1] - took[0]) / n
+
+        # a task per worker and window, whatever its steps: none per step; no Dask transfer
+        return Step(0.0, 0.0, (sent[1] - sent[0]) / n, bool(win.fused and win.fused[0]),
+                    width, 2 * n, [], node_of, seconds)
     order = _topological({k: [d for d in node.dependencies if d in win.dsk]
                           for k, node in win.dsk.items()})
     index = {name: i for i, name in enumerate(order)}
@@ -211,6 +233,11 @@ def predict(c: dict[str, float], step: Step, layout: Layout, params: int, rows: 
     ways = 1 if alone else min(layout.threads, step.shards_per_worker, cores)
     fb_worker = math.ceil(step.shards_per_worker / max(ways, 1)) * fb
     path = step.path(c, net) + fb_worker + update
+    if step.chains is not None:     # a task per worker, its messages on dtrain's mesh
+        wire = Wire(c["p2p_alpha"], c["p2p_bandwidth"])
+        if layout.nodes > 1:        # the network's latency and bandwidth between nodes
+            wire = wire.across(max(net["fetch"] - c["fetch"], 0.0), net["bandwidth"])
+        path = step.chains(wire, flops, params, update, layout.threads)
     sched = step.tasks * c["task"] + step.transfers * c["transfer"]
     cpu = (step.tasks * c["task_cpu"] + step.transfers * c["transfer_cpu"]
            + layout.cores * fb + layout.workers * update) / cores
@@ -346,7 +373,6 @@ def across(layers: tuple[int, ...], rows: int, nodes: int, node_cores: int, wire
     of ``wires``: dtrain's own window, cut into a task per worker as the engine cuts it
     (:func:`dtrain.taskgraph.span.cut`), timed by :func:`simulate`; the difference of a
     ``2 n``-step and an ``n``-step window over ``n`` steps, so the window's edges cancel."""
-    from dtrain.taskgraph import span
     from dtrain.training.plan import plan
 
     p = plan(config(layers, rows, nodes * node_cores, "allreduce", steps=2 * n + 1))

@@ -163,8 +163,8 @@ def measured_step(cfg: Any, client: Any) -> float:
 
 
 def constants(client: Any) -> dict[str, float]:
-    """hop, fetch and bandwidth on this cluster's first two workers, and the CPU a task and
-    a transfer cost."""
+    """hop, fetch and bandwidth on this cluster's first two workers, the CPU a task and a
+    transfer cost, and a message's alpha and bandwidth between them on dtrain's mesh."""
     from dtrain.deploy.workers import worker_addresses
 
     a, b = worker_addresses(client)[:2]
@@ -173,9 +173,13 @@ def constants(client: Any) -> dict[str, float]:
     big_bytes = 8 << 20
     big = chain_seconds(client, [a, b], 40, big_bytes)
     wall, cpu = wide_seconds(client, 2000)
+    from benchmarks import p2p          # a window across workers: its messages' wire
+    alpha, bandwidth = p2p.wire({label: p2p.mesh_round_trip(client, a, b, nbytes, 100, True)
+                                 for label, nbytes in p2p.SIZES.items() if "400" not in label})
     return {"hop": hop, "fetch": small - hop,
             "bandwidth": (big_bytes - 1024) / max(big - small, 1e-9), "task": cpu,
-            "task_wall": wall, **transfer_costs(client, a, b, 1000)}
+            "task_wall": wall, "p2p_alpha": alpha, "p2p_bandwidth": bandwidth,
+            **transfer_costs(client, a, b, 1000)}
 
 
 def _cpu(dask_worker: Any = None, dask_scheduler: Any = None) -> float:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from distributed import WorkerPlugin
@@ -91,8 +92,6 @@ def on_cluster(tls: bool, repeat: int, kinds: tuple[str, ...] = ()
     2-worker LocalCluster, on TLS if ``tls``."""
     from distributed import Client, LocalCluster, Security
 
-    from dtrain.deploy import p2p
-
     security = Security.temporary() if tls else None
     out: dict[str, dict[str, float]] = {}
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
@@ -110,15 +109,25 @@ def on_cluster(tls: bool, repeat: int, kinds: tuple[str, ...] = ()
                     row[label] = c.submit(_rpc_pingpong, b, nbytes, repeat, workers=[a],
                                           pure=False).result()
                     continue
-                mesh = p2p.open_mesh(c, [a, b], 10.0, local=kind == "unix")
-                try:
-                    times = [c.submit(_mesh_pingpong, mesh, r, nbytes, repeat, workers=[w],
-                                      pure=False) for r, w in enumerate((a, b))]
-                    row[label] = times[0].result()
-                    times[1].result()
-                finally:
-                    p2p.close_mesh(c, mesh, 10.0)
+                row[label] = mesh_round_trip(c, a, b, nbytes, repeat, kind == "unix")
     return out
+
+
+def mesh_round_trip(client: Any, a: str, b: str, nbytes: int, repeat: int, local: bool
+                    ) -> float:
+    """Median milliseconds of a round trip of ``nbytes`` between workers ``a`` and ``b``
+    over a dtrain mesh (``local``: Unix sockets, else TCP)."""
+    from dtrain.deploy import p2p
+
+    mesh = p2p.open_mesh(client, [a, b], 10.0, local=local)
+    try:
+        times = [client.submit(_mesh_pingpong, mesh, r, nbytes, repeat, workers=[w],
+                               pure=False) for r, w in enumerate((a, b))]
+        took = times[0].result()
+        times[1].result()
+        return took
+    finally:
+        p2p.close_mesh(client, mesh, 10.0)
 
 
 def _mpi_side(repeat: int) -> None:

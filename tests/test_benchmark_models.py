@@ -89,12 +89,18 @@ def test_the_performance_model_runs_and_checks_itself():
 def test_the_layout_model_counts_tasks_and_transfers_per_step(layout, strategy, tasks,
                                                               transfers):
     """Counted on dtrain's own graph for the layout (a shard per core; hybrid: a worker per
-    node): the fused step of a node's shards is what makes hybrid cheap."""
+    node), each step through the scheduler (``cut=False``): the fused step of a node's
+    shards is what makes hybrid cheap.  Cut as the engine runs a window that spans workers,
+    the scheduler sees no task and no transfer a step; the crossings become messages."""
     from benchmarks.costmodel import Layout, count
 
-    step = count((16, 16, 2), 8, Layout(*layout), strategy)
+    step = count((16, 16, 2), 8, Layout(*layout), strategy, cut=False)
     assert (step.tasks, step.transfers) == (pytest.approx(tasks), pytest.approx(transfers))
     assert step.fused == (layout[2] and strategy != "parameter-server")
+    cut = count((16, 16, 2), 8, Layout(*layout), strategy)
+    assert (cut.tasks, cut.transfers) == (0.0, 0.0)
+    spans = layout[0] > 1 or not layout[2]
+    assert (cut.chains is not None) == spans and (cut.bytes > 0) == spans
 
 
 def test_the_layout_model_adds_up():
@@ -106,7 +112,7 @@ def test_the_layout_model_adds_up():
     c = {"hop": 1e-3, "fetch": 2e-3, "bandwidth": 1e12, "task": 1e-4, "transfer": 1e-4,
          "task_cpu": 4e-3, "transfer_cpu": 1e-3}
     hybrid, flat = Layout(1, 16, True), Layout(1, 16, False)
-    one, many = count((16, 16, 2), 8, hybrid), count((16, 16, 2), 8, flat)
+    one, many = count((16, 16, 2), 8, hybrid), count((16, 16, 2), 8, flat, cut=False)
     assert one.path(c, c) == 0.0 and one.tasks == 0.0          # one task a window
     # 16 workers, fan-in 2: the leaves, 3 levels of sums (16 -> 2 partials), each step's
     # leaves read the partials: 4 hops and 4 fetches a step
@@ -121,7 +127,15 @@ def test_the_layout_model_adds_up():
     p2 = predict(c, many, flat, params, 8, 1e9, 0.0, cores=2)  # 16 processes on 2 cores
     assert p2["bound"] == "cpu" and p2["seconds"] > 10 * p1["seconds"]
     assert p1["overhead"] == 0.0 and rows_for_negligible(p1, params, 1e9, 8) == 8  # as is
-    two = count((16, 16, 2), 8, Layout(2, 16, True))                # two nodes: hops again
+    two = count((16, 16, 2), 8, Layout(2, 16, True), cut=False)     # two nodes: hops again
     p3 = predict(c, two, Layout(2, 16, True), params, 8, 1e9, 0.0)
     need = rows_for_negligible(p3, params, 1e9, 8)
     assert 6 * need * params / 1e9 == pytest.approx(9 * p3["overhead"])   # 10 %: 9x compute
+    # cut as the engine runs it: no scheduler work a step, the path a step's compute (the
+    # node's 16 shards side by side) and its messages' (a 50 us wire: the two nodes swap
+    # their partial sums, one message a step on the path)
+    cut = count((16, 16, 2), 8, Layout(2, 16, True))
+    p4 = predict({**c, "p2p_alpha": 50e-6, "p2p_bandwidth": 1e12}, cut, Layout(2, 16, True),
+                 params, 8, 1e9, 0.0)
+    assert p4["sched"] == 0.0 and p4["bound"] == "path"
+    assert p4["path"] == pytest.approx(fb + 50e-6), p4
