@@ -29,8 +29,9 @@ re-pinned to what AVX2 machines compute: every float32 run and the relu/MSE floa
 
 Checked: natively on an AMD EPYC with AVX-512 (Zen 4; Debian 12's glibc 2.36, NumPy 2.4.6,
 its OpenBLAS 0.3.31), and on AVX2-only CPUs emulated in user mode (qemu 7.2:
-``qemu-x86_64 -cpu Haswell-v1``, ``Skylake-Client-v1``, ``EPYC-Rome``, ``EPYC-Milan``,, every
-run in one process with :data:`PINNED` set, its workers threads): the same bytes.  (Within
+``qemu-x86_64 -cpu Haswell-v1``, ``Skylake-Client-v1``, ``EPYC-Rome``, ``EPYC-Milan``, with
+:data:`PINNED` set, ``python tests/test_hashes.py --print 1 threads``, and the parameter
+server on two threaded workers with ``graph.fuse_steps=false``): the same bytes.  (Within
 one machine dtrain's bytes never depend on the worker count; that is tested unpinned
 elsewhere.)
 """
@@ -92,8 +93,12 @@ def check_pinned() -> None:
     assert not on and blas == {"Haswell"}, f"not pinned: NumPy runs {on}, OpenBLAS {blas}"
 
 
-def _hashes(workers: int, tmp: Path) -> dict[str, str]:
-    """Train every run on one LocalCluster of ``workers`` processes (in this process)."""
+def _hashes(workers: int, tmp: Path, processes: bool = True) -> dict[str, str]:
+    """Train every run on one LocalCluster of ``workers`` processes (in this process), or
+    where not ``processes`` of ``workers`` threads of this process, which user-mode
+    emulation covers too (``qemu-x86_64 -cpu Haswell-v1 python tests/test_hashes.py
+    --print 1 threads``; one worker only: a window across workers needs their p2p mesh,
+    one per process)."""
     from distributed import Client, LocalCluster
 
     import dtrain
@@ -104,7 +109,7 @@ def _hashes(workers: int, tmp: Path) -> dict[str, str]:
         dtrain.train(cfg, client=client, echo=None, out=out)
         return hashlib.sha256((out / "params.npz").read_bytes()).hexdigest()
 
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
                       dashboard_address=None) as lc, Client(lc) as client:
         return {f"{name}/{dtype}": sha(client, name, dtype)
                 for name in RUNS for dtype in DTYPES
@@ -139,4 +144,4 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["--print"]:
         check_pinned()
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(_hashes(int(sys.argv[2]), Path(tmp))))
+            print(json.dumps(_hashes(int(sys.argv[2]), Path(tmp), sys.argv[3:] != ["threads"])))
