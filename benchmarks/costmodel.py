@@ -257,16 +257,16 @@ def rows_for_negligible(pred: dict[str, float], params: int, flops: float, rows:
 
 
 def scale_rows(c: dict[str, float], models: dict[str, tuple[tuple[int, ...], int, float, float]],
-               net: dict[str, float], strategies: tuple[str, ...] = ("allreduce", "local-sgd")
-               ) -> list[dict[str, Any]]:
-    """Predictions at :data:`SCALES` cores on :data:`NODE_CORES`-core nodes, both layouts,
+               net: dict[str, float], strategies: tuple[str, ...] = ("allreduce", "local-sgd"),
+               scales: tuple[int, ...] = SCALES) -> list[dict[str, Any]]:
+    """Predictions at ``scales`` cores on :data:`NODE_CORES`-core nodes, both layouts,
     for ``models`` (name -> (layers, rows per core, FLOP/s per thread, update seconds))."""
     out = []
     for name, (layers, rows, flops, update) in models.items():
         params = sum(a * b + b for a, b in zip(layers[:-1], layers[1:]))
         for strategy in strategies:
             for node_cores in NODE_CORES:
-                for cores in SCALES:
+                for cores in scales:
                     for hybrid in (True, False):
                         layout = Layout(cores // node_cores, node_cores, hybrid)
                         step = count(layers, rows, layout, strategy)

@@ -253,15 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--net-latency", type=float, default=2.0,
                     help="--across: microseconds a message across the network adds "
                          "(default 2: InfiniBand)")
+    ap.add_argument("--scales", default=",".join(map(str, costmodel.SCALES)),
+                    help="cores of the layout model's predictions (default: 64,256,1024)")
     ap.add_argument("--check-models", default=",".join(CHECK_MODELS),
                     help=f"networks of the layout check, of {', '.join(CHECK_MODELS)} "
                          f"('' for none)")
     args = ap.parse_args(argv)
     bad = [m for m in args.check_models.split(",") if m and m not in CHECK_MODELS]
-    if bad or not _widths(args.widths):
-        what = f"--check-models {bad[0]!r}" if bad else f"--widths {args.widths!r}"
+    if bad or not _widths(args.widths) or not _widths(args.scales):
+        what = f"--check-models {bad[0]!r}" if bad else f"--widths {args.widths!r}" \
+            if not _widths(args.widths) else f"--scales {args.scales!r}"
         print(f"benchmarks.model: error: {what}: expected {', '.join(CHECK_MODELS)} and "
-              f"positive shard counts, e.g. --widths 1,2,4,8,16", file=sys.stderr)
+              f"positive shard or core counts, e.g. --widths 1,2,4,8,16", file=sys.stderr)
         return 2
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"                   # as the benchmark contenders; workers inherit it
@@ -354,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, (layers, r, _, _) in models.items():
         print(f"* {name}: {'-'.join(map(str, layers))}, {r} rows per core and step")
     print()
-    print(costmodel.markdown_scale(costmodel.scale_rows(c, models, net)))
+    print(costmodel.markdown_scale(costmodel.scale_rows(c, models, net,
+                                                        scales=tuple(_widths(args.scales)))))
     return 0
 
 

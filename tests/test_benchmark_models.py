@@ -50,10 +50,11 @@ def test_the_performance_model_adds_up():
 @pytest.mark.slow
 def test_the_performance_model_runs_and_checks_itself():
     """`python -m benchmarks.model` measures its constants, predicts, trains to compare
-    (at 1 and 2 workers, and the layout model in both layouts), and predicts 64 to 1,024
-    cores, marked as predictions; an unknown workload is a one-line error."""
+    (at 1 and 2 workers, and the layout model in both layouts), and predicts 64 and 256
+    cores (``--scales``), marked as predictions; an unknown workload is a one-line error."""
     proc = subprocess.run([sys.executable, "-m", "benchmarks.model", "--workloads", "iris",
-                           "--epochs", "2", "--widths", "1,2", "--check-models", "tiny"],
+                           "--epochs", "2", "--widths", "1,2", "--check-models", "tiny",
+                           "--scales", "64,256"],      # 1,024 cores: the same code, slower
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| iris |")]
@@ -68,7 +69,7 @@ def test_the_performance_model_runs_and_checks_itself():
     assert all(abs(float(r[4]) - float(r[5])) <= 0.05 for r in checks), checks
     assert all(float(r[9]) > 0 for r in checks)                 # measured / predicted
     scale = [row for row in rows if len(row) == 13]
-    assert {row[3].strip() for row in scale} == {"64", "256", "1024"}
+    assert {row[3].strip() for row in scale} == {"64", "256"}
     assert {row[5].strip() for row in scale} == {"hybrid", "flat"}
     assert all("(prediction)" in row[8] for row in scale)
     bad = subprocess.run([sys.executable, "-m", "benchmarks.model", "--workloads", "P9"],

@@ -101,7 +101,7 @@ def iris_run(client, tmp_path_factory):
 @pytest.fixture(scope="module")
 def iris_page(iris_run):
     """What Chromium draws of it; the whole page lands in test-artifacts/report-iris.png."""
-    return _look(iris_run / "report.html", shot="report-iris.png")
+    return _look(iris_run / "report.html", shot="report-iris.png", count=4)   # no step split
 
 
 @pytest.fixture(scope="module")
