@@ -202,6 +202,26 @@ def test_mnist_reaches_92_percent(client, mnist_dir):
     assert r.summary["test_accuracy"] >= 0.92
 
 
+@pytest.mark.parametrize("shards", [1, 4])
+def test_every_epoch_takes_time_and_the_epochs_fit_in_the_run(client, tmp_path, shards):
+    """Windows of 10 steps, epochs of 27, the next window launched ahead: on one worker (1
+    shard) and across both (4), every epoch's seconds and rate are positive and together
+    no longer than the run (a fused window once came back without its end time: epochs of
+    -1.8e9 s and negative rates)."""
+    import time
+
+    cfg = dtrain.load_config(None, ["train.batch_size=4", "train.epochs=30", "graph.window=10",
+                                    f"data.shards={shards}"])
+    began = time.perf_counter()
+    dtrain.train(cfg, client=client, out=tmp_path / "run", echo=None)
+    took = time.perf_counter() - began
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert len(rows) == 30
+    assert all(r["seconds"] > 0 and r["samples_per_second"] > 0 for r in rows), \
+        [(r["epoch"], r["seconds"]) for r in rows if not r["seconds"] > 0]
+    assert sum(r["seconds"] for r in rows) <= took
+
+
 def test_low_latency_streams_and_timing_summary(tmp_path):
     """cluster.low_latency sets every control stream's batching interval to 0; the summary
     says where the time went.  On a user's cluster the plugins go when the run ends (issue

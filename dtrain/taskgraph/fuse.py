@@ -22,6 +22,8 @@ each epoch and each kind of work took.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 import time
 from collections import Counter
@@ -266,8 +268,7 @@ def meta(ran: Ran, ends: int = 0, trim: Callable[[tuple], tuple] | None = None) 
     """A fused window's evaluations (``trim``-med) and timings, without its end state
     (what the driver fetches beside the end)."""
     values = ran.values[ends:]
-    return Ran(values if trim is None else trim(values), ran.seconds, ran.before_end,
-               ran.steps)
+    return dataclasses.replace(ran, values=values if trim is None else trim(values))
 
 
 def is_fused(win: Window) -> bool:
@@ -275,12 +276,15 @@ def is_fused(win: Window) -> bool:
     return win.meta is not None
 
 
-def epoch_ends(win: Window, ran: Ran, ended: float) -> dict[int, float]:
+def epoch_ends(win: Window, ran: Ran, ended: float, floor: float | None = None
+               ) -> dict[int, float]:
     """When each epoch of a fused window ended, on the driver's clock: the window ended at
-    ``ended``, and each evaluation was done ``ran.before_end`` earlier."""
+    ``ended``, and each evaluation was done ``ran.before_end`` earlier, but not before
+    ``floor`` (when the window before it ended: an epoch never ends before the last)."""
     outputs = (*win.ends, *win.evals.values())
     before = dict(zip(outputs, ran.before_end))
-    return {epoch: ended - before.get(key, 0.0) for epoch, key in win.evals.items()}
+    return {epoch: max(ended - before.get(key, 0.0), floor if floor is not None else -math.inf)
+            for epoch, key in win.evals.items()}
 
 
 def ended(ran: Ran, arrived: float, before: float | None) -> float:

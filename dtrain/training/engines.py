@@ -396,8 +396,8 @@ class DaskEngine:
             win = cur.win
             if win.meta:                            # a fused window: its evaluations with it
                 ran = values.pop()
-                last_end = fuse.ended(ran, time.perf_counter(), last_end)
-                self._count_fused(win, ran, book, last_end)
+                before, last_end = last_end, fuse.ended(ran, time.perf_counter(), last_end)
+                self._count_fused(win, ran, book, last_end, before)
                 book.pending = list(zip(win.evals, ran.values))
             else:
                 last_end = time.perf_counter()
@@ -647,10 +647,12 @@ class DaskEngine:
                 e, time.perf_counter()))
         return out
 
-    def _count_fused(self, win: Window, ran: fuse.Ran, book: Book, ended: float) -> None:
+    def _count_fused(self, win: Window, ran: fuse.Ran, book: Book, ended: float,
+                     before: float | None = None) -> None:
         """A fused window's timings: its task seconds by kind, and when its epochs ended
-        (their evaluations all arrive with the window's end, which was at ``ended``)."""
-        book.arrived.update(fuse.epoch_ends(win, ran, ended))
+        (their evaluations all arrive with the window's end, which was at ``ended``; the
+        window before ended at ``before``)."""
+        book.arrived.update(fuse.epoch_ends(win, ran, ended, before))
         self.fused_seconds.update(ran.seconds)
         self.fused_steps += ran.steps
         self.fused_windows += not win.pieces
