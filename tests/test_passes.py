@@ -131,10 +131,10 @@ def _cut(win, workers, steps=(0, 13)):
     return span.steps(win, *steps, RUN, mesh, 10.0), nodes
 
 
-def _run_cut(cut, nodes, values):
-    """Run a cut window here: each worker's task in a thread of its own (they talk over the
-    mesh), then the picks and the meta."""
-    cache, errors = dict(values), {}
+def _run_pieces(cut, nodes, cache, wait):
+    """Each worker's task of a cut window in a thread of its own (they talk over the mesh),
+    its value into ``cache``; what each that failed raised."""
+    errors = {}
 
     def piece(name):
         task = cut.dsk[name]
@@ -148,7 +148,14 @@ def _run_cut(cut, nodes, values):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(wait)
+    return errors
+
+
+def _run_cut(cut, nodes, values):
+    """Run a cut window here: each worker's task, then the picks and the meta."""
+    cache = dict(values)
+    errors = _run_pieces(cut, nodes, cache, 60)
     try:
         if errors:
             raise next(iter(errors.values()))
@@ -266,22 +273,8 @@ def test_a_cut_window_whose_task_fails_stops_its_peers_at_once():
     values = _inputs(p)
     values[f"load-shard-3-{RUN}"] = None
     cut, nodes = _cut(win, ["w0", "w1"])
-    cache, errors = dict(values), {}
     start = time.monotonic()
-
-    def piece(name):
-        task = cut.dsk[name]
-        try:
-            span.run_on(nodes[cut.where[name][0]], task.args[0],
-                        *(cache[a.key] for a in task.args[1:]))
-        except Exception as exc:
-            errors[name] = exc
-
-    threads = [threading.Thread(target=piece, args=(n,)) for n in cut.pieces]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    errors = _run_pieces(cut, nodes, dict(values), 30)
     for n in nodes.values():
         n.close()
     assert time.monotonic() - start < 5
