@@ -93,12 +93,13 @@ def check_pinned() -> None:
     assert not on and blas == {"Haswell"}, f"not pinned: NumPy runs {on}, OpenBLAS {blas}"
 
 
-def _hashes(workers: int, tmp: Path, processes: bool = True) -> dict[str, str]:
-    """Train every run on one LocalCluster of ``workers`` processes (in this process), or
-    where not ``processes`` of ``workers`` threads of this process, which user-mode
-    emulation covers too (``qemu-x86_64 -cpu Haswell-v1 python tests/test_hashes.py
-    --print 1 threads``; one worker only: a window across workers needs their p2p mesh,
-    one per process)."""
+def _hashes(workers: int, tmp: Path, processes: bool = True, only: str = ""
+            ) -> dict[str, str]:
+    """Train every run (whose name starts with ``only``) on one LocalCluster of ``workers``
+    processes (in this process), or where not ``processes`` of ``workers`` threads of this
+    process, which user-mode emulation covers too (``qemu-x86_64 -cpu Haswell-v1 python
+    tests/test_hashes.py --print 1 threads``; one worker only: a window across workers
+    needs their p2p mesh, one per process)."""
     from distributed import Client, LocalCluster
 
     import dtrain
@@ -113,12 +114,13 @@ def _hashes(workers: int, tmp: Path, processes: bool = True) -> dict[str, str]:
                       dashboard_address=None) as lc, Client(lc) as client:
         return {f"{name}/{dtype}": sha(client, name, dtype)
                 for name in RUNS for dtype in DTYPES
-                if workers > 1 or name != "parameter-server"}
+                if (workers > 1 or name != "parameter-server") and name.startswith(only)}
 
 
-def pinned_hashes(workers: int) -> dict[str, str]:
+def pinned_hashes(workers: int, only: str = "") -> dict[str, str]:
     """:func:`_hashes` in a fresh process with OpenBLAS's and NumPy's kernels pinned."""
-    done = subprocess.run([sys.executable, __file__, "--print", str(workers)],
+    done = subprocess.run([sys.executable, __file__, "--print", str(workers), "processes",
+                           only],
                           env={**os.environ, **PINNED}, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -130,9 +132,10 @@ def pinned_hashes(workers: int) -> dict[str, str]:
 def test_params_bytes_are_locked(workers):
     locked = json.loads(LOCK.read_text())
     assert set(locked) == {f"{n}/{d}" for n in RUNS for d in DTYPES}
-    got = pinned_hashes(workers)
-    if workers == 2:                    # the parameter server's other worker count
-        got = {k: v for k, v in got.items() if k.startswith("parameter-server/")}
+    # 2: the parameter server's other worker count (every other run's bytes at 2 workers
+    # are the fast tier's, unpinned)
+    got = pinned_hashes(workers, "parameter-server" if workers == 2 else "")
+    assert got and all(k in locked for k in got)
     changed = {k: (locked[k][:12], v[:12]) for k, v in got.items() if locked[k] != v}
     assert not changed, f"params.npz changed on {workers} worker(s): {changed}"
 
@@ -144,4 +147,5 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["--print"]:
         check_pinned()
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(_hashes(int(sys.argv[2]), Path(tmp), sys.argv[3:] != ["threads"])))
+            print(json.dumps(_hashes(int(sys.argv[2]), Path(tmp), sys.argv[3:4] != ["threads"],
+                                     *sys.argv[4:5])))
