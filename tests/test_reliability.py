@@ -144,13 +144,13 @@ def test_a_worker_that_joins_is_used_from_the_next_window(client, tmp_path):
 @pytest.mark.slow
 def test_a_worker_retired_by_its_lifetime_is_a_lost_worker_with_no_loss(client, tmp_path):
     """What dask-jobqueue's ``--lifetime`` does to a batch job's worker: it closes
-    gracefully after its time (here 3 s) and its nanny starts a new one, again and again,
+    gracefully after its time (here 2 s) and its nanny starts a new one, again and again,
     mid-run; the run goes on on the workers there and ends with the bytes of an undisturbed
     run."""
     spec = {"0": {"cls": Nanny, "options": {"nthreads": 1}},
-            "1": {"cls": Nanny, "options": {"nthreads": 1, "lifetime": "3s",
+            "1": {"cls": Nanny, "options": {"nthreads": 1, "lifetime": "2s",
                                             "lifetime_restart": True}}}
-    overrides = [*LONG, "train.epochs=120"]            # long enough for a retirement or two
+    overrides = [*LONG, "train.epochs=60"]             # long enough for a retirement or two
     with SpecCluster(workers=spec, scheduler={"cls": Scheduler, "options": {
             "dashboard_address": None}}) as lc, Client(lc) as c:
         c.wait_for_workers(2)
@@ -160,7 +160,7 @@ def test_a_worker_retired_by_its_lifetime_is_a_lost_worker_with_no_loss(client, 
         assert len(first - set(worker_addresses(c))) == 1     # the mortal one was retired
     straight = dtrain.train(dtrain.load_config(None, overrides), client=client,
                             out=tmp_path / "straight", echo=None)
-    assert result.summary["epochs_run"] == straight.summary["epochs_run"] == 120
+    assert result.summary["epochs_run"] == straight.summary["epochs_run"] == 60
     assert (tmp_path / "retired" / "params.npz").read_bytes() == \
         (tmp_path / "straight" / "params.npz").read_bytes()
 
