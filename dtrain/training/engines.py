@@ -48,7 +48,7 @@ from dtrain.taskgraph.window import Window
 from dtrain.training.checkpoint import Checkpoint, Checkpoints
 from dtrain.training import heldout
 from dtrain.training.course import (Book, Outcome, Start, Stop, chosen, moved_line,
-                                    moved_summary, stop_here, windows)
+                                    moved_summary, stop_before, stop_here, windows)
 from dtrain.training.plan import Plan
 from dtrain.training.stopping import Watch, needed_states
 
@@ -349,7 +349,7 @@ class DaskEngine:
              stop: Stop, watch: Watch) -> Outcome:
         p = self.plan
         t0 = time.perf_counter()
-        placement, held = self._begin(start, recorder)
+        placement, held = self._begin(start, recorder, stop, checkpoints)
         val, test = held.val, held.test
         book = Book(self.plan, recorder, watch, start.step, list(recorder.metrics))
         state, done = start.state, None
@@ -449,15 +449,18 @@ class DaskEngine:
                         "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice,
                         "epoch_states_fetched": book.states})
 
-    def _begin(self, start: Start, recorder: Recorder) -> tuple[Placement, heldout.Loaded]:
+    def _begin(self, start: Start, recorder: Recorder, stop: Stop,
+               checkpoints: Checkpoints) -> tuple[Placement, heldout.Loaded]:
         """What every run on the cluster starts with: the data placed and loaded (what
-        moved, said), the held-out splits loaded beside it."""
+        moved, said), the held-out splits loaded beside it; a stop asked for meanwhile
+        stops it there (:func:`~dtrain.training.course.stop_before`)."""
         self.fresh = start.fresh
         placement = self.place()
         if self.moved:
             recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
         held = heldout.load(self.client, self.plan, placement, self.data, self._key)
         self.parts, self.normalization = held.futures, held.normalization
+        stop_before(stop, self.plan, start, checkpoints)
         return placement, held
 
     def _forget_kept(self) -> None:
