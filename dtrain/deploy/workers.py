@@ -3,11 +3,19 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
-from distributed import Client, Future
+from distributed import Client, Future, SchedulerPlugin
 
 from dtrain.core import internals
 from dtrain.core.errors import UserError
+from dtrain.deploy.p2p import Broken
+
+
+class WorkerLeft(Broken):
+    """A worker that the awaited tasks were placed on left the cluster: the window runs
+    again from its start, on the workers there now (as when a peer of a window that spans
+    workers is lost)."""
 
 
 def wait_for_workers(client: Client, n: int, timeout: float, after: str | None = None) -> None:
@@ -30,14 +38,17 @@ def _none_left(timeout: float, after: str) -> UserError:
                      f"(cluster.timeout){after}")
 
 
-def gather(client: Client, futures: list[Future], timeout: float, after: str = "") -> list:
+def gather(client: Client, futures: list[Future], timeout: float, after: str = "",
+           needs: frozenset[str] = frozenset()) -> list:
     """``client.gather(futures)``, except that a cluster left with no worker for ``timeout``
     seconds raises a UserError (``after`` ends its message) instead of waiting for ever:
     the scheduler keeps tasks that no worker can run until one comes, and none may.  That
     holds while the values are fetched too: if the last workers leave once the futures are
     done, their data is lost, and ``client.gather`` would wait for it to be made again.  So
     the gather runs in a thread of its own while this one watches the workers (if it gives
-    up, that thread ends once the caller releases the futures)."""
+    up, that thread ends once the caller releases the futures).  A worker of ``needs`` (where the tasks
+    were placed) that has left raises :class:`WorkerLeft`: distributed would run the lost
+    tasks again, and a window's tasks take a state that was kept on the lost worker."""
     got: dict[str, object] = {}
     fetched = threading.Event()
 
@@ -52,7 +63,11 @@ def gather(client: Client, futures: list[Future], timeout: float, after: str = "
     threading.Thread(target=fetch, name="dtrain-gather", daemon=True).start()
     alone: float | None = None                      # since when no worker has been there
     while not fetched.wait(min(timeout, 1.0)):
-        if internals.scheduler_workers(client):
+        there = internals.scheduler_workers(client)
+        gone = sorted(needs - there.keys())
+        if gone:
+            raise WorkerLeft(f"worker {', '.join(gone)} left")
+        if there:
             alone = None
         elif alone is None:
             alone = time.monotonic()
@@ -116,3 +131,25 @@ def forgotten(client: Client, names: list[str], timeout: float) -> None:
         client.submit(_nothing, pure=False).result(timeout=timeout)
     except TimeoutError:
         pass
+
+
+class StrandedTasks(SchedulerPlugin):
+    """When a worker joins or starts running, the tasks that may run on any worker but wait
+    as ``no-worker`` go to the workers (:func:`~dtrain.core.internals.schedule_stranded`):
+    a cluster's only worker, lost and started again by its nanny, would otherwise never get
+    the tasks that were pinned to the one lost (a run's data, its held-out splits)."""
+
+    name = "dtrain-stranded-tasks"
+
+    def __init__(self) -> None:
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        internals.schedule_stranded_soon(scheduler)
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        if self.scheduler is not None and internals.starts_running(msg):
+            internals.schedule_stranded_soon(self.scheduler)

@@ -28,14 +28,15 @@ from distributed import Client, Future
 
 from dtrain.core import keys
 from dtrain.core.arrays import gpu_problem
-from dtrain.core.broadcast import on_workers
+from dtrain.core.broadcast import on_workers, register
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
 from dtrain.deploy import p2p, tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
-from dtrain.deploy.logs import QuietUserErrors
+from dtrain.deploy.logs import QuietUserErrors, lost_gathers_quiet
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import forgotten, gather, round_trip, wait_for_workers, workers
+from dtrain.deploy.workers import (StrandedTasks, forgotten, gather, round_trip,
+                                   wait_for_workers, workers)
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
@@ -144,10 +145,9 @@ class DaskEngine:
     def __init__(self, plan: Plan, client: Client):
         self.plan, self.client = plan, client
         self.run_id = plan.run
-        client.register_plugin(QuietUserErrors())
-        client.register_plugin(WorkersIgnoreInterrupts())
-        client.register_plugin(metrics.StepTimer())
-        client.register_plugin(metrics.TransferCounter())
+        for plugin in (QuietUserErrors(), WorkersIgnoreInterrupts(), metrics.StepTimer(),
+                       metrics.TransferCounter(), StrandedTasks()):
+            register(client, plugin)        # (a worker lost meanwhile: its successor's too)
         self.low_latency = plan.config.cluster.low_latency and tuning.low_latency(client)
         self.inline = False                         # see place
         self.inline_on: frozenset[str] = frozenset()    # ... for these workers
@@ -182,6 +182,7 @@ class DaskEngine:
         self.reruns: list[str] = []                 # windows run again, and why
         self.silent: set[str] = set()               # workers that stopped answering: left out
         self.step_seconds: float | None = None      # seconds per step so far
+        self.attempt = 0                            # windows run again so far (handoff)
 
     def _key(self, name: str, *parts: int | str) -> str:
         return keys.make(name, *parts, run=self.run_id)
@@ -334,8 +335,9 @@ class DaskEngine:
     def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
             stop: Stop = Stop(), watch: Watch | None = None) -> Outcome:
         try:
-            return self._run(start, recorder, checkpoints, stop,
-                             watch or Watch(self.plan.config.train))
+            with lost_gathers_quiet():
+                return self._run(start, recorder, checkpoints, stop,
+                                 watch or Watch(self.plan.config.train))
         except BaseException:
             self._forget_kept()
             # a failed run leaves nothing behind on the workers: drop what it holds now, not
@@ -394,6 +396,7 @@ class DaskEngine:
                 break
             cur, placement, values, ahead = got
             win = cur.win
+            del got, cur                # its futures: a worker lost now would compute them again
             if win.meta:                            # a fused window: its evaluations with it
                 ran = values.pop()
                 last_end = fuse.ended(ran, time.perf_counter(), last_end)
@@ -425,7 +428,7 @@ class DaskEngine:
         if test is not None:
             on_root = kept == placement.root and final is state and done is not None
             result = heldout.evaluate_test(self.client, p, self.run_id, final, test, placement,
-                                           done.step if on_root else None)
+                                           done.step if on_root else None, self.attempt)
         self._forget_kept()
         moved = metrics.transfers(self.client, self.run_id)
         compute = _add_fused(metrics.task_times(self.client, self.run_id) or {},
@@ -536,11 +539,13 @@ class DaskEngine:
                     launched()
                 book.pending = list(zip(cur.win.evals, cur.evals))
                 values = gather(self.client, cur.ends + cur.meta, p.config.cluster.timeout,
-                                _lost_note(recorder))
+                                _lost_note(recorder), frozenset(placement.workers))
                 return cur, placement, values, nxt
             except (StateGone, p2p.Broken) as exc:
                 error = self._cause(exc, cur)
                 self._cancel(cur, nxt)
+                self.attempt += 1           # what Dask runs again of those gives up at once
+                on_workers(self.client, handoff.give_up, self.run_id, self.attempt)
             if isinstance(error, p2p.Broken):
                 note = f"steps {window.start}-{window.stop - 1}: {error}"
                 if isinstance(error, p2p.PeerLost) and error.silent:   # listed, yet silent
@@ -627,7 +632,8 @@ class DaskEngine:
         made = handoff.Fresh(p.net, p.opt, p.config.model.seed) \
             if self.fresh and window.start == 0 and p.init is None else None   # a fresh run's
         win = handoff.rewrite(win, self.run_id, window.start, window.stop, take, made,
-                              self._peer_wait() if follows is not None else 0.0)
+                              self._peer_wait() if follows is not None else 0.0,
+                              self.attempt)
         self.literal_bytes += handoff.literal_size(win)
         if p.config.graph.fuse_steps:               # a task per worker and window
             if fuse.one_worker(win) is not None:
