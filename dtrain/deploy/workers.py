@@ -33,6 +33,34 @@ def wait_for_workers(client: Client, n: int, timeout: float, after: str | None =
                         f"workers or lower the count{after or ''}") from None
 
 
+def present(client: Client, n: int, timeout: float, after: str | None = None,
+            left_out: frozenset[str] | set[str] = frozenset()) -> dict[str, dict]:
+    """``{address: info}`` of the workers there now (:func:`workers`, less ``left_out``:
+    workers that stopped answering), once at least ``n`` are: what a placement is made over.
+
+    The list counted is the list returned: a worker that leaves between a wait and a list
+    cannot leave a placement with none.  Too few is waited for, up to ``timeout`` seconds
+    (every worker gone mid-run is a fault like a worker lost at any other instant), then it
+    is a UserError in one line, as :func:`wait_for_workers` says it; too few because of
+    ``left_out`` says so at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = workers(client)
+        there = {a: i for a, i in listed.items() if a not in left_out}
+        if len(there) >= n:
+            return there
+        if len(listed) >= n:
+            raise UserError(f"the run needs {n} worker(s) that answer; {len(left_out)} "
+                            f"stopped answering mid-run (left out: "
+                            f"{', '.join(sorted(left_out))})")
+        if time.monotonic() >= deadline:
+            if after is not None and not listed:
+                raise _none_left(timeout, after)
+            raise UserError(f"needs {n} Dask worker(s), found {len(listed)} after {timeout:g} s; "
+                            f"start more workers or lower the count{after or ''}")
+        time.sleep(0.1)
+
+
 def _none_left(timeout: float, after: str) -> UserError:
     return UserError(f"every Dask worker left the cluster and none joined within {timeout:g} s "
                      f"(cluster.timeout){after}")

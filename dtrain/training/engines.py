@@ -35,8 +35,7 @@ from dtrain.deploy import p2p, tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors, lost_gathers_quiet
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import (StrandedTasks, forgotten, gather, round_trip,
-                                   wait_for_workers, workers)
+from dtrain.deploy.workers import StrandedTasks, forgotten, gather, present, round_trip, workers
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
@@ -187,14 +186,13 @@ class DaskEngine:
     def _key(self, name: str, *parts: int | str) -> str:
         return keys.make(name, *parts, run=self.run_id)
 
-    def _workers(self) -> list[Worker]:
-        """The workers there now, as placement sees them: GPU or not, how fast, how many threads."""
+    def _workers(self, after: str | None = None) -> list[Worker]:
+        """The workers there now, as placement sees them: GPU or not, how fast, how many
+        threads; too few (none: every worker left) is waited for, up to ``cluster.timeout``
+        (:func:`~dtrain.deploy.workers.present`; ``after``: as for :meth:`place`)."""
         cfg = self.plan.config
-        info = {a: i for a, i in workers(self.client).items() if a not in self.silent}
-        if len(info) < self.plan.builder.min_workers:
-            raise UserError(f"the run needs {self.plan.builder.min_workers} worker(s) that "
-                            f"answer; {len(self.silent)} stopped answering mid-run (left out: "
-                            f"{', '.join(sorted(self.silent))})")
+        info = present(self.client, self.plan.builder.min_workers, cfg.cluster.timeout, after,
+                       self.silent)
         gpu = {a: cfg.cluster.device != "cpu" and is_gpu_worker(i) and self.plan.strategy.on_gpu
                for a, i in info.items()}
         if cfg.cluster.device == "gpu" and not any(gpu.values()):
@@ -245,21 +243,20 @@ class DaskEngine:
     def place(self, after: str | None = None) -> Placement:
         """Placement over the workers there now; (re)load data that must move (``after``,
         mid-run: what a run that cannot go on says of its checkpoint)."""
-        cfg, c, builder = self.plan.config, self.client, self.plan.builder
-        wait_for_workers(c, builder.min_workers, cfg.cluster.timeout, after)
-        present = self._workers()
-        names = frozenset(w.address for w in present)
+        c, builder = self.client, self.plan.builder
+        there = self._workers(after)
+        names = frozenset(w.address for w in there)
         if names != self.inline_on:                 # asked once per set of workers
             self.inline = self.low_latency and tuning.inline_executor(c)
             self.inline_on = names
         if self.held:
-            placement = self._place_partitions(present)
+            placement = self._place_partitions(there)
         else:
-            present = self._choose(present)
-            placement = builder.place(present)
+            there = self._choose(there)
+            placement = builder.place(there)
         self.placement = placement
         self.inline_kinds = inline_kinds(self.plan, placement,
-                                         max((w.threads for w in present), default=1))
+                                         max((w.threads for w in there), default=1))
         wanted = builder.data(placement)
         for j, item in enumerate(wanted):
             if j < len(self.items) and self.items[j][0] == item.worker:
