@@ -82,8 +82,12 @@ class StopSignals:
             _active.mode = max(_active.mode, self.mode, key=MODES.index)   # never back
             return _active
         _active, self._entered = self, True
-        for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+        try:
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except BaseException:           # a signal raised at once, before the last was in
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
