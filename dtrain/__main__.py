@@ -5,8 +5,11 @@ more.  A Ctrl-C, SIGTERM or SIGUSR1 in that time ends the process at once,
 quietly and with the exit code a stop by that signal has everywhere else
 (130 for Ctrl-C, 75 for SIGTERM and SIGUSR1): nothing has started and
 nothing has been written.  :func:`dtrain.cli.main.main` takes the signals
-over as soon as it runs.  This module imports nothing of dtrain's before
-its handlers are in place.
+over as soon as it runs, and once the command's exit code is known they are
+ignored to the end of the process: a signal that comes while the process
+exits changes nothing of its code (nor kills it: as Python finalizes, it
+gives a signal that it handled its default action back).  This module
+imports nothing of dtrain's before its handlers are in place.
 """
 import os
 import signal
@@ -27,7 +30,7 @@ def entry():
     for sig in EARLY:
         signal.signal(sig, _stop_at_once)
     from dtrain.cli import main     # the heavy imports
-    return main()
+    return main(last=True)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from dtrain.cli import train as train_cli
 from dtrain.core.config import DataConfig
 from dtrain.core.errors import EXIT_STOPPED, Stopped
 from dtrain.deploy import plugins
+from dtrain.deploy.signals import AT_ONCE, StopSignals
 from dtrain.training.trainer import default_out_dir
 
 QUICK = ["--set", "train.epochs=1", "--set", "data.shards=2"]
@@ -115,10 +116,16 @@ def test_a_signal_during_the_imports_is_quiet_with_its_exit_code(tmp_path, sig, 
     assert err.strip().splitlines() == [line] and out == ""
 
 
-def test_sigterm_before_training_raises_stopped_with_its_exit_code(capfd):
-    with pytest.raises(Stopped) as raised:
-        cli.main.__globals__["_stop"](signal.SIGTERM, None)
+def test_sigterm_before_training_raises_stopped_with_its_exit_code():
+    """A command's signals before anything is made (AT_ONCE): SIGTERM raises Stopped where the
+    code is, Ctrl-C KeyboardInterrupt; the handlers before are back after."""
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Stopped) as raised, StopSignals(AT_ONCE):
+        signal.raise_signal(signal.SIGTERM)
     assert raised.value.code == EXIT_STOPPED and raised.value.lines() == ["stopped by SIGTERM"]
+    with pytest.raises(KeyboardInterrupt), StopSignals(AT_ONCE):
+        signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_a_stop_by_a_signal_is_not_swallowed_by_except_exception(tmp_path):

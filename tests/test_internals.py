@@ -104,3 +104,35 @@ def test_an_event_logged_soon_reaches_the_scheduler_in_order(client):
     while len(client.get_events(topic)) < 20 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [m["n"] for _, m in client.get_events(topic)] == list(range(20))
+
+
+def _one(x: int) -> int:
+    return x + 1
+
+
+def test_a_task_stranded_by_its_only_worker_runs_on_the_next_one():
+    """(9) A task pinned to a worker with allow_other_workers, lost with it while no other
+    worker runs, waits as no-worker; the scheduler's unrunnable tasks, their loose
+    restrictions, its transitions and the event of a worker that starts running are what
+    StrandedTasks uses to send it to the worker that joins next (distributed offers it
+    only the tasks it is a valid worker of)."""
+    from dtrain.deploy.workers import StrandedTasks
+
+    async def check():
+        async with Scheduler(port=0, dashboard=False) as s, \
+                Client(s.address, asynchronous=True) as c:
+            await c.register_plugin(StrandedTasks())
+            first = await Worker(s.address, nthreads=1)
+            x = c.submit(_one, 1, workers=[first.address], allow_other_workers=True)
+            assert await x == 2
+            await first.close()
+            deadline = time.monotonic() + 10
+            while not s.unrunnable and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            (stranded,) = s.unrunnable
+            assert stranded.key == x.key and stranded.loose_restrictions
+            assert internals.starts_running({"action": "worker-status-change",
+                                             "status": "running"})
+            async with Worker(s.address, nthreads=1):
+                assert await asyncio.wait_for(x, 10) == 2
+    _run(check())

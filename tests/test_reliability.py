@@ -169,25 +169,97 @@ def test_a_worker_retired_by_its_lifetime_is_a_lost_worker_with_no_loss(client, 
 def test_a_cluster_whose_workers_all_retire_ends_the_run_with_one_line(tmp_path):
     """Every worker retires for good mid-run (a batch job's ``--lifetime`` without a
     successor): the scheduler would hold the tasks until a worker comes; dtrain waits
-    ``cluster.timeout`` and stops with one line, keeping the checkpoint it saved."""
+    ``cluster.timeout`` and stops with one line, keeping the checkpoint it saved.  (On a
+    slow machine they may all retire before the run has placed anything: then the line says
+    that no worker came.)"""
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None, lifetime="4s", lifetime_stagger="0s") as lc, \
             Client(lc) as c:
         c.wait_for_workers(2)
         began = time.monotonic()
         with pytest.raises(UserError, match=r"every Dask worker left the cluster and none "
-                           r"joined within 2 s \(cluster.timeout\)") as lost:
+                           r"joined within 2 s \(cluster.timeout\)|needs 1 Dask worker\(s\), "
+                           r"found 0 after 2 s") as lost:
             dtrain.train(dtrain.load_config(None, [*LONG, "train.epochs=2000",
                                                    "cluster.timeout=2"]),
                          client=c, out=tmp_path / "orphaned", echo=None)
         assert time.monotonic() - began < 60
     said = str(lost.value)
+    assert "\n" not in said
+    if said.startswith("needs 1 Dask worker(s), found 0"):      # gone before the first window
+        assert not (tmp_path / "orphaned").exists(), said        # nothing recorded: no run
+        return
     kept = re.search(r"the last good checkpoint \(step (\d+)\) is kept in (\S+): resume it "
                      r"with python -m dtrain --resume (\S+) once workers are back$", said)
     assert "\n" not in said and kept, said
     assert Path(kept[3]) == tmp_path / "orphaned"                     # the line's claims,
     assert Path(kept[2]) == tmp_path / "orphaned" / checkpoint.FILE     # checked on disk
     assert checkpoint.load(tmp_path / "orphaned")[0].step == int(kept[1]) > 0
+
+
+@contextlib.contextmanager
+def _at_call(function, action, nth: int):
+    """While entered, ``action()`` runs in this thread at the instant ``function`` is called
+    for the ``nth`` time (a profile hook: a real fault at a chosen instant of the driver's
+    own code, which runs as it is)."""
+    calls = 0
+
+    def hook(frame, event, arg) -> None:
+        nonlocal calls
+        if event == "call" and frame.f_code is function.__code__:
+            calls += 1
+            if calls == nth:
+                sys.setprofile(None)
+                action()
+
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+
+
+@pytest.mark.slow
+def test_every_worker_gone_at_the_instant_of_a_placement_is_one_line(tmp_path):
+    """Every worker leaves at the very instant the engine asks which workers there are to
+    place a window (the fifth placement: a checkpoint is saved by then): that is a lost
+    cluster like any other, waited for ``cluster.timeout`` and said in one line with the
+    checkpoint kept, not ``placement.blocks([], 4)``'s IndexError (a slower machine's CI
+    hit it when a LocalCluster's workers had all retired between the wait for workers and
+    their list), nor that 0 workers stopped answering."""
+    from dtrain.training.engines import DaskEngine
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        c.wait_for_workers(1)
+
+        def all_gone() -> None:         # for good (retire_workers keeps one holding data)
+            lc.scale(0)
+            deadline = time.monotonic() + 30
+            while worker_addresses(c) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+        with _at_call(DaskEngine._workers, all_gone, 5), pytest.raises(UserError) as lost:
+            dtrain.train(dtrain.load_config(None, [*LONG, "cluster.timeout=1"]), client=c,
+                         out=tmp_path / "run", echo=None)
+    said = str(lost.value)
+    kept = re.fullmatch(r"every Dask worker left the cluster and none joined within 1 s "
+                        r"\(cluster.timeout\); the last good checkpoint \(step (\d+)\) is kept "
+                        r"in (\S+): resume it with python -m dtrain --resume (\S+) once workers "
+                        r"are back", said)
+    assert kept, said
+    assert Path(kept[3]) == tmp_path / "run" and Path(kept[2]) == tmp_path / "run" / \
+        checkpoint.FILE
+    assert checkpoint.load(tmp_path / "run")[0].step == int(kept[1]) > 0
+
+
+def test_placing_on_no_worker_is_a_clear_error_not_an_index_error():
+    from dtrain.taskgraph.placement import blocks, place
+
+    with pytest.raises(ValueError, match="no worker to place 4 shard"):
+        blocks([], 4)
+    with pytest.raises(ValueError, match="no worker to place 4 shard"):
+        place([], 4)
 
 
 def _leave_if_second(dask_worker) -> str:

@@ -1,17 +1,13 @@
 """Dispatch ``python -m dtrain ...`` to its subcommand and turn errors into exit codes."""
 from __future__ import annotations
 
-import contextlib
 import difflib
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator
-from types import FrameType
 
 from dtrain.cli import tools, train, use
 from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, Stopped, UserError, exit_code
+from dtrain.deploy.signals import AT_ONCE, StopSignals
 
 EXIT_BROKEN_PIPE = 141     # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 
@@ -27,45 +23,31 @@ def _unknown(word: str) -> str:
             f"{', '.join(SUBCOMMANDS)}, or none to train (see python -m dtrain --help)")
 
 
-def _stop(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM or SIGUSR1 outside a training loop (which saves a checkpoint first): the
-    command stops where it is, with the exit code of a stop by that signal."""
-    raise Stopped.before_training(signal.Signals(signum).name)
+def main(argv: list[str] | None = None, *, last: bool = False) -> int:
+    """Entry point; returns the process exit code.
 
+    While the command runs (in the main thread), Ctrl-C, SIGTERM and SIGUSR1 stop it with
+    one line and their exit code: at once before a run has made anything, at a window edge
+    after saving a checkpoint once it has (:mod:`dtrain.deploy.signals`); once the outcome
+    is known, a signal changes nothing of it.
 
-@contextlib.contextmanager
-def _signals() -> Iterator[None]:
-    """While a command runs (in the main thread): Ctrl-C raises KeyboardInterrupt and
-    SIGTERM or SIGUSR1 raise :class:`Stopped`, each reported as one line with its exit code
-    (a training run's own handlers take over while it trains: :mod:`dtrain.deploy.signals`);
-    the handlers before are put back after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _stop,
-              signal.SIGUSR1: _stop}
-    previous = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
+    Parameters
+    ----------
+    argv
+        The arguments (default: ``sys.argv[1:]``).
+    last
+        The process ends with this command (``python -m dtrain``): once its exit code is
+        known, the stop signals are ignored, rather than the handlers before put back, so
+        that none can cut the exit short or change its code.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    signals = StopSignals(AT_ONCE, ignore_after=last)
     try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
-    with _signals():
-        return _main(argv)
-
-
-def _main(argv: list[str] | None) -> int:
-    try:
-        argv = sys.argv[1:] if argv is None else argv
-        if argv and argv[0] in SUBCOMMANDS:
-            return SUBCOMMANDS[argv[0]](argv[1:])
-        if argv and not argv[0].startswith("-"):
-            raise UserError(_unknown(argv[0]))
-        return train.run(argv)
+        with signals:
+            try:
+                return _command(argv)
+            finally:
+                signals.settle()        # the outcome is known: a signal changes nothing now
     except Stopped as exc:
         for line in exc.lines(train.resume_command(argv)):
             print(f"dtrain: {line}", file=sys.stderr)
@@ -79,3 +61,11 @@ def _main(argv: list[str] | None) -> int:
     except BrokenPipeError:             # `python -m dtrain predict ... | head`: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+
+
+def _command(argv: list[str]) -> int:
+    if argv and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]](argv[1:])
+    if argv and not argv[0].startswith("-"):
+        raise UserError(_unknown(argv[0]))
+    return train.run(argv)

@@ -1,12 +1,12 @@
-"""A function run on every worker that does not fail, or hang, when a worker leaves or stops
-answering during the call."""
+"""A function run on every worker, and a plugin handed to them, that do not fail, or hang, when
+a worker leaves or stops answering during the call."""
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from distributed import Client
+from distributed import Client, SchedulerPlugin
 
 from dtrain.core import internals
 
@@ -65,3 +65,15 @@ def on_workers(client: Client, function: Callable, *args: Any,
             raise answer
     return {a: answer for a, answer in got.items()
             if answer is not SILENT and not isinstance(answer, OSError)}
+
+
+def register(client: Client, plugin: Any, name: str | None = None) -> None:
+    """``client.register_plugin(plugin)``, that does not fail when a worker leaves while a
+    worker plugin is handed out: the scheduler keeps the plugin before it hands it to the
+    workers there, and gives it to every worker that joins, the one that replaces the lost
+    worker included.  A scheduler plugin's failure is raised."""
+    try:
+        client.register_plugin(plugin, name=name)
+    except OSError:                     # a comm to a worker closed as it left
+        if isinstance(plugin, SchedulerPlugin):
+            raise

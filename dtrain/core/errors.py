@@ -74,8 +74,8 @@ class Stopped(BaseException):
 
     def lines(self, resume: str = "python -m dtrain --resume") -> list[str]:
         """At most two lines: where it stopped and what was kept; how to go on."""
-        if self.step is None and not self.steps:
-            return [f"stopped by {self.signal}"]
+        if self.step is None and not self.steps:       # a Ctrl-C's, as KeyboardInterrupt's
+            return ["interrupted" if self.signal == "SIGINT" else f"stopped by {self.signal}"]
         where = f"stopped by {self.signal} after step {self.step} of {self.steps}" \
             if self.step is not None else f"interrupted at once (a second {self.signal})"
         if self.run_dir is None:

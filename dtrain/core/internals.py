@@ -30,12 +30,21 @@ distributed, so a change underneath fails a test rather than going unseen.
 7. A worker's thread count (``Worker.state.nthreads``) (:func:`worker_threads`).
 8. A worker's ``Security`` (``Worker.security``), whose TLS contexts the
    worker-to-worker sockets use (:func:`worker_security`).
+9. The scheduler's ``unrunnable`` tasks, their ``loose_restrictions``, its
+   ``transitions`` and the event it logs when a worker's status changes: a task
+   pinned to a worker with ``allow_other_workers`` that loses its worker while no
+   other runs waits as ``no-worker``, and a worker that starts running later is
+   offered only the tasks it is among the valid workers of, so the task waits for
+   ever (a run's only worker SIGKILLed and started again by its nanny: the new one
+   joins as ``init``, then runs) (:func:`schedule_stranded`,
+   :func:`starts_running`).
 """
 from __future__ import annotations
 
 import contextvars
 import importlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -249,4 +258,41 @@ def log_event_soon(client: Any, topic: str, msg: Any) -> bool:
         client.log_event(topic, msg)
         return False
     loop.add_callback(scheduler.log_event, topic=topic, msg=msg)
+    return True
+
+
+# (9) -------------------------------------------------------------------------------------
+
+
+def schedule_stranded(scheduler: Any) -> int:
+    """On the scheduler (a plugin's hook): the ``no-worker`` tasks that may run on any
+    worker (pinned with ``allow_other_workers``; no resource asked for) go to a running
+    worker, as they would have had one been running when theirs left; how many (0 where the
+    scheduler has changed)."""
+    unrunnable = getattr(scheduler, "unrunnable", None)
+    if not isinstance(unrunnable, dict) or not getattr(scheduler, "running", None) or \
+            not callable(getattr(scheduler, "transitions", None)):
+        return 0
+    stranded = [ts.key for ts in unrunnable if getattr(ts, "loose_restrictions", False)
+                and not getattr(ts, "resource_restrictions", None)]
+    if stranded:
+        scheduler.transitions(dict.fromkeys(stranded, "processing"),
+                              stimulus_id=f"dtrain-stranded-{time.time()}")
+    return len(stranded)
+
+
+def starts_running(msg: Any) -> bool:
+    """Whether a scheduler event (a plugin's ``log_event``) says a worker now runs."""
+    return isinstance(msg, dict) and msg.get("action") == "worker-status-change" and \
+        msg.get("status") == "running"
+
+
+def schedule_stranded_soon(scheduler: Any) -> bool:
+    """:func:`schedule_stranded` on the scheduler's event loop, once the handler that calls
+    this (a worker joining, or its status changing) has updated the running workers;
+    False where the scheduler has no loop."""
+    loop = getattr(scheduler, "loop", None)
+    if not callable(getattr(loop, "add_callback", None)):
+        return False
+    loop.add_callback(schedule_stranded, scheduler)
     return True

@@ -23,6 +23,7 @@ from distributed import Client
 from distributed.comm import parse_address, parse_host_port, registry
 
 from dtrain.core.arrays import gpu_count
+from dtrain.core.broadcast import register
 from dtrain.core.config import ClusterConfig
 from dtrain.core.errors import UserError
 from dtrain.deploy import jobqueue, mainguard
@@ -179,7 +180,7 @@ def connect(cfg: ClusterConfig, min_workers: int = 1, leaves: int = 0) -> Iterat
         cluster = local_gpu_cluster(cfg, gpus, security, shape) if gpus else \
             local_cluster(cfg, security, shape)
     with cluster, Client(cluster, security=security) as client:
-        client.register_plugin(QuietClose())
+        register(client, QuietClose())
         try:
             yield client
         finally:

@@ -5,11 +5,21 @@ It listens on 127.0.0.1 only: the scheduler, the nannies and the workers (and th
 own HTTP servers, which follow their address), unless ``cluster.interface`` names a network
 interface; the scheduler's HTTP server (the dashboard, or without one ``/health`` and
 ``/metrics``) where :func:`~dtrain.deploy.options.http_address` says.
+
+Its worker processes never see a Ctrl-C (a terminal sends it to the whole process group;
+the driver stops the run and closes them), from their first instant, restarted ones too
+(:func:`_deaf_to_ctrl_c`); a worker process that dies while the cluster starts (a SIGKILL, a
+node's OOM killer) costs a new start, not the run (:func:`_started`).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+from collections.abc import Callable, Iterator
+from multiprocessing import resource_tracker
+from typing import TypeVar
 
 from distributed import LocalCluster, Nanny, Scheduler, Security, SpecCluster
 
@@ -20,6 +30,58 @@ from dtrain.deploy.devices import GPU
 from dtrain.deploy.layout import Shape, local_shape
 from dtrain.deploy.options import LOOPBACK, http_address
 from dtrain.deploy.tuning import allocator_env
+
+
+START_TRIES = 3                 # starts of a cluster whose worker process died as it started
+
+C = TypeVar("C", LocalCluster, SpecCluster)
+
+
+@contextlib.contextmanager
+def _deaf_to_ctrl_c() -> Iterator[None]:
+    """While a cluster starts: SIGINT blocked in this thread, so that the threads the
+    cluster starts (its event loop, which starts the worker processes, and starts them again
+    when one dies) and the processes they start inherit it blocked, and never see a Ctrl-C.
+    One that comes meanwhile waits, and reaches this process's handler once it is
+    unblocked.  multiprocessing's resource tracker is started first: the thread that starts
+    it unblocks SIGINT behind it (CPython's ``resource_tracker.ensure_running``), and would
+    otherwise be the thread that starts the first worker process."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    resource_tracker.ensure_running()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _died_starting(exc: BaseException) -> bool:
+    """Whether a cluster's start failed because a worker process died as it started
+    (distributed: "Nanny failed to start worker process")."""
+    while exc is not None:
+        if isinstance(exc, RuntimeError) and "failed to start worker process" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _started(make: Callable[[], C]) -> C:
+    """``make()``, the cluster, started again (at most :data:`START_TRIES` times in all) if
+    a worker process died as it started; a cluster that does not start is one line."""
+    for tries in range(1, START_TRIES + 1):
+        try:
+            with _deaf_to_ctrl_c(), allocator_env():
+                return make()
+        except RuntimeError as exc:     # the failed cluster closed itself
+            if not _died_starting(exc):
+                raise
+            if tries == START_TRIES:
+                raise UserError(f"the LocalCluster did not start: a worker process died as "
+                                f"it started, {tries} times; see whether the machine has the "
+                                f"memory for cluster.workers") from None
+    raise AssertionError("unreachable")
 
 
 def binding(cfg: ClusterConfig) -> dict[str, str]:
@@ -34,13 +96,13 @@ def local_cluster(cfg: ClusterConfig, security: Security | None = None,
     (:func:`~dtrain.deploy.layout.local_shape`)."""
     shape = shape or local_shape(cfg)
     dash = cfg.dashboard_address
-    with allocator_env():
-        return LocalCluster(n_workers=shape.workers, threads_per_worker=shape.threads,
-                            processes=True, silence_logs=logging.ERROR, security=security,
-                            **binding(cfg), dashboard_address=http_address(dash) if dash else None,
-                            # without a dashboard the scheduler still serves /health and
-                            # /metrics: on a free port of 127.0.0.1, not all interfaces
-                            scheduler_kwargs={"dashboard_address": http_address(dash)})
+    return _started(lambda: LocalCluster(
+        n_workers=shape.workers, threads_per_worker=shape.threads, processes=True,
+        silence_logs=logging.ERROR, security=security, **binding(cfg),
+        dashboard_address=http_address(dash) if dash else None,
+        # without a dashboard the scheduler still serves /health and /metrics: on a free
+        # port of 127.0.0.1, not all interfaces
+        scheduler_kwargs={"dashboard_address": http_address(dash)}))
 
 
 def local_gpu_cluster(cfg: ClusterConfig, gpus: int, security: Security | None = None,
@@ -67,6 +129,5 @@ def local_gpu_cluster(cfg: ClusterConfig, gpus: int, security: Security | None =
     scheduler = {"cls": Scheduler, "options": {
         "dashboard": bool(cfg.dashboard_address), **listen,
         "dashboard_address": http_address(cfg.dashboard_address)}}
-    with allocator_env():
-        return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR,
-                           security=security)
+    return _started(lambda: SpecCluster(workers=workers, scheduler=scheduler,
+                                        silence_logs=logging.ERROR, security=security))

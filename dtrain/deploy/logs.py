@@ -6,7 +6,9 @@ itself; anything else still shows.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from distributed import Worker, WorkerPlugin
 from distributed.core import Status
@@ -14,8 +16,11 @@ from distributed.core import Status
 from dtrain.core.errors import REPORTED_BY_DRIVER
 from dtrain.deploy.p2p import Misplaced, PeerLost
 
-# and a window whose peers failed: the driver says it once, and runs the window again
-_QUIET = REPORTED_BY_DRIVER + tuple(f"{cls.__name__}(" for cls in (PeerLost, Misplaced))
+# and a window whose peers failed, or whose state was not kept where it ran (StateGone, of
+# dtrain.taskgraph.handoff, which this layer does not import): the driver says it once, and
+# runs the window again
+_QUIET = REPORTED_BY_DRIVER + tuple(f"{cls.__name__}(" for cls in (PeerLost, Misplaced)) + \
+    ("StateGone(",)
 
 
 class _ReportedByDriver(logging.Filter):
@@ -38,6 +43,27 @@ class QuietUserErrors(WorkerPlugin):
         log = logging.getLogger("distributed.worker")
         if not any(isinstance(f, _ReportedByDriver) for f in log.filters):
             log.addFilter(_ReportedByDriver())
+
+
+class _LostWithAWorker(logging.Filter):
+    """Drop a scheduler's error for values it could not gather because the worker holding
+    them was lost: the client computes them again, and the run says once, as one line, that
+    it runs the window again."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Couldn't gather keys")
+
+
+@contextlib.contextmanager
+def lost_gathers_quiet() -> Iterator[None]:
+    """While a run goes on: a scheduler in this process (a LocalCluster's) says nothing of
+    the values a lost worker took with it (:class:`_LostWithAWorker`)."""
+    log, quiet = logging.getLogger("distributed.scheduler"), _LostWithAWorker()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
 
 
 CLOSING_OP = "dtrain_closing"     # the head's word to every worker rank before it closes them

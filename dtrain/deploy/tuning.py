@@ -22,7 +22,7 @@ from distributed import Client, SchedulerPlugin, WorkerPlugin
 
 from dtrain.core import internals
 from dtrain.core.allocator import ALLOCATOR_ENV, keep_freed_memory
-from dtrain.core.broadcast import on_workers
+from dtrain.core.broadcast import on_workers, register
 
 
 INLINE = "dtrain-inline"     # the executor that runs a task in the worker's event loop
@@ -111,8 +111,8 @@ def low_latency(client: Client, seconds: float = 0.0) -> bool:
     """
     if not internals.set_batch_interval(internals.client_stream(client), seconds):
         return False
-    client.register_plugin(LowLatencyScheduler(seconds))
-    client.register_plugin(LowLatencyWorker(seconds))
+    register(client, LowLatencyScheduler(seconds))
+    register(client, LowLatencyWorker(seconds))
     return bool(client.run_on_scheduler(_tune_client_stream, client=client.id, seconds=seconds))
 
 

@@ -3,11 +3,19 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
-from distributed import Client, Future
+from distributed import Client, Future, SchedulerPlugin
 
 from dtrain.core import internals
 from dtrain.core.errors import UserError
+from dtrain.deploy.p2p import Broken
+
+
+class WorkerLeft(Broken):
+    """A worker that the awaited tasks were placed on left the cluster: the window runs
+    again from its start, on the workers there now (as when a peer of a window that spans
+    workers is lost)."""
 
 
 def wait_for_workers(client: Client, n: int, timeout: float, after: str | None = None) -> None:
@@ -25,19 +33,50 @@ def wait_for_workers(client: Client, n: int, timeout: float, after: str | None =
                         f"workers or lower the count{after or ''}") from None
 
 
+def present(client: Client, n: int, timeout: float, after: str | None = None,
+            left_out: frozenset[str] | set[str] = frozenset()) -> dict[str, dict]:
+    """``{address: info}`` of the workers there now (:func:`workers`, less ``left_out``:
+    workers that stopped answering), once at least ``n`` are: what a placement is made over.
+
+    The list counted is the list returned: a worker that leaves between a wait and a list
+    cannot leave a placement with none.  Too few is waited for, up to ``timeout`` seconds
+    (every worker gone mid-run is a fault like a worker lost at any other instant), then it
+    is a UserError in one line, as :func:`wait_for_workers` says it; too few because of
+    ``left_out`` says so at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = workers(client)
+        there = {a: i for a, i in listed.items() if a not in left_out}
+        if len(there) >= n:
+            return there
+        if len(listed) >= n:
+            raise UserError(f"the run needs {n} worker(s) that answer; {len(left_out)} "
+                            f"stopped answering mid-run (left out: "
+                            f"{', '.join(sorted(left_out))})")
+        if time.monotonic() >= deadline:
+            if after is not None and not listed:
+                raise _none_left(timeout, after)
+            raise UserError(f"needs {n} Dask worker(s), found {len(listed)} after {timeout:g} s; "
+                            f"start more workers or lower the count{after or ''}")
+        time.sleep(0.1)
+
+
 def _none_left(timeout: float, after: str) -> UserError:
     return UserError(f"every Dask worker left the cluster and none joined within {timeout:g} s "
                      f"(cluster.timeout){after}")
 
 
-def gather(client: Client, futures: list[Future], timeout: float, after: str = "") -> list:
+def gather(client: Client, futures: list[Future], timeout: float, after: str = "",
+           needs: frozenset[str] = frozenset()) -> list:
     """``client.gather(futures)``, except that a cluster left with no worker for ``timeout``
     seconds raises a UserError (``after`` ends its message) instead of waiting for ever:
     the scheduler keeps tasks that no worker can run until one comes, and none may.  That
     holds while the values are fetched too: if the last workers leave once the futures are
     done, their data is lost, and ``client.gather`` would wait for it to be made again.  So
     the gather runs in a thread of its own while this one watches the workers (if it gives
-    up, that thread ends once the caller releases the futures)."""
+    up, that thread ends once the caller releases the futures).  A worker of ``needs`` (where the tasks
+    were placed) that has left raises :class:`WorkerLeft`: distributed would run the lost
+    tasks again, and a window's tasks take a state that was kept on the lost worker."""
     got: dict[str, object] = {}
     fetched = threading.Event()
 
@@ -52,7 +91,11 @@ def gather(client: Client, futures: list[Future], timeout: float, after: str = "
     threading.Thread(target=fetch, name="dtrain-gather", daemon=True).start()
     alone: float | None = None                      # since when no worker has been there
     while not fetched.wait(min(timeout, 1.0)):
-        if internals.scheduler_workers(client):
+        there = internals.scheduler_workers(client)
+        gone = sorted(needs - there.keys())
+        if gone:
+            raise WorkerLeft(f"worker {', '.join(gone)} left")
+        if there:
             alone = None
         elif alone is None:
             alone = time.monotonic()
@@ -116,3 +159,25 @@ def forgotten(client: Client, names: list[str], timeout: float) -> None:
         client.submit(_nothing, pure=False).result(timeout=timeout)
     except TimeoutError:
         pass
+
+
+class StrandedTasks(SchedulerPlugin):
+    """When a worker joins or starts running, the tasks that may run on any worker but wait
+    as ``no-worker`` go to the workers (:func:`~dtrain.core.internals.schedule_stranded`):
+    a cluster's only worker, lost and started again by its nanny, would otherwise never get
+    the tasks that were pinned to the one lost (a run's data, its held-out splits)."""
+
+    name = "dtrain-stranded-tasks"
+
+    def __init__(self) -> None:
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        internals.schedule_stranded_soon(scheduler)
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        if self.scheduler is not None and internals.starts_running(msg):
+            internals.schedule_stranded_soon(self.scheduler)

@@ -47,6 +47,7 @@ from sklearn.utils.validation import check_is_fitted
 from dtrain.core.errors import ConfigError, Diverged, UserError
 from dtrain.data import partitions
 from dtrain.data.partitions import PartSpec
+from dtrain.deploy.signals import AT_ONCE, StopSignals
 from dtrain.estimators import cluster, fitted, inputs, settings
 from dtrain.estimators.inputs import TrainingData, is_dask
 from dtrain.training import collections
@@ -157,6 +158,15 @@ class _MLP(BaseEstimator):
 
     def _fit(self, X: Any, y: Any, *, incremental: bool, classes: Any = None,
              sample_weight: Any = None) -> _MLP:
+        """A fit: Ctrl-C, SIGTERM and SIGUSR1 raise :class:`dtrain.Stopped` (or, while
+        nothing is on the cluster yet, a Ctrl-C ``KeyboardInterrupt``), as in
+        :func:`dtrain.train`."""
+        with StopSignals(AT_ONCE) as signals:
+            return self._fit_here(X, y, signals, incremental=incremental, classes=classes,
+                                  sample_weight=sample_weight)
+
+    def _fit_here(self, X: Any, y: Any, signals: StopSignals, *, incremental: bool,
+                  classes: Any, sample_weight: Any) -> _MLP:
         settings.check_params(self)
         if incremental and self.early_stopping:
             raise ValueError("partial_fit does not support early_stopping=True")
@@ -169,6 +179,7 @@ class _MLP(BaseEstimator):
             raise ValueError(f"X has {data.features} features, but {type(self).__name__} is "
                              f"expecting {self.n_features_in_} features as input.")
         wanted = self._wanted_classes(data, classes, going_on, incremental)
+        signals.at_edges()          # the cluster, the data on it: a stop waits for the run
         client = cluster.client_for(self.client, data.dask)
         try:
             with client.as_current():         # dtrain's waits ask for the current client

@@ -81,13 +81,13 @@ class RunDir:
                             f"{f'{file} is a file' if file else exc.strerror}; pick another "
                             f"directory") from None
 
-    def discard_unused(self) -> None:
+    def discard_unused(self) -> bool:
         """After a failed start (no epoch recorded, no checkpoint): remove the folders this
         run made (only if empty, for its parents), or from a folder it found, the files it
         wrote (whoever made that folder may remove it: the command line's new run
-        directories)."""
+        directories).  True if it was unused (and so removed)."""
         if self.epochs() or (self.path / files.CHECKPOINT).exists():
-            return
+            return False
         if self.path in self.made:
             shutil.rmtree(self.path, ignore_errors=True)
             for parent in self.made[1:]:
@@ -98,6 +98,7 @@ class RunDir:
         else:
             for name in (files.CONFIG, files.MODEL):
                 (self.path / name).unlink(missing_ok=True)
+        return True
 
     def epochs(self) -> list[dict[str, Any]]:
         """The rows of ``metrics.jsonl`` written so far."""

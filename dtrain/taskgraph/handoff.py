@@ -22,6 +22,9 @@ between two windows nothing goes through the scheduler.
 If the worker that kept the state left, or the scheduler ran ``take``
 somewhere else, ``take`` raises :class:`StateGone` and the engine submits
 the window again with the literal it fetched: the same state, the same bytes.
+Each time it does, the run's windows are a new attempt (:class:`Handed`'s
+``attempt``, :func:`give_up`): a window of an older attempt that Dask runs
+again after a lost worker neither waits for a state nor keeps one.
 """
 from __future__ import annotations
 
@@ -51,11 +54,13 @@ class StateGone(Exception):
 class Handed:
     """A kept state's name: its run and the step it stands before; ``wait``: how long
     :func:`take` waits for it to be kept (a window launched while the one before it runs
-    may start first, on a worker of several threads)."""
+    may start first, on a worker of several threads); ``attempt``: the engine's attempt at
+    the run's windows that made the task (see :func:`give_up`)."""
 
     run: str
     step: int
     wait: float = 0.0
+    attempt: int = 0
 
 
 class _Kept:
@@ -64,10 +69,17 @@ class _Kept:
     def __init__(self) -> None:
         self.states: dict[str, tuple[int, TrainState]] = {}
         self.ended: set[str] = set()        # runs dropped: nobody waits for their states
+        self.attempts: dict[str, int] = {}  # runs' current attempts (older ones gave up)
         self.changed = threading.Condition()
+
+    def stale(self, handed: Handed) -> bool:
+        """Whether ``handed`` comes from an attempt the run's engine has given up."""
+        return handed.attempt < self.attempts.get(handed.run, 0)
 
     def put(self, handed: Handed, state: TrainState) -> None:
         with self.changed:
+            if self.stale(handed):          # a window Dask ran again: the run went on without
+                return
             self.states.pop(handed.run, None)
             while len(self.states) >= KEEP_RUNS:
                 self.states.pop(next(iter(self.states)))
@@ -80,7 +92,8 @@ class _Kept:
             while True:
                 step, state = self.states.get(handed.run, (None, None))
                 left = deadline - time.monotonic()
-                if step == handed.step or left <= 0 or handed.run in self.ended:
+                if step == handed.step or left <= 0 or handed.run in self.ended or \
+                        self.stale(handed):
                     break
                 self.changed.wait(left)
         if step != handed.step and handed.run in self.ended:   # a window launched ahead
@@ -96,6 +109,13 @@ class _Kept:
             if len(self.ended) >= 64:
                 self.ended.clear()
             self.ended.add(run)
+            self.changed.notify_all()
+
+    def give_up(self, run: str, attempt: int) -> None:
+        with self.changed:
+            if len(self.attempts) >= 64:
+                self.attempts.clear()
+            self.attempts[run] = max(attempt, self.attempts.get(run, 0))
             self.changed.notify_all()
 
     def drop(self, run: str) -> bool:
@@ -125,6 +145,15 @@ def end(run: str) -> bool:
     _kept.end(run)
     fuse.end(run)
     return drop(run)
+
+
+def give_up(run: str, attempt: int) -> None:
+    """The run's engine runs a window again from its literal start (``attempt`` from now
+    on): a take of an older attempt that waits here stops waiting (:class:`StateGone`), one
+    that comes later does not wait, and a keep of one keeps nothing.  Those are windows Dask
+    runs again after a lost worker, whose states were kept on that worker: without this they
+    would hold the new worker's threads for their whole wait."""
+    _kept.give_up(run, attempt)
 
 
 def drop(run: str) -> bool:
@@ -157,24 +186,26 @@ def start_node(win: Window) -> str | None:
 
 
 def rewrite(win: Window, run: str, start: int, stop: int, take_kept: bool,
-            made: Fresh | None = None, wait: float = 0.0) -> Window:
+            made: Fresh | None = None, wait: float = 0.0, attempt: int = 0) -> Window:
     """``win`` ending in ``kept-<stop>`` (see the module docstring) and, if ``take_kept``,
     starting from the state kept before step ``start`` instead of the literal (waiting up
     to ``wait`` seconds for it: a window launched while the one before it runs), or with
-    ``made``, from the seeded initial state computed where it starts.  A window this pass
-    does not fit (:func:`start_node` None) comes back unchanged.
+    ``made``, from the seeded initial state computed where it starts; both as ``attempt``
+    (:func:`give_up`).  A window this pass does not fit (:func:`start_node` None) comes
+    back unchanged.
     """
     first = start_node(win)
     if first is None:
         return win
     if take_kept:
-        win.dsk[first] = Task(first, take, Handed(run, start, wait))
+        win.dsk[first] = Task(first, take, Handed(run, start, wait, attempt))
     elif made is not None:
         win.dsk[first] = Task(first, fresh, made)
     (end,) = win.ends
     where = win.where[end][0]
-    win.ends = [win.add(Task(keys.make(keys.KEPT, stop, run=run), keep, Handed(run, stop),
-                             TaskRef(end)), where, win.nbytes.get(end, 0))]
+    win.ends = [win.add(Task(keys.make(keys.KEPT, stop, run=run), keep,
+                             Handed(run, stop, attempt=attempt), TaskRef(end)), where,
+                        win.nbytes.get(end, 0))]
     return win
 
 

@@ -110,8 +110,11 @@ def blocks(weights: Sequence[float], shards: int) -> list[int]:
     Blocks proportional to the weights, unless shards are too few to split
     that finely; then the fewest-time blocks (a worker too slow to help gets
     none: a GPU five times faster than a CPU takes all 4 shards, rather than
-    3 while the CPU takes 1 and makes everyone wait for it).
+    3 while the CPU takes 1 and makes everyone wait for it).  No worker is a caller's bug
+    (a ValueError saying so): the engine waits for workers before it places.
     """
+    if not len(weights):
+        raise ValueError(f"no worker to place {shards} shard(s) on")
     edges = np.cumsum(weights) / sum(weights)
     owner = [min(int(np.searchsorted(edges, (i + 0.5) / shards)), len(weights) - 1)
              for i in range(shards)]

@@ -86,6 +86,16 @@ def stop_here(stop: Stop, plan: Plan, step: int, checkpoints: Checkpoints) -> No
                       step if checkpoints.run_dir is not None else None, checkpoints.run_dir)
 
 
+def stop_before(stop: Stop, plan: Plan, start: Start, checkpoints: Checkpoints) -> None:
+    """Before the first window (while the cluster started, or the data loaded): raise
+    :class:`Stopped` if a stop was asked for; a resumed run's checkpoint is where it
+    stands."""
+    if stop.requested and start.step < len(plan.schedule):
+        kept = start.step if start.step and checkpoints.run_dir is not None else None
+        raise Stopped(stop.requested, start.step, len(plan.schedule), kept,
+                      checkpoints.run_dir)
+
+
 WINDOW_SECONDS = 1.0              # graph.window = 0: windows of about this long ...
 WINDOW_STEPS = (100, 1000)        # ... and this many steps (the first window: the fewest)
 UNTIMED = 4                       # a later window before any was timed: this many times the first

@@ -28,14 +28,14 @@ from distributed import Client, Future
 
 from dtrain.core import keys
 from dtrain.core.arrays import gpu_problem
-from dtrain.core.broadcast import on_workers
+from dtrain.core.broadcast import on_workers, register
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
 from dtrain.deploy import p2p, tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
-from dtrain.deploy.logs import QuietUserErrors
+from dtrain.deploy.logs import QuietUserErrors, lost_gathers_quiet
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import forgotten, gather, round_trip, wait_for_workers, workers
+from dtrain.deploy.workers import StrandedTasks, forgotten, gather, present, round_trip, workers
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
@@ -48,7 +48,7 @@ from dtrain.taskgraph.window import Window
 from dtrain.training.checkpoint import Checkpoint, Checkpoints
 from dtrain.training import heldout
 from dtrain.training.course import (Book, Outcome, Start, Stop, chosen, moved_line,
-                                    moved_summary, stop_here, windows)
+                                    moved_summary, stop_before, stop_here, windows)
 from dtrain.training.plan import Plan
 from dtrain.training.stopping import Watch, needed_states
 
@@ -144,10 +144,9 @@ class DaskEngine:
     def __init__(self, plan: Plan, client: Client):
         self.plan, self.client = plan, client
         self.run_id = plan.run
-        client.register_plugin(QuietUserErrors())
-        client.register_plugin(WorkersIgnoreInterrupts())
-        client.register_plugin(metrics.StepTimer())
-        client.register_plugin(metrics.TransferCounter())
+        for plugin in (QuietUserErrors(), WorkersIgnoreInterrupts(), metrics.StepTimer(),
+                       metrics.TransferCounter(), StrandedTasks()):
+            register(client, plugin)        # (a worker lost meanwhile: its successor's too)
         self.low_latency = plan.config.cluster.low_latency and tuning.low_latency(client)
         self.inline = False                         # see place
         self.inline_on: frozenset[str] = frozenset()    # ... for these workers
@@ -182,18 +181,18 @@ class DaskEngine:
         self.reruns: list[str] = []                 # windows run again, and why
         self.silent: set[str] = set()               # workers that stopped answering: left out
         self.step_seconds: float | None = None      # seconds per step so far
+        self.attempt = 0                            # windows run again so far (handoff)
 
     def _key(self, name: str, *parts: int | str) -> str:
         return keys.make(name, *parts, run=self.run_id)
 
-    def _workers(self) -> list[Worker]:
-        """The workers there now, as placement sees them: GPU or not, how fast, how many threads."""
+    def _workers(self, after: str | None = None) -> list[Worker]:
+        """The workers there now, as placement sees them: GPU or not, how fast, how many
+        threads; too few (none: every worker left) is waited for, up to ``cluster.timeout``
+        (:func:`~dtrain.deploy.workers.present`; ``after``: as for :meth:`place`)."""
         cfg = self.plan.config
-        info = {a: i for a, i in workers(self.client).items() if a not in self.silent}
-        if len(info) < self.plan.builder.min_workers:
-            raise UserError(f"the run needs {self.plan.builder.min_workers} worker(s) that "
-                            f"answer; {len(self.silent)} stopped answering mid-run (left out: "
-                            f"{', '.join(sorted(self.silent))})")
+        info = present(self.client, self.plan.builder.min_workers, cfg.cluster.timeout, after,
+                       self.silent)
         gpu = {a: cfg.cluster.device != "cpu" and is_gpu_worker(i) and self.plan.strategy.on_gpu
                for a, i in info.items()}
         if cfg.cluster.device == "gpu" and not any(gpu.values()):
@@ -244,21 +243,20 @@ class DaskEngine:
     def place(self, after: str | None = None) -> Placement:
         """Placement over the workers there now; (re)load data that must move (``after``,
         mid-run: what a run that cannot go on says of its checkpoint)."""
-        cfg, c, builder = self.plan.config, self.client, self.plan.builder
-        wait_for_workers(c, builder.min_workers, cfg.cluster.timeout, after)
-        present = self._workers()
-        names = frozenset(w.address for w in present)
+        c, builder = self.client, self.plan.builder
+        there = self._workers(after)
+        names = frozenset(w.address for w in there)
         if names != self.inline_on:                 # asked once per set of workers
             self.inline = self.low_latency and tuning.inline_executor(c)
             self.inline_on = names
         if self.held:
-            placement = self._place_partitions(present)
+            placement = self._place_partitions(there)
         else:
-            present = self._choose(present)
-            placement = builder.place(present)
+            there = self._choose(there)
+            placement = builder.place(there)
         self.placement = placement
         self.inline_kinds = inline_kinds(self.plan, placement,
-                                         max((w.threads for w in present), default=1))
+                                         max((w.threads for w in there), default=1))
         wanted = builder.data(placement)
         for j, item in enumerate(wanted):
             if j < len(self.items) and self.items[j][0] == item.worker:
@@ -334,8 +332,9 @@ class DaskEngine:
     def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
             stop: Stop = Stop(), watch: Watch | None = None) -> Outcome:
         try:
-            return self._run(start, recorder, checkpoints, stop,
-                             watch or Watch(self.plan.config.train))
+            with lost_gathers_quiet():
+                return self._run(start, recorder, checkpoints, stop,
+                                 watch or Watch(self.plan.config.train))
         except BaseException:
             self._forget_kept()
             # a failed run leaves nothing behind on the workers: drop what it holds now, not
@@ -349,7 +348,7 @@ class DaskEngine:
              stop: Stop, watch: Watch) -> Outcome:
         p = self.plan
         t0 = time.perf_counter()
-        placement, held = self._begin(start, recorder)
+        placement, held = self._begin(start, recorder, stop, checkpoints)
         val, test = held.val, held.test
         book = Book(self.plan, recorder, watch, start.step, list(recorder.metrics))
         state, done = start.state, None
@@ -394,6 +393,7 @@ class DaskEngine:
                 break
             cur, placement, values, ahead = got
             win = cur.win
+            del got, cur                # its futures: a worker lost now would compute them again
             if win.meta:                            # a fused window: its evaluations with it
                 ran = values.pop()
                 before, last_end = last_end, fuse.ended(ran, time.perf_counter(), last_end)
@@ -425,7 +425,7 @@ class DaskEngine:
         if test is not None:
             on_root = kept == placement.root and final is state and done is not None
             result = heldout.evaluate_test(self.client, p, self.run_id, final, test, placement,
-                                           done.step if on_root else None)
+                                           done.step if on_root else None, self.attempt)
         self._forget_kept()
         moved = metrics.transfers(self.client, self.run_id)
         compute = _add_fused(metrics.task_times(self.client, self.run_id) or {},
@@ -449,15 +449,18 @@ class DaskEngine:
                         "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice,
                         "epoch_states_fetched": book.states})
 
-    def _begin(self, start: Start, recorder: Recorder) -> tuple[Placement, heldout.Loaded]:
+    def _begin(self, start: Start, recorder: Recorder, stop: Stop,
+               checkpoints: Checkpoints) -> tuple[Placement, heldout.Loaded]:
         """What every run on the cluster starts with: the data placed and loaded (what
-        moved, said), the held-out splits loaded beside it."""
+        moved, said), the held-out splits loaded beside it; a stop asked for meanwhile
+        stops it there (:func:`~dtrain.training.course.stop_before`)."""
         self.fresh = start.fresh
         placement = self.place()
         if self.moved:
             recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
         held = heldout.load(self.client, self.plan, placement, self.data, self._key)
         self.parts, self.normalization = held.futures, held.normalization
+        stop_before(stop, self.plan, start, checkpoints)
         return placement, held
 
     def _forget_kept(self) -> None:
@@ -533,11 +536,13 @@ class DaskEngine:
                     launched()
                 book.pending = list(zip(cur.win.evals, cur.evals))
                 values = gather(self.client, cur.ends + cur.meta, p.config.cluster.timeout,
-                                _lost_note(recorder))
+                                _lost_note(recorder), frozenset(placement.workers))
                 return cur, placement, values, nxt
             except (StateGone, p2p.Broken) as exc:
                 error = self._cause(exc, cur)
                 self._cancel(cur, nxt)
+                self.attempt += 1           # what Dask runs again of those gives up at once
+                on_workers(self.client, handoff.give_up, self.run_id, self.attempt)
             if isinstance(error, p2p.Broken):
                 note = f"steps {window.start}-{window.stop - 1}: {error}"
                 if isinstance(error, p2p.PeerLost) and error.silent:   # listed, yet silent
@@ -624,7 +629,8 @@ class DaskEngine:
         made = handoff.Fresh(p.net, p.opt, p.config.model.seed) \
             if self.fresh and window.start == 0 and p.init is None else None   # a fresh run's
         win = handoff.rewrite(win, self.run_id, window.start, window.stop, take, made,
-                              self._peer_wait() if follows is not None else 0.0)
+                              self._peer_wait() if follows is not None else 0.0,
+                              self.attempt)
         self.literal_bytes += handoff.literal_size(win)
         if p.config.graph.fuse_steps:               # a task per worker and window
             if fuse.one_worker(win) is not None:

@@ -54,7 +54,7 @@ class FullBatchEngine(DaskEngine):
              stop: Stop, watch: Watch) -> Outcome:
         p, cfg = self.plan, self.plan.config
         t0 = time.perf_counter()
-        placement, held = self._begin(start, recorder)
+        placement, held = self._begin(start, recorder, stop, checkpoints)
         began = time.perf_counter()
         one = cfg.graph.fuse_steps and len(set(placement.leaves)) == 1
         found = self._on_worker(start.state, placement) if one \

@@ -110,12 +110,14 @@ def located(parts: Any, root: str) -> dict[Any, str]:
 
 
 def evaluate_test(client: Client, plan: Plan, run: str, state: TrainState, test: Any,
-                  placement: Placement, kept: int | None = None) -> dict[str, float]:
+                  placement: Placement, kept: int | None = None,
+                  attempt: int = 0) -> dict[str, float]:
     """The test split's evaluation of ``state`` (in parts where they are, if split);
-    ``kept``: ``state`` is the one the root worker keeps from before that step, so the
-    graph takes it there rather than carrying it (a worker gone since: sent after all)."""
+    ``kept``: ``state`` is the one the root worker keeps from before that step (by the
+    engine's ``attempt``), so the graph takes it there rather than carrying it (a worker
+    gone since: sent after all)."""
     name = keys.make(keys.STATE, len(plan.schedule), run=run)
-    for node in ([Task(name, handoff.take, handoff.Handed(run, kept))]
+    for node in ([Task(name, handoff.take, handoff.Handed(run, kept, attempt=attempt))]
                  if kept is not None else []) + [DataNode(name, state)]:
         win = Window()
         start = win.add(node, placement.root)

@@ -26,7 +26,7 @@ from dtrain.core.modelfile import ModelSpec
 from dtrain.core.version import __version__
 from dtrain.deploy import mainguard, plugins
 from dtrain.deploy.connect import connect, running_scheduler
-from dtrain.deploy.signals import StopSignals
+from dtrain.deploy.signals import AT_EDGE, AT_ONCE, StopSignals
 from dtrain.maths.optim import TrainState
 from dtrain.observe.console import Echo
 from dtrain.observe.metrics import peak_rss_mb
@@ -36,7 +36,7 @@ from dtrain.taskgraph import strategies
 from dtrain.training import checkpoint, collections
 from dtrain.training.checkpoint import Checkpoints
 from dtrain.training.collections import Collection
-from dtrain.training.course import Outcome, Start
+from dtrain.training.course import Outcome, Start, stop_before
 from dtrain.training.engines import DaskEngine
 from dtrain.training.fullbatch import FullBatchEngine
 from dtrain.training.plan import Plan, part_spec, partitioned, plan, plan_on
@@ -101,16 +101,23 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
     Diverged
         When the training loss becomes NaN or infinite, or a step's mean loss per sample
         exceeds ``train.max_loss``.
+    Stopped
+        When Ctrl-C, SIGTERM or SIGUSR1 stopped the run (in the main thread): at its next
+        window edge, after saving a checkpoint, or, before the run made anything (while
+        it plans), at once, as a Ctrl-C there raises ``KeyboardInterrupt``.  One that comes
+        after the last step is said in one line and the run finishes.
     """
     mainguard.stop_if_bootstrapping()
     if partitioned(config.data):
         return train_on(config, lambda c: collections.from_files(c, config.data), client=client,
                         out=out, echo=echo)
-    the_plan = plan(config)
-    recorder = Recorder(config, out, echo)
-    with _discarded_if_unused(recorder):
-        return _run(the_plan, recorder, Start(the_plan.initial_state(), fresh=True), client,
-                    Watch.of(config))
+    with StopSignals(AT_ONCE) as signals:
+        the_plan = plan(config)
+        signals.at_edges()                  # the run makes its directory, its cluster
+        recorder = Recorder(config, out, echo)
+        with _discarded_if_unused(recorder):
+            return _run(the_plan, recorder, Start(the_plan.initial_state(), fresh=True),
+                        client, Watch.of(config), signals)
 
 
 def train_on(config: Config, data: Callable[[Client], Collection], *,
@@ -127,24 +134,29 @@ def train_on(config: Config, data: Callable[[Client], Collection], *,
     seeded initialization; ``on_epoch``: called with each epoch row as it is recorded.
     """
     mainguard.stop_if_bootstrapping()
-    with _planned(config, client, data) as (the_plan, c):
+    with StopSignals(AT_EDGE) as signals, _planned(config, client, signals, data) as \
+            (the_plan, c):
         start = Start(initial, fresh=False) if initial is not None \
             else Start(the_plan.initial_state(), fresh=True)
         recorder = Recorder(config, out, echo, on_epoch=on_epoch)
         with _discarded_if_unused(recorder):
-            return _run(the_plan, recorder, start, c, Watch.of(config, initial))
+            return _run(the_plan, recorder, start, c, Watch.of(config, initial), signals)
 
 
 @contextlib.contextmanager
-def _planned(config: Config, client: Client | None,
+def _planned(config: Config, client: Client | None, signals: StopSignals,
              data: Callable[[Client], Collection] | None = None
              ) -> Iterator[tuple[Plan, Client | None]]:
     """The plan of a run, and the client it runs on: data read on the workers needs the
-    cluster before it can be planned (its sizes and statistics come from there)."""
+    cluster before it can be planned (its sizes and statistics come from there).  From the
+    moment the run makes anything on, a stop signal is acted on at a window edge."""
     if data is None and not partitioned(config.data):
-        yield plan(config), client
+        the_plan = plan(config)
+        signals.at_edges()
+        yield the_plan, client
         return
     data = data or (lambda c: collections.from_files(c, config.data))
+    signals.at_edges()
     with _cluster(config, client) as c:
         coll = data(c)
         if coll.stats is None:          # (an estimator describes its data before its config)
@@ -198,12 +210,13 @@ def check_resume(run_dir: str | Path, config: Config | None = None) -> Resumptio
 def resume_checked(point: Resumption, *, client: Client | None = None,
                    echo: Echo | None = print) -> RunResult:
     """:func:`resume` from a :func:`check_resume` result."""
-    with _planned(point.config, client) as (the_plan, c):
-        return _resume(point, the_plan, c, echo)
+    with StopSignals(AT_ONCE) as signals, _planned(point.config, client, signals) as \
+            (the_plan, c):
+        return _resume(point, the_plan, c, echo, signals)
 
 
 def _resume(point: Resumption, the_plan: Plan, client: Client | None,
-            echo: Echo | None) -> RunResult:
+            echo: Echo | None, signals: StopSignals) -> RunResult:
     ckpt = point.checkpoint
     start = Start(ckpt.state, ckpt.step, ckpt.epochs_done) if ckpt is not None \
         else Start(the_plan.initial_state(), fresh=True)
@@ -223,11 +236,15 @@ def _resume(point: Resumption, the_plan: Plan, client: Client | None,
                      f"{len(the_plan.schedule)} (epoch {start.epochs_done + 1})")
     watch = Watch.of(point.config)
     watch.replay(recorder.metrics, ckpt.best if ckpt is not None else None)
-    return _run(the_plan, recorder, start, client, watch)
+    return _run(the_plan, recorder, start, client, watch, signals)
 
 
 def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None,
-         watch: Watch) -> RunResult:
+         watch: Watch, signals: StopSignals) -> RunResult:
+    """Run the plan from ``start`` and write what it made.  A stop signal that came while
+    the run started stops it before its cluster does; one that comes once the engine is
+    done (its last step trained) changes nothing: the run finishes its files and says so in
+    one line."""
     with recorder:
         recorder.start(the_plan.run, the_plan.schedule.steps_per_epoch, the_plan.train_samples)
         if the_plan.info.dropped:
@@ -235,8 +252,10 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
                          f"value left out (data.missing = 'drop')")
         keep = Checkpoints(recorder.path, the_plan.config, recorder.checkpointed)
         try:
-            with StopSignals() as signals, _engine(the_plan, client, recorder) as engine:
+            stop_before(signals, the_plan, start, keep)
+            with _engine(the_plan, client, recorder) as engine:
                 outcome = engine.run(start, recorder, keep, signals, watch)
+                signals.settle()            # trained: what comes now finishes its files
         except Diverged as exc:
             exc.note = recorder.checkpoint_note()
             raise
@@ -248,6 +267,8 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
         summary = _summary(the_plan, outcome, watch, recorder.phases)
         spec = model_spec(the_plan, outcome, watch)
         recorder.finish(params, summary, spec, keep_checkpoint=watch.stopped is None)
+        if signals.requested:
+            recorder.say(f"{signals.requested} came too late to stop the run: it finished")
     return RunResult(outcome.metrics, summary, params, recorder.path, spec, outcome.last)
 
 
@@ -255,12 +276,21 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
 def _discarded_if_unused(recorder: Recorder) -> Iterator[None]:
     """A new run that bad input (or a loss that explodes at once) stops before its first
     epoch or checkpoint leaves no run directory behind; one that recorded anything keeps
-    it.  A run stopped by a signal keeps it (resumable), and so does a bug (to look at)."""
+    it.  A run stopped by a signal keeps it (resumable), and so does a bug (to look at); one
+    stopped before it recorded anything leaves none either, and is a stop before training
+    (run it again)."""
     try:
         yield
     except (UserError, Diverged):
         if recorder.run_dir is not None:
             recorder.run_dir.discard_unused()
+        raise
+    except Stopped as exc:
+        unused = not recorder.metrics and recorder.saved is None
+        if unused and recorder.run_dir is not None:
+            unused = recorder.run_dir.discard_unused()
+        if unused:
+            raise Stopped.before_training(exc.signal) from None
         raise
 
 

@@ -1,0 +1,550 @@
+"""Faults at every instant of a run's life, for real: a sweep from the first instant of the
+process to its exit, in steps that land in every phase (imports, the cluster's start, the
+data's loading, the first window, window edges and checkpoints, the final evaluation, the
+files, the teardown), of each fault a batch system or a user deals a run: Ctrl-C to the
+process group, SIGTERM and SIGUSR1 to the driver, SIGKILL to a worker, SIGKILL to the
+driver followed by ``--resume``.
+
+At every instant: no traceback, nothing on stderr but the documented lines, and an exit
+code that says the run's state: 0 with every file complete (a late signal changes nothing),
+or 75/130 with the checkpoint kept and how to go on, and ``--resume`` ends with the bytes of
+the run never disturbed (or, stopped before it made anything, no run directory at all);
+never a directory that looks finished and is not; nothing left running.  The same on
+``dtrain.train()`` and an estimator's ``fit`` in a user's script (``sweep_child.py``, one
+process, call after call): they return, or raise ``dtrain.Stopped`` (a Ctrl-C before
+anything was made: ``KeyboardInterrupt``), a stopped run resumes to the same bytes, no
+signal reaches the script's own handlers while dtrain's call runs, and no process, thread or
+socket is left behind.
+
+The instants are drawn by a seeded RNG over the measured life of an undisturbed run, a
+fixed number in each of its phases, one in each equal slice (the training itself is a tenth
+of the life: it gets its share by count, not by length), each phase dealt every fault that
+can land in it; an instant is a time after its phase's first mark, in each life as in the
+undisturbed one, so that a machine's load moves it with its phase.  The figures print at
+the end (``-s``, or in the terminal's summary).  ``DTRAIN_SWEEP_KINDS=cli,train,fit`` and
+``DTRAIN_SWEEP_ONLY=3,17`` run a part again; ``DTRAIN_SWEEP_VERBOSE=1`` says each instant.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO
+
+SEED = 38
+# iris, 12 epochs of 7 steps in windows of 7: a window edge and a checkpoint each epoch
+SETTINGS = ["train.epochs=12", "graph.window=7"]
+ARGS = [arg for s in SETTINGS for arg in ("--set", s)] + ["--dashboard-address", ""]
+CHILD = Path(__file__).with_name("sweep_child.py")
+INT, TERM, USR1, KILL_WORKER, KILL_DRIVER = ("SIGINT to the group", "SIGTERM", "SIGUSR1",
+                                             "SIGKILL a worker", "SIGKILL the driver")
+SIGNALLED = {INT: signal.SIGINT, TERM: signal.SIGTERM, USR1: signal.SIGUSR1}
+CODES = {INT: 130, TERM: 75, USR1: 75}
+BEFORE = {INT: "interrupted", TERM: "stopped by SIGTERM", USR1: "stopped by SIGUSR1"}
+LIMIT = 120                 # seconds a run, or a resume, may take before it is a failure
+LAST_EPOCH = ("epoch 12/12", "Iteration 12,")       # the last epoch's line: a run's, a fit's
+
+# The phases of a life, between the marks of an undisturbed one: (name, first mark, last
+# mark, instants, the faults that can land there).  A command line's marks are seconds
+# since its start; a script's, since its call.
+ALL = (INT, TERM, USR1, KILL_WORKER, KILL_DRIVER)
+CLI_PHASES = (("imports, planning", "start", "worker", 6, (INT, TERM, USR1, KILL_DRIVER)),
+              ("the cluster's start, loading, the first window", "worker", "first", 6, ALL),
+              ("windows, checkpoints", "first", "last", 6, ALL),
+              ("evaluation, teardown, files", "last", "done", 5, ALL),
+              ("summary, exit", "done", "exit", 5, (INT, TERM, USR1, KILL_DRIVER)))
+PY = (INT, TERM, USR1, KILL_WORKER)
+TRAIN_PHASES = (("planning, the cluster's start", "call", "worker", 2, PY),
+                ("the cluster's start, loading, the first window", "worker", "first", 2, PY),
+                ("windows, checkpoints", "first", "last", 2, PY),
+                ("evaluation, teardown, files", "last", "back", 2, PY))
+# an estimator's epochs come back with its last window: its training is the second phase
+FIT_PHASES = (("checks, the embedded cluster's start", "call", "worker", 2, PY),
+              ("the cluster's start, the data, its statistics, training", "worker", "first",
+               3, PY),
+              ("the fitted model", "first", "back", 1, PY))
+
+
+@dataclass
+class Life:
+    """An undisturbed life: what it trained (a digest) and when its marks came."""
+
+    trained: str
+    marks: dict[str, float]
+
+
+@dataclass
+class Tried:
+    """One instant: the fault, when (seconds after the mark ``anchor``), in which phase, what
+    came of it, and what was wrong."""
+
+    fault: str
+    at: float
+    anchor: str
+    phase: str
+    state: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
+                                                        os.environ.get("PYTHONPATH")]))}
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _popen(command: list[str], stdin: bool = False) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.PIPE if stdin else None,
+                            text=True, start_new_session=True)
+
+
+def _group_left(pgid: int, grace: float = 10.0) -> list[str]:
+    """The processes of a process group still alive ``grace`` seconds on (killed then, so
+    that one failure does not spoil the instants after it)."""
+    def alive() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+            except (psutil.Error, ProcessLookupError):
+                continue
+        return found
+    deadline = time.monotonic() + grace
+    while (left := alive()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    names = []
+    for proc in left:
+        try:
+            names.append("left running: " + " ".join(proc.cmdline())[:80])
+            proc.kill()
+        except psutil.Error:
+            pass
+    return names
+
+
+def _workers(pid: int) -> list[int]:
+    """The Dask worker processes under ``pid`` (spawned by multiprocessing)."""
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)
+                if "spawn_main" in " ".join(c.cmdline())]
+    except psutil.Error:
+        return []
+
+
+def _tracebacks(err: str) -> list[str]:
+    """A traceback on stderr, as where it began and how it ended."""
+    lines = err.strip().splitlines()
+    begun = [i for i, line in enumerate(lines)
+             if "Traceback" in line or "Exception ignored" in line]
+    return [f"a traceback on stderr: {lines[begun[0]][:80]} ... {lines[-1][:200]}"] \
+        if begun else []
+
+
+# --- lives ---------------------------------------------------------------------------------
+
+class Watch:
+    """Reads a process's lines as they come, noting when each mark of its life came
+    (seconds since ``began``), and deals a fault at its instant from a thread of its own."""
+
+    def __init__(self, proc: subprocess.Popen, began: float, first: str = "start"):
+        self.proc, self.began = proc, began
+        self.marks: dict[str, float] = {}
+        self.events = {name: threading.Event() for name in
+                       ("start", "call", "worker", "first", "last", "done", "back")}
+        if first == "start":
+            self._mark("start")
+
+    def _mark(self, name: str) -> None:
+        if name not in self.marks:
+            self.marks[name] = time.monotonic() - self.began
+            self.events[name].set()
+
+    def read(self, until_back: bool = False) -> list[str]:
+        """Its lines, to ``MARK back`` (a script's call) or to the end."""
+        lines = []
+        for line in self.proc.stdout:
+            lines.append(line)
+            if line.startswith(("epoch", "Iteration")):
+                self._mark("first")
+                if line.startswith(LAST_EPOCH):
+                    self._mark("last")
+            elif line.startswith("done:"):
+                self._mark("done")
+            elif line.startswith("MARK call"):
+                self._mark("call")
+            elif line.startswith("MARK back"):
+                self._mark("back")
+                if until_back:
+                    return lines
+        self._mark("back")
+        return lines
+
+    def ended(self) -> bool:
+        return self.events["back"].is_set() or self.proc.poll() is not None
+
+    def watch_workers(self) -> None:
+        """Note when the first worker process appears (the cluster is starting)."""
+        while not self.ended():
+            if _workers(self.proc.pid):
+                self._mark("worker")
+                return
+            time.sleep(0.01)
+
+    def deal(self, tried: Tried) -> None:
+        """Deal the fault ``tried.at`` seconds after its phase's first mark came, if the
+        process (or the script's call) still goes on then."""
+        while not self.events[tried.anchor].wait(0.005):
+            if self.ended():
+                tried.state = "after the end"
+                return
+        left = tried.at - (time.monotonic() - self.began - self.marks[tried.anchor])
+        if self.events["back"].wait(max(0.0, left)) or self.proc.poll() is not None:
+            tried.state = "after the end"
+            return
+        try:
+            if tried.fault == INT:
+                os.killpg(self.proc.pid, signal.SIGINT)
+            elif tried.fault in SIGNALLED:
+                self.proc.send_signal(SIGNALLED[tried.fault])
+            elif tried.fault == KILL_DRIVER:
+                self.proc.kill()
+            else:                   # none yet: the first as soon as there is one
+                while not (victims := _workers(self.proc.pid)) and not self.ended():
+                    time.sleep(0.005)
+                if not victims:
+                    tried.state = "no worker before the end"
+                    return
+                os.kill(victims[0], signal.SIGKILL)
+        except ProcessLookupError:
+            tried.state = "after the end"
+
+    def watched(self, tried: Tried | None, until_back: bool = False) -> list[str]:
+        """:meth:`read`, meanwhile noting the first worker and dealing ``tried``."""
+        helpers = [threading.Thread(target=self.watch_workers)]
+        helpers += [threading.Thread(target=self.deal, args=(tried,))] if tried else []
+        for helper in helpers:
+            helper.start()
+        lines = self.read(until_back)
+        for helper in helpers:
+            helper.join()
+        return lines
+
+
+def _instants(life: Life, phases: tuple, rng: random.Random, prefix: str = "") -> list[Tried]:
+    """Each phase's instants, one drawn in each equal slice of it (as seconds after its
+    first mark), its faults dealt round in a shuffled order."""
+    out = []
+    for name, a, b, n, faults in phases:
+        span = life.marks[b] - life.marks[a]
+        dealt = rng.sample(faults, len(faults))
+        for i in range(n):
+            out.append(Tried(dealt[i % len(dealt)], round(span * (i + rng.random()) / n, 3),
+                             a, prefix + name))
+    return out
+
+
+# --- the command line -------------------------------------------------------------------
+
+def _cli(args: list[str], tried: Tried | None = None) -> tuple[Watch, str, str, list[str]]:
+    """``python -m dtrain ARGS`` to its end, ``tried`` dealt: its watch, stdout, stderr, and
+    what was wrong (hung, left running)."""
+    began = time.monotonic()
+    watch = Watch(_popen([sys.executable, "-m", "dtrain", *args]), began)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(watch.proc.stderr))
+    reader.start()
+    hung = threading.Timer(LIMIT, os.killpg, (watch.proc.pid, signal.SIGKILL))
+    hung.start()
+    got = "".join(watch.watched(tried))
+    watch.proc.wait()
+    hung.cancel()
+    reader.join()
+    wrong = [f"still running after {LIMIT} s"] if time.monotonic() - began >= LIMIT else []
+    return watch, got, "".join(err), wrong + _group_left(watch.proc.pid)
+
+
+def _measure_cli(out: Path) -> Life:
+    watch, _, err, wrong = _cli(["--out", str(out), *ARGS])
+    assert watch.proc.returncode == 0 and not err and not wrong, (err, wrong)
+    watch.marks["exit"] = time.monotonic() - watch.began
+    return Life(_sha(out / "params.npz"), watch.marks)
+
+
+def _complete(out: Path, life: Life) -> list[str]:
+    """What is wrong with a run directory whose summary says it finished."""
+    wrong = [f"finished without {name}" for name in
+             ("params.npz", "model.json", "report.html", "metrics.jsonl", "config.toml")
+             if not (out / name).is_file()]
+    if not wrong and _sha(out / "params.npz") != life.trained:
+        wrong.append("finished with other bytes than the undisturbed run's")
+    if not wrong:
+        rows = (out / "metrics.jsonl").read_text().splitlines()
+        if [json.loads(r)["epoch"] for r in rows] != list(range(1, 13)):
+            wrong.append(f"finished with {len(rows)} epoch rows")
+    return wrong
+
+
+def _resumed(out: Path, life: Life) -> list[str]:
+    """``--resume``, as the hint says: exit 0, nothing on stderr, the undisturbed bytes."""
+    watch, _, err, wrong = _cli(["--resume", str(out)])
+    wrong += _tracebacks(err)
+    if watch.proc.returncode != 0:
+        return wrong + [f"--resume exited {watch.proc.returncode}: {err.strip()[-200:]}"]
+    if err.strip():
+        wrong.append(f"--resume said on stderr: {err.strip()[:200]}")
+    return wrong + _complete(out, life)
+
+
+def _judge_cli(tried: Tried, out: Path, life: Life, code: int, got: str, err: str) -> None:
+    bad, lines = tried.problems, err.strip().splitlines()
+    finished = (out / "summary.json").exists()
+    if tried.fault == KILL_DRIVER and code == -signal.SIGKILL:
+        if finished:
+            tried.state = "killed when finished"
+            bad += _complete(out, life)
+        elif (out / "config.toml").exists():
+            tried.state = "killed, resumed"
+            bad += _resumed(out, life)
+        else:
+            tried.state = "killed before it made anything"
+        return
+    if code == 0:
+        late = "came too late to stop the run" in got
+        tried.state = tried.state or ("finished, said the signal came late" if late
+                                      else "finished")
+        if err.strip():
+            bad.append(f"exit 0 and stderr: {err.strip()[:200]}")
+        bad += _complete(out, life) if finished else ["exit 0 without summary.json"]
+        return
+    if tried.fault not in SIGNALLED or code != CODES[tried.fault]:
+        bad.append(f"exit {code} after {tried.fault}: {err.strip()[-300:]}")
+        return
+    if finished:
+        bad.append(f"exit {code} and yet summary.json: a finished run said it stopped")
+    if lines == [f"dtrain: {BEFORE[tried.fault]}"]:
+        tried.state = "stopped before it made anything"
+        if (out / "config.toml").exists():
+            bad.append(f"'{lines[0]}' and yet a run directory was left in {out}")
+        return
+    name = SIGNALLED[tried.fault].name
+    if len(lines) != 2 or lines[1] != f"dtrain: resume with: python -m dtrain --resume {out}" \
+            or not lines[0].startswith(f"dtrain: stopped by {name} after step "):
+        bad.append(f"exit {code} said {lines}")
+        return
+    tried.state = "stopped, resumed"
+    bad += _resumed(out, life)
+
+
+def _try_cli(tried: Tried, out: Path, life: Life) -> None:
+    watch, got, err, wrong = _cli(["--out", str(out), *ARGS], tried)
+    tried.problems += _tracebacks(err) + wrong
+    _judge_cli(tried, out, life, watch.proc.returncode, got, err)
+
+
+# --- a user's script ----------------------------------------------------------------------
+
+class Script:
+    """A user's script (``sweep_child.py``) in one Python process, call after call: each call
+    must leave the process as it found it.  A process that died or hung is started again."""
+
+    def __init__(self, mode: str):
+        self.mode, self.err = mode, []
+        self.proc: subprocess.Popen | None = None
+
+    def _start(self) -> None:
+        self.proc = _popen([sys.executable, str(CHILD), self.mode], stdin=True)
+        self.err = []
+        proc = self.proc
+        threading.Thread(target=lambda: self.err.extend(proc.stderr), daemon=True).start()
+        for line in proc.stdout:
+            if line.startswith("MARK ready"):
+                return
+
+    def call(self, out: Path, tried: Tried | None = None) -> tuple[Watch, dict | None, str]:
+        """One call into ``out``, ``tried``'s fault dealt at its instant: what the watch saw,
+        the result, and the stderr meanwhile."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        seen = len(self.err)
+        watch = Watch(self.proc, time.monotonic(), first="call")
+        hung = threading.Timer(LIMIT, os.killpg, (self.proc.pid, signal.SIGKILL))
+        hung.start()
+        try:
+            self.proc.stdin.write(f"go {out}\n")
+            self.proc.stdin.flush()
+            watch.watched(tried, until_back=True)
+            self.proc.stdin.write("on\n")
+            self.proc.stdin.flush()
+            result = next((json.loads(line[7:]) for line in self.proc.stdout
+                           if line.startswith("RESULT ")), None)
+        except OSError:                     # its stdin closed: it died
+            result = None
+        finally:
+            hung.cancel()
+        time.sleep(0.05)                    # (the stderr reader's last lines)
+        return watch, result, "".join(self.err[seen:])
+
+    def close(self) -> list[str]:
+        """End the process; what was wrong as it ended."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(LIMIT)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return [f"the script did not end within {LIMIT} s"]
+        return _tracebacks("".join(self.err)) + _group_left(self.proc.pid)
+
+
+def _measure_script(script: Script, out: Path) -> Life:
+    """A first call (a process's first imports what dtrain imports as it is used), then a
+    second, undisturbed, whose marks are the life's (seconds since the call)."""
+    for n in (1, 2):
+        watch, result, err = script.call(out / str(n))
+        assert result and result["ended"]["how"] == "returned" and not _tracebacks(err), err
+    call = watch.marks["call"]
+    return Life(result["trained"], {k: v - call for k, v in watch.marks.items()})
+
+
+def _try_script(tried: Tried, script: Script, out: Path, life: Life) -> None:
+    _, result, err = script.call(out, tried)
+    bad = tried.problems
+    bad += _tracebacks(err)
+    if result is None:
+        bad.append(f"the script died or hung: {err.strip()[-300:]}")
+        script.close()
+        return
+    ended = result["ended"]
+    bad += [f"left behind: {kind}: {what}" for kind, what in result["left"].items() if what]
+    if result["during"]:
+        bad.append(f"{result['during']} reached the script's handler during dtrain's call")
+    if ended["how"] == "returned":
+        tried.state = tried.state or "returned"
+        if result["trained"] != life.trained:
+            bad.append("returned with other bytes than the undisturbed run's")
+        return
+    if tried.fault not in SIGNALLED:
+        bad.append(f"{tried.fault}: {ended}")
+        return
+    if ended["how"] == "KeyboardInterrupt":
+        tried.state = "KeyboardInterrupt before it made anything"
+        if tried.fault != INT:
+            bad.append(f"KeyboardInterrupt after {tried.fault}")
+        if (out / "config.toml").exists():
+            bad.append("KeyboardInterrupt, and yet a run directory was left")
+        return
+    if ended["code"] != CODES[tried.fault] or ended["signal"] != SIGNALLED[tried.fault].name:
+        bad.append(f"{tried.fault} raised {ended}")
+    elif ended["lines"] == [BEFORE[tried.fault]]:
+        tried.state = "Stopped before it made anything"
+        if (out / "config.toml").exists():
+            bad.append("Stopped before it made anything, and yet a run directory was left")
+    elif script.mode == "fit":
+        tried.state = "Stopped"                 # an estimator's run keeps no files
+    elif result["resumed"] != life.trained:
+        bad.append(f"Stopped ({ended['lines']}), resumed to other bytes")
+    else:
+        tried.state = "Stopped, resumed"
+
+
+# --- the sweep -----------------------------------------------------------------------------
+
+def _figures(name: str, tried: list[Tried], seconds: float) -> str:
+    passed = sum(not t.problems for t in tried)
+    states: dict[str, int] = {}
+    for t in tried:
+        states[t.state] = states.get(t.state, 0) + 1
+    said = ", ".join(f"{n} {s}" for s, n in sorted(states.items(), key=lambda x: -x[1]))
+    return (f"[sweep] {name}: {len(tried)} instants x faults, {passed} passed ({said}); "
+            f"{seconds:.0f} s")
+
+
+def _chosen(tried: list[Tried]) -> list[tuple[int, Tried]]:
+    """All of them, or those ``DTRAIN_SWEEP_ONLY`` lists (``3,17``: to look at one again)."""
+    only = os.environ.get("DTRAIN_SWEEP_ONLY")
+    return [(i, t) for i, t in enumerate(tried) if not only or str(i) in only.split(",")]
+
+
+def _sweep(kind: str, name: str, phases: tuple, tmp_path: Path, script: Script | None,
+           say: list[str], wrong: list[str], verbose: bool) -> None:
+    """One kind's sweep: its undisturbed life measured, then each instant tried."""
+    began = time.monotonic()
+    life = _measure_cli(tmp_path / kind) if script is None else \
+        _measure_script(script, tmp_path / kind)
+    tried = _instants(life, phases, random.Random(f"{SEED}-{kind}"),
+                      "" if script is None else "py: ")
+    chosen = _chosen(tried)
+    for i, one in chosen:
+        out = tmp_path / f"{kind}-{i}"
+        if script is None:
+            _try_cli(one, out, life)
+        else:
+            _try_script(one, script, out, life)
+        if verbose:
+            print(f"\n{name} {i}: {one}", flush=True)
+    if script is not None:
+        wrong += [f"{name}: {p}" for p in script.close()]
+    say.append(_figures(name, [t for _, t in chosen], time.monotonic() - began))
+    say.append("[sweep]   its undisturbed life: " + ", ".join(
+        f"{k} {v:.2f} s" for k, v in sorted(life.marks.items(), key=lambda x: x[1])))
+    wrong += [f"{name}, {t.fault} {t.at:.3f} s after {t.anchor} ({t.phase}; {t.state}): {p}"
+              for _, t in chosen for p in t.problems]
+
+
+@pytest.mark.slow
+def test_every_instant_of_a_run_from_the_command_line_and_from_python(tmp_path, capsys):
+    """The command line's sweep and the scripts' (``train()``'s, then ``fit``'s) side by
+    side: two process trees on two cores, whose instants move with the load as any other's
+    (each is a time after its phase's first mark)."""
+    kinds = os.environ.get("DTRAIN_SWEEP_KINDS", "cli,train,fit").split(",")
+    verbose = bool(os.environ.get("DTRAIN_SWEEP_VERBOSE"))
+    scripts = {mode: Script(mode) for mode in ("train", "fit") if mode in kinds}
+    said: dict[str, list[str]] = {"cli": [], "train": [], "fit": []}
+    wrong: dict[str, list[str]] = {"cli": [], "train": [], "fit": []}
+    sweeps = {"cli": ("python -m dtrain", CLI_PHASES), "train": ("dtrain.train()", TRAIN_PHASES),
+              "fit": ("MLPClassifier.fit", FIT_PHASES)}
+
+    def run(*these: str) -> None:
+        for kind in these:
+            if kind in kinds:
+                name, phases = sweeps[kind]
+                try:
+                    _sweep(kind, name, phases, tmp_path, scripts.get(kind), said[kind],
+                           wrong[kind], verbose)
+                except Exception as exc:        # (an undisturbed life that failed)
+                    wrong[kind].append(f"{name}: {type(exc).__name__}: {exc}")
+
+    began = time.monotonic()
+    beside = threading.Thread(target=run, args=("train", "fit"))
+    try:
+        with capsys.disabled() if verbose else contextlib.nullcontext():
+            beside.start()
+            run("cli")
+            beside.join()
+    finally:
+        for script in scripts.values():
+            script.close()
+    with capsys.disabled():
+        print("\n" + "\n".join(said["cli"] + said["train"] + said["fit"]) +
+              f"\n[sweep] in all: {time.monotonic() - began:.0f} s")
+    problems = wrong["cli"] + wrong["train"] + wrong["fit"]
+    assert not problems, "\n".join(problems)
