@@ -177,3 +177,25 @@ def test_an_embedded_clusters_workers_keep_its_close_off_the_console():
         assert list(client.run(_heartbeat_cut_shows).values()) == [True]
         client.run(mark_closing)
         assert list(client.run(_heartbeat_cut_shows).values()) == [False]
+
+
+def test_a_run_says_nothing_of_a_call_that_found_a_worker_gone():
+    """While a run goes on, the scheduler in this process drops its error for a call on
+    every worker that found one gone (dtrain leaves that worker out and says so once);
+    another broadcast error, or one outside a run, still shows."""
+    import logging
+
+    from dtrain.deploy.logs import lost_gathers_quiet
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("distributed.scheduler", logging.ERROR, __file__, 1, msg,
+                                 (), None)
+
+    gone = record("broadcast to tcp://127.0.0.1:1 failed: CommClosedError: in <TCP (closed) "
+                  "Scheduler Broadcast local=tcp://127.0.0.1:2 remote=tcp://127.0.0.1:1>: "
+                  "Stream is closed")
+    other = record("broadcast to tcp://127.0.0.1:1 failed: ValueError: a bug")
+    log = logging.getLogger("distributed.scheduler")
+    with lost_gathers_quiet():
+        assert not log.filter(gone) and log.filter(other)
+    assert log.filter(gone)

@@ -45,19 +45,28 @@ class QuietUserErrors(WorkerPlugin):
             log.addFilter(_ReportedByDriver())
 
 
+_CLOSED = ("CommClosedError", "StreamClosedError", "OSError", "ConnectionRefusedError",
+           "ConnectionResetError")
+
+
 class _LostWithAWorker(logging.Filter):
     """Drop a scheduler's error for values it could not gather because the worker holding
-    them was lost: the client computes them again, and the run says once, as one line, that
-    it runs the window again."""
+    them was lost (the client computes them again, and the run says once, as one line, that
+    it runs the window again), and for a call on every worker that found one gone (dtrain's
+    calls leave it out: :mod:`dtrain.core.broadcast`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Couldn't gather keys")
+        msg = str(record.msg)
+        if msg.startswith("broadcast to "):
+            return not any(f" failed: {name}" in msg for name in _CLOSED)
+        return not msg.startswith("Couldn't gather keys")
 
 
 @contextlib.contextmanager
 def lost_gathers_quiet() -> Iterator[None]:
     """While a run goes on: a scheduler in this process (a LocalCluster's) says nothing of
-    the values a lost worker took with it (:class:`_LostWithAWorker`)."""
+    the values a lost worker took with it, or of a worker gone when dtrain called every
+    worker (:class:`_LostWithAWorker`)."""
     log, quiet = logging.getLogger("distributed.scheduler"), _LostWithAWorker()
     log.addFilter(quiet)
     try:

@@ -26,6 +26,7 @@ from dtrain.core.modelfile import ModelSpec
 from dtrain.core.version import __version__
 from dtrain.deploy import mainguard, plugins
 from dtrain.deploy.connect import connect, running_scheduler
+from dtrain.deploy.logs import lost_gathers_quiet
 from dtrain.deploy.signals import AT_EDGE, AT_ONCE, StopSignals
 from dtrain.maths.optim import TrainState
 from dtrain.observe.console import Echo
@@ -322,7 +323,8 @@ def _cluster(cfg: Config, client: Client | None, leaves: int = 0) -> Iterator[Cl
     """``client``, or a cluster of our own (closed after), shaped by ``cluster.layout`` for
     the workers the strategy needs and the ``leaves`` it computes (0: not known yet)."""
     if client is not None:
-        yield client
+        with lost_gathers_quiet():      # a worker lost before the run's windows: as in them
+            yield client
         return
     strategy = strategies.get(cfg.graph.strategy)
     needed, c = strategy.min_workers, cfg.cluster
@@ -331,7 +333,7 @@ def _cluster(cfg: Config, client: Client | None, leaves: int = 0) -> Iterator[Cl
         raise UserError(f"graph.strategy = '{strategy.name}' needs {needed} workers "
                         f"({strategy.workers_word.removeprefix('the head + ')}), found "
                         f"{c.workers}; use --workers {needed}")
-    with connect(c, needed, leaves) as own:
+    with connect(c, needed, leaves) as own, lost_gathers_quiet():
         yield own
 
 
