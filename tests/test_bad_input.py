@@ -166,18 +166,20 @@ TABLE = [
     ("too few MPI ranks for a parameter server",
      Mpiexec(2, lambda t: ["--set", "graph.strategy=parameter-server"]),
      "needs 3 MPI ranks (the head + a parameter-server worker + 1 trainer), found 2"),
-    ("GPU where there is none, under mpirun",
-     Mpiexec(3, lambda t: _GPU, env={"CUDA_VISIBLE_DEVICES": ""}),
-     "cluster.device = 'gpu' but none of the 2 worker rank(s) has a GPU it can use (ranks 1, "
-     "2 on {host}: no GPU visible (CUDA_VISIBLE_DEVICES='')); start the worker ranks on GPU "
-     "nodes"),
+    # the slow tier: each an mpiexec job of 3 ranks (the fast tier keeps the two above)
+    pytest.param("GPU where there is none, under mpirun",
+                 Mpiexec(3, lambda t: _GPU, env={"CUDA_VISIBLE_DEVICES": ""}),
+                 "cluster.device = 'gpu' but none of the 2 worker rank(s) has a GPU it can use "
+                 "(ranks 1, 2 on {host}: no GPU visible (CUDA_VISIBLE_DEVICES='')); start the "
+                 "worker ranks on GPU nodes", marks=pytest.mark.slow),
     pytest.param("GPU listed but no CuPy, under mpirun",
                  Mpiexec(3, lambda t: _GPU, env={"CUDA_VISIBLE_DEVICES": "0"}),
                  "has a GPU it can use (ranks 1, 2 on {host}: GPU 0 visible but CuPy cannot "
-                 "be imported", marks=pytest.mark.skipif(
-                     importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")),
-    ("resume a finished run, under mpirun", Mpiexec(3, _finished),
-     "already finished its 1 epoch; to train it longer: --resume"),
+                 "be imported", marks=[pytest.mark.slow, pytest.mark.skipif(
+                     importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")]),
+    pytest.param("resume a finished run, under mpirun", Mpiexec(3, _finished),
+                 "already finished its 1 epoch; to train it longer: --resume",
+                 marks=pytest.mark.slow),
     ("CSV of one column", lambda t: _csv(t, "5.1 3.5 1.4 0.2 setosa\n4.9 3.0 1.4 0.2 setosa\n"),
      "parses to one column with delimiter ',': set data.delimiter to the file's separator"),
     ("Parquet files of different columns", _stray_parquet,
