@@ -92,6 +92,22 @@ def test_dtrains_plugins_are_gone_from_a_users_scheduler_after_the_run(client, t
     assert again.summary["comm_bytes_measured_per_step"] is not None
 
 
+def test_a_second_engine_on_a_scheduler_registers_its_plugins_without_a_warning(client):
+    """Two runs (or a run and an estimator's fit) on one scheduler: dtrain's plugins are
+    there once, and distributed says nothing of overwriting one."""
+    import warnings
+
+    from dtrain.training.engines import DaskEngine
+    from dtrain.training.plan import plan
+
+    p = plan(dtrain.load_config(None, ["train.epochs=1"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DaskEngine(p, client)
+        DaskEngine(p, client)
+    plugins.remove(client, _dtrain_plugins(client)[0])
+
+
 def test_the_last_of_concurrent_runs_removes_the_plugins():
     class Scheduler:
         plugins = {"dtrain": 0, "dtrain-step-timer": 0, "shuffle": 0, "dtrainx": 0}

@@ -168,6 +168,7 @@ class StrandedTasks(SchedulerPlugin):
     the tasks that were pinned to the one lost (a run's data, its held-out splits)."""
 
     name = "dtrain-stranded-tasks"
+    idempotent = True           # a second engine on the scheduler: the one there serves
 
     def __init__(self) -> None:
         self.scheduler: Any = None
