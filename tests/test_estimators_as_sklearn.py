@@ -88,6 +88,21 @@ def test_lbfgs_reaches_scikit_learns_loss_on_the_same_problem(client):
     assert ours.summary_["solver"]["status"] == 0 and ours.n_iter_ < 200
 
 
+def test_lbfgs_judges_tol_in_the_units_of_x(client):
+    """``tol`` is scipy's ``gtol`` on the problem as given: the features 128 times larger
+    give the same standardized inputs (a power of two: the same bytes), so the same
+    iterates, but a gradient 128 times larger in X's units, so the fit goes on longer, its
+    loss curve the first's and more (scipy's test on the standardized problem stopped both
+    at once, on digits ~7 times above scikit-learn's objective)."""
+    x, y = _iris()
+    fits = [_quiet(dtrain.MLPClassifier(solver="lbfgs", hidden_layer_sizes=(8,), random_state=0,
+                                        tol=1e-3, client=client).fit, x * c, y)
+            for c in (1.0, 128.0)]
+    short, long = (f.loss_curve_ for f in fits)
+    assert fits[0].summary_["solver"]["status"] == 0, fits[0].summary_["solver"]
+    assert len(short) < len(long) and long[:len(short)] == short
+
+
 @pytest.mark.parametrize("estimators", BOTH)
 def test_lbfgs_max_fun_limits_it_with_scikit_learns_warning(estimators, client):
     """scikit-learn's test_lbfgs_*_maxfun: max_fun=10 stops both, with a

@@ -250,3 +250,30 @@ def test_misaligned_buffers_are_realigned_on_unpickle():
     assert restored.vector.flags.aligned
     ref = net.loss_and_grad(p, x, y)
     assert (net.loss_and_grad(restored.vector, x, y) == ref).all()
+
+
+def test_lbfgs_raw_units_are_the_gradient_on_raw_features():
+    """``raw_units`` takes a gradient on normalized inputs ``(x - shift) / scale`` to the
+    gradient of the same objective in the parameters acting on the raw ``x`` (what
+    ``solver="lbfgs"``'s ``tol`` is judged on): central differences in the raw parameters."""
+    from dtrain.maths.lbfgs import raw_units
+    net = Network((5, 7, 3), "tanh", "cross-entropy", "float64")
+    rng = np.random.default_rng(5)
+    shift, scale = rng.standard_normal(5) * 3, rng.uniform(0.2, 9.0, 5)     # (I,)
+    x = rng.standard_normal((11, 5)) * scale + shift                        # raw rows (B, I)
+    y = _targets(net, rng, 11)
+    (w, b), (O, I) = net.slices[0], net.shapes[0]
+
+    def normalized(raw: np.ndarray) -> np.ndarray:
+        """The parameters acting on normalized inputs that compute what ``raw`` does on x."""
+        out = raw.copy()
+        W = raw[w].reshape(O, I)
+        out[w], out[b] = (W * scale).ravel(), raw[b] + W @ shift
+        return out
+
+    raw = net.init(2) + 0.1 * rng.standard_normal(net.size)
+    inputs = (x - shift) / scale
+    numeric = _numeric(lambda p: _objective(net, 0.03, normalized(p), inputs, y), raw)
+    grad = raw_units(net, shift, scale)(_analytic(net, 0.03, normalized(raw), inputs, y))
+    np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8)
+    assert raw_units(net, None, None) is None

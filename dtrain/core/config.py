@@ -167,8 +167,9 @@ class OptimConfig:
                              "below this is 0 instead: training has stopped")
     max_fun: int = at_least(15000, 1, "lbfgs: the most loss and gradient evaluations (scipy's "
                             "maxfun)")
-    gtol: float = at_least(1e-4, 0.0, "lbfgs: converged once every component of the projected "
-                           "gradient is at most this in magnitude (scipy's gtol)")
+    gtol: float = at_least(1e-4, 0.0, "lbfgs: converged once every component of the "
+                           "gradient is at most this in magnitude (scipy's gtol), in the raw "
+                           "features' units where the inputs are normalized")
 
 
 @dataclass(frozen=True)

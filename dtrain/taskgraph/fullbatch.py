@@ -27,7 +27,7 @@ from typing import Any
 from dask.task_spec import DataNode, Task, TaskRef
 
 from dtrain.core import keys
-from dtrain.maths.lbfgs import Minimized, minimize
+from dtrain.maths.lbfgs import Minimized, minimize, raw_units
 from dtrain.maths.optim import Step, TrainState
 from dtrain.taskgraph.dataparallel import _leaf_tasks, _leaves, _tree, fuse_choice
 from dtrain.taskgraph.placement import Placement
@@ -90,7 +90,7 @@ def run_on_worker(task: FullBatch, state: TrainState, *shards: Any) -> Minimized
         return forward_backward(task.leaf, TrainState(params), *shards)
 
     return minimize(gradient, state.vector[:net.size], net, task.optim, task.l2, task.samples,
-                    task.iterations)
+                    task.iterations, units=raw_units(net, task.shift, task.scale))
 
 
 def on_worker(index: int, start: TrainState, task: FullBatch, shards: Sequence[TaskRef],

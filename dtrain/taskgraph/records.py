@@ -11,6 +11,7 @@ task meet here, by field name, not by argument position.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dtrain.core.config import OptimConfig
 from dtrain.core.events import StepEvents
@@ -127,13 +128,17 @@ class FullBatch:
     """``lbfgs-<first evaluation>``: a whole L-BFGS run (:func:`dtrain.maths.lbfgs.minimize`)
     on the worker holding every shard, each loss and gradient ``leaf``: every shard's rows
     summed as the reduce tree sums them.  ``l2``, ``samples``: the objective's; ``iterations``:
-    scipy's ``maxiter``.  Inputs: the starting state, the shards in order."""
+    scipy's ``maxiter``; ``shift``, ``scale`` (D,): the inputs' normalization, where ``gtol``
+    is judged in the raw features' units (:func:`dtrain.maths.lbfgs.raw_units`).  Inputs:
+    the starting state, the shards in order."""
 
     leaf: ForwardBackward
     optim: OptimConfig
     l2: float
     samples: int
     iterations: int
+    shift: Any = None
+    scale: Any = None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from dask.task_spec import DataNode
 from dtrain.core import keys
 from dtrain.core.errors import Diverged, Stopped
 from dtrain.deploy.workers import gather, workers
-from dtrain.maths.lbfgs import Minimized, minimize
+from dtrain.maths.lbfgs import Minimized, minimize, raw_units
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
@@ -94,7 +94,8 @@ class FullBatchEngine(DaskEngine):
         p, cfg = self.plan, self.plan.config
         sizes = [b - a for a, b in p.ranges]
         leaf = fullbatch.one_leaf(sizes, placement, p.recipe, self.run_id)
-        task = FullBatch(leaf, cfg.optim, cfg.model.l2, p.train_samples, cfg.train.epochs)
+        task = FullBatch(leaf, cfg.optim, cfg.model.l2, p.train_samples, cfg.train.epochs,
+                         self.normalization.shift, self.normalization.scale)
         win = fullbatch.on_worker(0, TrainState(p.opt.params(start)), task, self.refs,
                                   placement.root, self.run_id)
         return self._wait(win)[0]
@@ -123,7 +124,8 @@ class FullBatchEngine(DaskEngine):
                               checkpoints.run_dir)
 
         return minimize(gradient, p.opt.params(start), p.net, cfg.optim, cfg.model.l2,
-                        p.train_samples, cfg.train.epochs, after)
+                        p.train_samples, cfg.train.epochs, after,
+                        raw_units(p.net, self.normalization.shift, self.normalization.scale))
 
     def _wait(self, win: Window) -> list[Any]:
         """Submit ``win`` and wait for its ends (a cluster left without workers: one line)."""
