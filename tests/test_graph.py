@@ -11,7 +11,7 @@ from dtrain.core.keys import kind_of, parse
 from dtrain.data.shards import load_part, load_shard, minibatch
 from dtrain.taskgraph import reduction, tasks
 from dtrain.taskgraph.dataparallel import units, window_graph
-from dtrain.taskgraph.placement import Worker, place
+from dtrain.taskgraph.placement import Worker, balance, place, row_blocks
 from dtrain.taskgraph.records import ForwardBackward, Group, Update, Updates
 from dtrain.taskgraph.window import TaskGraph
 from dtrain.training.plan import CHAIN_BYTES, plan
@@ -423,3 +423,28 @@ def test_fused_shards_give_the_same_bits(shards, k, workers, update):
     fused = _execute(fused_plan, n, workers)
     assert fused.vector.tobytes() == one_each.vector.tobytes()
     assert (fused.epoch_loss, fused.epoch_correct) == (one_each.epoch_loss, one_each.epoch_correct)
+
+
+@pytest.mark.parametrize("rows, parts, edges", [
+    ([1] * 8, 2, [0, 4, 8]), ([1] * 8, 3, [0, 3, 5, 8]), ([10, 1, 1, 1], 2, [0, 1, 4]),
+    ([3, 3, 3, 3, 3], 2, [0, 2, 5]), ([1, 1], 3, [0, 0, 1, 2]), ([5] * 7, 7, list(range(8)))])
+def test_row_blocks_cut_consecutive_items_into_blocks_of_about_equal_rows(rows, parts, edges):
+    assert row_blocks(rows, parts) == edges
+
+
+@pytest.mark.parametrize("holders, rows, moves", [
+    ("ABAB", [1] * 4, 2),           # dealt out in turn: two move, into two blocks
+    ("ABBABABA", [1] * 8, 4),
+    ("AAAA", [1] * 4, 2),           # all on one: half move
+    ("AABB", [1] * 4, 0),           # blocks already: nothing moves
+    ("AAAB", [1] * 4, 1),           # blocks, but A holds 3 of 4 rows: over its share
+    ("AAABB", [1] * 5, 0),          # 3 of 5 rows: within BALANCE_SLACK
+    ("AACC", [1] * 4, 2),           # C is gone: its two go to B
+    ("BBAA", [1] * 4, 0),           # any order of the blocks
+])
+def test_balance_gives_each_worker_a_block_moving_the_fewest_rows(holders, rows, moves):
+    out = balance(list(holders), rows, ["A", "B"])
+    assert sum(a != b for a, b in zip(holders, out)) == moves, out
+    runs = [w for i, w in enumerate(out) if i == 0 or out[i - 1] != w]
+    assert len(runs) == len(set(runs)) and set(out) <= {"A", "B"}, out
+    assert balance(list(holders), rows, ["A", "B"]) == out          # deterministic

@@ -145,33 +145,63 @@ BALANCE_SLACK = 0.25    # a worker may hold this much more than its fair share b
 
 def balance(holders: Sequence[str], rows: Sequence[int], workers: Sequence[str]
             ) -> tuple[str, ...]:
-    """Where each partition's shard lives: on the worker that already holds the partition,
-    unless that worker holds more than its fair share of rows by over
-    ``BALANCE_SLACK``; then its last partitions go, one by one, to the worker holding the
-    fewest rows, while that evens the load (a partition too big to even anything stays).
-    Partitions on a worker that is gone go where they even the load best.  Deterministic:
-    the same holders, rows and workers give the same answer."""
-    fair = sum(rows) / max(len(workers), 1)
-    owner = [h if h in workers else None for h in holders]
-    load = {w: sum(r for o, r in zip(owner, rows) if o == w) for w in workers}
-    for i in sorted((i for i, o in enumerate(owner) if o is None), key=lambda i: -rows[i]):
-        owner[i] = min(workers, key=lambda w: (load[w], w))
-        load[owner[i]] += rows[i]
-    for w in sorted(workers, key=lambda w: -load[w]):
-        for i in reversed([i for i, o in enumerate(owner) if o == w]):
-            if load[w] <= fair * (1 + BALANCE_SLACK):
-                break
-            to = min(workers, key=lambda v: (load[v], v))
-            if load[to] + rows[i] >= load[w]:       # moving it would not even the load
-                continue
-            owner[i], load[w], load[to] = to, load[w] - rows[i], load[to] + rows[i]
-    return tuple(owner)
+    """Where each partition's shard lives: every worker a block of consecutive partitions.
+
+    A block is a subtree of the fixed-order reduce (a worker's shards are one stacked task,
+    and only the block's sum crosses to another worker); one worker's partitions scattered
+    among another's make every tree pair a message between them, each step.  Partitions
+    already in such blocks stay where they are unless a worker holds more than its fair
+    share of the rows by over ``BALANCE_SLACK`` (or is gone).  Otherwise the partitions
+    are cut into blocks of about equal rows (:func:`row_blocks`), and each block goes to
+    the worker already holding most of its rows, so that the fewest rows move.
+    Deterministic: the same holders, rows and workers give the same answer; the bytes a
+    run computes do not depend on it."""
+    if not workers:
+        raise ValueError(f"no worker to place {len(holders)} partition(s) on")
+    fair = sum(rows) / len(workers)
+    load = {w: sum(r for h, r in zip(holders, rows) if h == w) for w in workers}
+    if all(h in load for h in holders) and _in_blocks(holders) \
+            and max(load.values()) <= fair * (1 + BALANCE_SLACK):
+        return tuple(holders)
+    from scipy.optimize import linear_sum_assignment
+    cuts = row_blocks(rows, len(workers))                          # W + 1 edges
+    held = np.zeros((len(workers), len(workers)))                  # (block, worker) rows
+    column = {w: j for j, w in enumerate(workers)}
+    for b in range(len(workers)):
+        for i in range(cuts[b], cuts[b + 1]):
+            if holders[i] in column:
+                held[b, column[holders[i]]] += rows[i]
+    blocks_, owners = linear_sum_assignment(held, maximize=True)
+    to = dict(zip(blocks_, owners))
+    return tuple(workers[to[b]] for b in range(len(workers))
+                 for _ in range(cuts[b], cuts[b + 1]))
+
+
+def _in_blocks(holders: Sequence[str]) -> bool:
+    """Whether each holder's partitions are consecutive."""
+    runs = [h for i, h in enumerate(holders) if i == 0 or holders[i - 1] != h]
+    return len(runs) == len(set(runs))
+
+
+def row_blocks(rows: Sequence[int], parts: int) -> list[int]:
+    """The ``parts + 1`` edges of ``parts`` blocks of consecutive items of about equal
+    ``rows``: each inner edge where the running sum comes closest to its share, no block
+    empty while there are items for it."""
+    n, total = len(rows), float(sum(rows))
+    cum = np.concatenate([[0.0], np.cumsum(rows, dtype=np.float64)])      # (n + 1,)
+    edges = [0]
+    for j in range(1, parts):
+        lo, hi = edges[-1] + (1 if edges[-1] < n - (parts - j) else 0), n - (parts - j)
+        hi = max(hi, lo)
+        edge = lo + int(np.argmin(np.abs(cum[lo:hi + 1] - total * j / parts)))
+        edges.append(min(edge, n))
+    return edges + [n]
 
 
 def place_partitions(workers: Sequence[Worker | str], holders: Sequence[str],
                      rows: Sequence[int], server: bool = False) -> Placement:
     """:func:`place` for shards that are partitions already on workers (``holders``):
-    each stays where it is, unless :func:`balance` moves it.  With a ``server`` the first
+    each stays where it is, unless :func:`balance` moves it (into blocks, or to balance).  With a ``server`` the first
     worker only reduces and updates, so its partitions go to the others."""
     workers = [w if isinstance(w, Worker) else Worker(w) for w in workers]
     head, trainers = (workers[0], workers[1:]) if server else (None, workers)

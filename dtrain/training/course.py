@@ -143,7 +143,9 @@ def moved_summary(moved: list[tuple[int, str, str, int]]) -> dict[str, Any]:
     if not moved:
         return {}
     return {"partitions": len(moved), "bytes": sum(b for *_, b in moved),
-            "why": "balance: a worker held more than its share of the rows (or left)",
+            "why": "balance: each worker a block of consecutive partitions of about equal "
+                   "rows (a worker held partitions among another's, more than its share of "
+                   "the rows, or left)",
             "moves": [{"partition": i, "from": a, "to": b, "bytes": n} for i, a, b, n in moved]}
 
 
@@ -152,7 +154,8 @@ def moved_line(moved: list[tuple[int, str, str, int]], sizes: tuple[int, ...]) -
     froms = {a for _, a, _, _ in moved}
     return (f"moved {len(moved)} partition{'s' if len(moved) > 1 else ''} "
             f"({sum(b for *_, b in moved) / 1e6:,.1f} MB) off "
-            f"{', '.join(sorted(froms))} to balance the workers: "
+            f"{', '.join(sorted(froms))} to balance the workers, each a block of "
+            f"consecutive partitions: "
             f"{sum(sizes[i] for i, *_ in moved):,} of {sum(sizes):,} training rows")
 
 

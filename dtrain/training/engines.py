@@ -270,8 +270,9 @@ class DaskEngine:
         return placement
 
     def _place_partitions(self, present: list[Worker]) -> Placement:
-        """Partitions stay on the workers holding them, but for balancing; what moves (first
-        placement: to balance; later: off workers that are gone) is logged in ``moved``."""
+        """Partitions stay on the workers holding them, but for balanced blocks
+        (:func:`~dtrain.taskgraph.placement.balance`); what moves (first placement: into
+        blocks; later: off workers that are gone) is logged in ``moved``."""
         coll = self.plan.collection
         holders = coll.holders(self.client)
         placement = self.plan.builder.place(present, holders, list(coll.stats.sizes))
