@@ -72,6 +72,14 @@ def test_a_window_on_one_worker_is_one_task_that_keeps_the_keys_the_engine_reads
     assert all(at[a.key] < at[key] for key, _, args in chain.nodes for a in args
                if isinstance(a, TaskRef) and a.key in at)
     assert fused.step_tasks() == 2 and win.step_tasks() > 14
+    # ... and travels as one pickled chain: the scheduler, which unpickles a graph to read it
+    # and pickles each task again for its worker, sees bytes, not the window's tasks
+    packed = fused.dsk[body].args[0]
+    assert type(packed) is fuse.Packed and type(packed.data) is bytes
+    opened = packed.open()
+    assert [n[0] for n in opened.nodes] == [n[0] for n in chain.nodes]
+    assert (opened.kinds, opened.inputs, opened.outputs) == (chain.kinds, chain.inputs,
+                                                             chain.outputs)
 
 
 def test_a_window_across_workers_is_left_as_it_is():
@@ -186,7 +194,8 @@ def test_a_window_across_workers_is_a_task_per_worker_whose_crossings_are_messag
     assert [cut.dsk[k].args[0].collect for k in pieces] == [(1,), ()]
     # each task reads its own worker's shards, nothing of the other's
     assert cut.dsk[pieces[1]].dependencies == {f"load-shard-{i}-{RUN}" for i in (2, 3)}
-    chains = {r: cut.dsk[k].args[0].chain for r, k in enumerate(pieces)}
+    assert all(type(cut.dsk[k].args[0].chain) is fuse.Packed for k in pieces)  # bytes in transit
+    chains = {r: cut.dsk[k].args[0].chain.open() for r, k in enumerate(pieces)}
     mine = {r: {k for k, w in win.where.items() if w == [f"w{r}"]} for r in (0, 1)}
     sent, got = set(), set()
     for r, chain in chains.items():
@@ -250,7 +259,7 @@ def test_a_value_read_on_many_workers_goes_down_a_binomial_tree():
     reads: dict[str, list[tuple[int, int]]] = {}
     for name in cut.pieces:
         piece = cut.dsk[name].args[0]
-        for key, fn, args in piece.chain.nodes:
+        for key, fn, args in piece.chain.open().nodes:
             if fn is span.send:
                 sends.setdefault(key, []).append((piece.rank, args[0]))
             elif fn is span.recv:

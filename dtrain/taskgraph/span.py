@@ -39,7 +39,7 @@ from dask.task_spec import Task, TaskRef
 
 from dtrain.core import keys
 from dtrain.deploy import p2p
-from dtrain.taskgraph.fuse import CRITICAL, META, Chain, Ran, plain, chain_of, in_order, pick, run_chain
+from dtrain.taskgraph.fuse import CRITICAL, META, Packed, Ran, plain, chain_of, in_order, pick, run_chain
 from dtrain.taskgraph.window import Window
 
 SEND, RECV = "send", "recv"     # the message nodes' kinds in a chain's timings
@@ -55,9 +55,10 @@ class Piece:
     collector's), or, the collector, reads those of the ranks ``collect``: a window is over
     when every one of its tasks is, and a task that stops answering ends the collector's.
     A window launched while the one before it runs starts on a worker only once that
-    one's task there ended (``follows``; :meth:`dtrain.deploy.p2p.Node.turn`)."""
+    one's task there ended (``follows``; :meth:`dtrain.deploy.p2p.Node.turn`).  The
+    chain travels pickled (:class:`~dtrain.taskgraph.fuse.Packed`)."""
 
-    chain: Chain
+    chain: Packed
     mesh: p2p.Mesh
     rank: int
     to: tuple[int, ...]
@@ -280,7 +281,7 @@ def steps(win: Window, first: int, last: int, run: str, mesh: p2p.Mesh, timeout:
         found.update({k: (i, at) for at, k in enumerate(mine)})
         chain = chain_of(c.nodes[w], c.kinds[w], mine, last - first + 1, run)
         here = w == collector
-        piece = Piece(chain, mesh, rank[w], tuple(sorted(c.to[w])), tuple(sorted(c.frm[w])),
+        piece = Piece(Packed.of(chain), mesh, rank[w], tuple(sorted(c.to[w])), tuple(sorted(c.frm[w])),
                       timeout, None if here else rank[collector],
                       tuple(sorted(rank[v] for v in rank if v != w)) if here else (),
                       first, follows)
