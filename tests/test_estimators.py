@@ -484,6 +484,24 @@ def test_numpy_without_a_client_runs_on_one_shared_embedded_cluster():
     assert current is not embedded                    # it is not made the default client
 
 
+def test_the_embedded_cluster_keeps_dtrains_plugins_between_fits(monkeypatch):
+    """dtrain's own cluster: its plugins are registered by the first fit and stay (a user's
+    scheduler is left without them: tests/test_conventions.py), so the next fit spends no
+    round trips on them, and its scheduler still counts its tasks."""
+    from dtrain.estimators import cluster
+
+    x, y = _iris()
+    dtrain.MLPClassifier(max_iter=2, random_state=0).fit(x, y)
+    embedded = cluster.embedded()
+    held = embedded.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
+    assert {"dtrain", "dtrain-step-timer", "dtrain-stranded-tasks"} <= set(held), held
+    calls: list = []
+    monkeypatch.setattr(embedded, "register_plugin", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(embedded, "unregister_scheduler_plugin", lambda *a: calls.append(a))
+    second = dtrain.MLPClassifier(max_iter=2, random_state=0).fit(x, y)
+    assert calls == [] and second.summary_["scheduler_tasks_per_step"] > 0
+
+
 def test_import_dtrain_does_not_import_scikit_learn():
     code = "import sys, dtrain; print('sklearn' in sys.modules, dtrain.MLPClassifier.__module__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -3,6 +3,7 @@ a worker leaves or stops answering during the call."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -77,3 +78,29 @@ def register(client: Client, plugin: Any, name: str | None = None) -> None:
     except OSError:                     # a comm to a worker closed as it left
         if isinstance(plugin, SchedulerPlugin):
             raise
+
+
+_kept: weakref.WeakSet[Any] = weakref.WeakSet()         # clients of clusters dtrain keeps
+_done: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def keep(client: Any) -> None:
+    """``client``'s cluster is dtrain's own and outlives runs: dtrain's plugins stay on it
+    between runs, each installed once (:func:`once`)."""
+    _kept.add(client)
+
+
+def kept(client: Any) -> bool:
+    """Whether ``client``'s cluster keeps dtrain's plugins between runs."""
+    return client in _kept
+
+
+def once(client: Any, what: str, install: Callable[[], Any]) -> Any:
+    """``install()`` (a plugin's registration, named ``what``) and what it returned; on a
+    :func:`kept` cluster, only the first time."""
+    if not kept(client):
+        return install()
+    done = _done.setdefault(client, {})
+    if what not in done:
+        done[what] = install()
+    return done[what]

@@ -34,6 +34,7 @@ import threading
 from distributed import Client, LocalCluster
 
 from dtrain.core.config import ClusterConfig
+from dtrain.core import broadcast
 from dtrain.deploy import mainguard
 from dtrain.deploy.layout import local_shape
 from dtrain.deploy.local import local_cluster
@@ -64,6 +65,7 @@ def embedded() -> Client:
         except BaseException:
             cluster.close()
             raise
+        broadcast.keep(client)          # dtrain's own: its plugins stay between fits
         _embedded.append((cluster, client))
         return client
 

@@ -28,7 +28,7 @@ from typing import Any
 from distributed import Client
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from dtrain.core import events, internals, keys
+from dtrain.core import broadcast, events, internals, keys
 from dtrain.observe.runlog import BUSY_WINDOW, KEEP_RUNS, RunLog
 
 PLUGIN_NAME = "dtrain"
@@ -93,8 +93,10 @@ class DtrainPlugin(SchedulerPlugin):
 # --- driver side --------------------------------------------------------------------------
 
 def install(client: Client) -> None:
-    """Register :class:`DtrainPlugin` on the client's scheduler (once per scheduler)."""
-    client.register_plugin(DtrainPlugin(), name=PLUGIN_NAME)
+    """Register :class:`DtrainPlugin` on the client's scheduler (once per scheduler; on a
+    cluster that keeps dtrain's plugins, once: :func:`dtrain.core.broadcast.once`)."""
+    broadcast.once(client, PLUGIN_NAME,
+                 lambda: client.register_plugin(DtrainPlugin(), name=PLUGIN_NAME))
 
 
 def _timeline_on_scheduler(dask_scheduler: Any, run: str) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ from distributed import Client, Future
 
 from dtrain.core import keys
 from dtrain.core.arrays import gpu_problem
-from dtrain.core.broadcast import on_workers, register
+from dtrain.core.broadcast import on_workers, once, register
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
 from dtrain.deploy import p2p, tuning
@@ -146,8 +146,10 @@ class DaskEngine:
         self.run_id = plan.run
         for plugin in (QuietUserErrors(), WorkersIgnoreInterrupts(), metrics.StepTimer(),
                        metrics.TransferCounter(), StrandedTasks()):
-            register(client, plugin)        # (a worker lost meanwhile: its successor's too)
-        self.low_latency = plan.config.cluster.low_latency and tuning.low_latency(client)
+            once(client, plugin.name, functools.partial(register, client, plugin))
+        #          (a worker lost meanwhile: its successor's too)
+        self.low_latency = plan.config.cluster.low_latency and \
+            once(client, "low-latency", functools.partial(tuning.low_latency, client))
         self.inline = False                         # see place
         self.inline_on: frozenset[str] = frozenset()    # ... for these workers
         self.inline_kinds: tuple[str, ...] = ()     # see place

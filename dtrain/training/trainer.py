@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from distributed import Client
 
+from dtrain.core import broadcast
 from dtrain.core.config import Config, DataConfig
 from dtrain.core.errors import Diverged, Stopped, UserError
 from dtrain.core.modelfile import ModelSpec
@@ -306,7 +307,8 @@ def _engine(plan: Plan, client: Client | None,
     if strategy.in_process:
         yield SerialEngine(plan)
     elif client is not None:
-        with plugins.removed_after(client), recorder.attached(client):
+        with contextlib.nullcontext() if broadcast.kept(client) else \
+                plugins.removed_after(client), recorder.attached(client):
             yield engine(plan, client)
     else:
         began = time.perf_counter()
