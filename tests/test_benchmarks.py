@@ -455,7 +455,7 @@ def test_the_lbfgs_table_judges_time_and_loss():
                 "iterations": 53, "objective": loss, "loss_ratio": loss_ratio, "goal": 2.0}
     text = lbfgs_table([row("scikit-learn", 0.6, 1.0, 2e-5, 1.0),
                         row("dtrain", 1.3, 2.17, 2.01e-5, 1.005),
-                        row("dtrain normalize=none", 0.3, 0.5, 3e-5, 1.5)])
+                        row("dtrain normalize=standardize", 0.3, 0.5, 3e-5, 1.5)])
     assert "| 2.17 (<= 2) NO | 2.01e-05 | 1.0050 yes |" in text
     assert "| 0.50 (<= 2) yes | 3e-05 | 1.5000 NO |" in text
     assert "| 0.600 | | 2e-05 | |" in text             # scikit-learn's own row: no verdict

@@ -15,9 +15,10 @@ momentum, ``solver="lbfgs"`` as scipy's L-BFGS-B over full-batch task graphs,
 lines, ``ValueError`` for bad input).  Where the two differ (README, "From
 Python and Dask", lists every parameter and attribute):
 
-* The inputs are normalized as dtrain's runs normalize them (``normalize``,
-  statistics from the training rows), and the normalization is part of the
-  model, so ``coefs_`` and ``intercepts_`` act on normalized features.
+* The inputs of "adam" and "sgd" are standardized as dtrain's runs normalize
+  them (``normalize``, statistics from the training rows), and the
+  normalization is part of the model, so ``coefs_`` and ``intercepts_`` act on
+  normalized features ("lbfgs": on ``X`` as given, as scikit-learn's).
 * ``loss_curve_`` and ``loss_`` are dtrain's ``train_loss``: the mean
   per-sample loss of the epoch's minibatches, without the L2 term (lbfgs: of
   each iteration's iterate; scikit-learn's lbfgs keeps no curve).
@@ -70,7 +71,7 @@ class _MLP(BaseEstimator):
                  validation_fraction: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
                  epsilon: float = 1e-8, n_iter_no_change: int = 10, max_fun: int = 15000,
                  client: Any = None, strategy: str = "auto", sync_every: int | str = "epoch",
-                 fan_in: int = 2, dtype: str = "auto", normalize: str = "standardize",
+                 fan_in: int = 2, dtype: str = "auto", normalize: str = "auto",
                  shards: int | str = "auto", out: str | Path | None = None):
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
@@ -447,7 +448,7 @@ class MLPRegressor(RegressorMixin, _MLP):
                  validation_fraction: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.999,
                  epsilon: float = 1e-8, n_iter_no_change: int = 10, max_fun: int = 15000,
                  client: Any = None, strategy: str = "auto", sync_every: int | str = "epoch",
-                 fan_in: int = 2, dtype: str = "auto", normalize: str = "standardize",
+                 fan_in: int = 2, dtype: str = "auto", normalize: str = "auto",
                  shards: int | str = "auto", out: str | Path | None = None):
         self.loss = loss
         super().__init__(

@@ -111,8 +111,11 @@ PARAMS_DOC = """
     dtype : {"auto", "float64", "float32"}, default="auto"
         The network's arithmetic; "auto": scikit-learn's, float32 for float32 ``X`` and
         float64 otherwise (lbfgs: float64, as scikit-learn's lbfgs gives).
-    normalize : {"standardize", "minmax", "none"}, default="standardize"
-        The input normalization fitted on the training rows (part of the model).
+    normalize : {"auto", "standardize", "minmax", "none"}, default="auto"
+        The input normalization fitted on the training rows (part of the model); "auto":
+        "standardize" for "adam" and "sgd", "none" for "lbfgs" (scikit-learn's problem as
+        given: L-BFGS's steps adapt to the features' scales, and its iterates are then
+        scikit-learn's to rounding).
     shards : int or "auto", default="auto"
         The partitions NumPy and pandas inputs are cut into (Dask inputs keep theirs);
         "auto": one per 20 MFLOP of a step's forward-backward (lbfgs: of an evaluation over
@@ -191,10 +194,17 @@ def check_params(est: Any) -> None:
                          f"by allreduce's tree; use strategy = 'auto' or 'allreduce'")
     if est.dtype not in DTYPES:
         raise _bad("dtype", est.dtype, "'auto', 'float32' or 'float64'")
-    if est.normalize not in ("standardize", "minmax", "none"):
-        raise _bad("normalize", est.normalize, "'standardize', 'minmax' or 'none'")
+    if est.normalize not in ("auto", "standardize", "minmax", "none"):
+        raise _bad("normalize", est.normalize, "'auto', 'standardize', 'minmax' or 'none'")
     if not isinstance(est.random_state, np.random.RandomState):    # drawn from at fit time
         seed(est.random_state)
+
+
+def normalize(est: Any) -> str:
+    """The inputs' normalization: ``normalize``, with "auto" as the solver wants it."""
+    if est.normalize != "auto":
+        return est.normalize
+    return "none" if est.solver == "lbfgs" else "standardize"
 
 
 def hidden(sizes: Any) -> tuple[int, ...]:
@@ -336,7 +346,7 @@ def config(est: Any, shape: Shape, loss: str, *, incremental: bool, init_from: s
         "momentum" if est.momentum > 0 else "sgd"
     return load_config({
         "data": {"dataset": "collection", "label": shape.label,
-                 "split": list(split(est, incremental)), "normalize": est.normalize,
+                 "split": list(split(est, incremental)), "normalize": normalize(est),
                  "shards": shape.partitions, "shuffle": bool(est.shuffle), "seed": seed_value,
                  **({"target": "value"} if shape.values else {})},
         "model": {"layers": [shape.features, *hidden(est.hidden_layer_sizes), shape.outputs],
