@@ -79,7 +79,7 @@ def _crossed(client, before: dict) -> list[str]:
                for k in entry]                                      # this run's transfers
     return [k for k in arrived
             if "from_pandas" in k or "frompandas" in k or "fromdelayed" in k
-            or "load-shard" in k or "_pair" in k or "scatter" in k]
+            or "load-shard" in k or "_pair" in k or k.startswith("DataFrame-")]   # scattered
 
 
 def test_a_dataframes_partitions_train_where_they_sit(client, tmp_path):

@@ -96,7 +96,7 @@ def install(client: Client) -> None:
     """Register :class:`DtrainPlugin` on the client's scheduler (once per scheduler; on a
     cluster that keeps dtrain's plugins, once: :func:`dtrain.core.broadcast.once`)."""
     broadcast.once(client, PLUGIN_NAME,
-                 lambda: client.register_plugin(DtrainPlugin(), name=PLUGIN_NAME))
+                   lambda: client.register_plugin(DtrainPlugin(), name=PLUGIN_NAME))
 
 
 def _timeline_on_scheduler(dask_scheduler: Any, run: str) -> dict[str, Any] | None:

@@ -65,10 +65,10 @@ class Chain:
 @dataclass(frozen=True)
 class Packed:
     """A :class:`Chain` pickled once, where the window is built.  The scheduler unpickles a
-    graph to read it and pickles each task again to send it to its worker: a chain of a
-    window of 400 steps is thousands of tasks each way (a third of a 2-worker fit's driver
-    CPU, where the scheduler runs beside the driver), as bytes it is a copy.  The worker
-    running the chain unpickles it once."""
+    graph to read it and pickles each task again to send it to its worker: the chain of a
+    window of 400 steps is thousands of tasks, built and taken apart each way (a third of a
+    2-worker fit's driver CPU, where the scheduler runs beside the driver); bytes are only
+    copied.  The worker running the chain unpickles it once."""
 
     data: bytes
 

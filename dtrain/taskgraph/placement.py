@@ -201,8 +201,9 @@ def row_blocks(rows: Sequence[int], parts: int) -> list[int]:
 def place_partitions(workers: Sequence[Worker | str], holders: Sequence[str],
                      rows: Sequence[int], server: bool = False) -> Placement:
     """:func:`place` for shards that are partitions already on workers (``holders``):
-    each stays where it is, unless :func:`balance` moves it (into blocks, or to balance).  With a ``server`` the first
-    worker only reduces and updates, so its partitions go to the others."""
+    each stays where it is, unless :func:`balance` moves it (into blocks, or to balance).
+    With a ``server`` the first worker only reduces and updates, so its partitions go to
+    the others."""
     workers = [w if isinstance(w, Worker) else Worker(w) for w in workers]
     head, trainers = (workers[0], workers[1:]) if server else (None, workers)
     leaves = balance(holders, rows, [w.address for w in trainers])

@@ -144,10 +144,10 @@ class DaskEngine:
     def __init__(self, plan: Plan, client: Client):
         self.plan, self.client = plan, client
         self.run_id = plan.run
+        # a worker lost meanwhile: its successor gets them too; a kept cluster: once
         for plugin in (QuietUserErrors(), WorkersIgnoreInterrupts(), metrics.StepTimer(),
                        metrics.TransferCounter(), StrandedTasks()):
             once(client, plugin.name, functools.partial(register, client, plugin))
-        #          (a worker lost meanwhile: its successor's too)
         self.low_latency = plan.config.cluster.low_latency and \
             once(client, "low-latency", functools.partial(tuning.low_latency, client))
         self.inline = False                         # see place
