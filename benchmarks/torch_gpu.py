@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from dtrain.data.shards import minibatch
 from dtrain.observe.rundir import RunDir
 
 from benchmarks.common import epoch_row, load_run, own_shards, peak_rss_mb, write_rss

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from dtrain.deploy import p2p
+from dtrain.deploy import p2p, wire
 from dtrain.maths.optim import TrainState
 
 
@@ -112,10 +112,10 @@ def _stranger(host: str, port: int, run: str, secret: bytes) -> bytes:
     """Connect as a peer that does not know the secret (``secret`` is a guess); returns
     what the listener answered before it closed the connection."""
     with socket.create_connection((host, port), timeout=5) as sock:
-        sock.sendall(p2p.HELLO + run.encode() + struct.pack("!I", 1) + os.urandom(p2p.NONCE))
+        sock.sendall(wire.HELLO + run.encode() + struct.pack("!I", 1) + os.urandom(wire.NONCE))
         answer = b""
         try:
-            answer = sock.recv(p2p.NONCE + 32)
+            answer = sock.recv(wire.NONCE + 32)
             sock.sendall(os.urandom(32))       # its "proof"
             rest = sock.recv(1)
         except OSError:
@@ -128,7 +128,7 @@ def test_a_stranger_that_does_not_know_the_secret_is_refused():
     try:
         host, port = mesh.places[0].host, mesh.places[0].port
         answer = _stranger(host, port, mesh.run, b"guess")
-        assert len(answer) == p2p.NONCE + 32        # a challenge, then nothing: no b"\x01"
+        assert len(answer) == wire.NONCE + 32        # a challenge, then nothing: no b"\x01"
         # nor does a peer of another mesh get in, or anything that is not a peer at all
         assert _stranger(host, port, "0" * 32, b"guess") == b""
         with socket.create_connection((host, port), timeout=5) as sock:

@@ -4,7 +4,6 @@ structure (keys, pinning, what crosses) and on values (the same bytes as without
 from __future__ import annotations
 
 import gc
-import os
 import signal
 import threading
 import time
@@ -15,7 +14,6 @@ import pytest
 from dask.task_spec import DataNode, Task, TaskRef
 
 from dtrain.core import allocator, keys
-from dtrain.core.arrays import sum_in_order
 from dtrain.core.config import load_config
 from dtrain.data.shards import Shard, load_shard
 from dtrain.maths.model import Network
@@ -357,7 +355,6 @@ def _helpers(pool):
 
 @pytest.mark.skipif(not cores.supported(), reason="needs memfd_create (Linux)")
 def test_core_processes_give_the_bytes_of_one_process(pool):
-    shards = _shards()
     rows = [(0, 9), (3, 12), (0, 0), (5, 40), (1, 2)]          # an empty one among them
     tree = ((0, 1), (2, (3, 4)))
     for dtype in ("float32", "float64"):

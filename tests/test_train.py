@@ -175,12 +175,12 @@ def test_a_windows_annotations_are_tables_not_closures(client, monkeypatch):
     _train(client, ["train.epochs=2"])
     windows_seen = [(dsk, a) for dsk, a in seen if "executor" in a]
     assert windows_seen
-    for dsk, annotations in windows_seen:
-        data = pickle.dumps(annotations)                # plain pickle: no function by value
+    for dsk, given in windows_seen:
+        data = pickle.dumps(given)                      # plain pickle: no function by value
         assert len(data) < 2000 + 200 * len(dsk), len(data)
         for key in dsk:
-            assert annotations["executor"](key) in (tuning.INLINE, "default")
-            assert annotations["resources"](key) == {}        # no GPU here
+            assert given["executor"](key) in (tuning.INLINE, "default")
+            assert given["resources"](key) == {}              # no GPU here
 
 
 def test_replicate_and_full_batch(client):

@@ -171,8 +171,8 @@ def _kept(rows: list[list[str]], layout: Layout, needed: list[int], line: int, m
     keep = [n for n, row in enumerate(rows)
             if len(row) != layout.width or not any(is_bad_text(row[j]) for j in needed)]
     if not keep:
-        raise DataError(f"every data row has a missing or non-finite value, so "
-                        f"data.missing = 'drop' leaves none")
+        raise DataError("every data row has a missing or non-finite value, so "
+                        "data.missing = 'drop' leaves none")
     return [rows[n] for n in keep], [lines[n] for n in keep], len(rows) - len(keep)
 
 

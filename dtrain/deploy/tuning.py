@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 from concurrent.futures import Executor
 from concurrent.futures import Future as ConcurrentFuture
-from typing import Any
 
 import dask
 from distributed import Client, SchedulerPlugin, WorkerPlugin
