@@ -12,12 +12,13 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, wait
 
 import dtrain
 from conftest import run_cli
 from dtrain.data import partitions
 from dtrain.data.partitions import Columns, PartSpec
+from dtrain.deploy.workers import worker_addresses
 from dtrain.training import collections
 from dtrain.training.trainer import train_on
 
@@ -94,6 +95,23 @@ def test_a_dataframes_partitions_train_where_they_sit(client, tmp_path):
     spec = json.loads((tmp_path / "run" / "model.json").read_text())
     assert spec["classes"] == list(SPECIES) and spec["features"]["names"] == ["sl", "sw", "pl",
                                                                                "pw"]
+
+
+def test_files_are_read_in_blocks_and_never_move(client, tmp_path):
+    """Files dtrain reads (six Parquet files): each worker reads a block of consecutive
+    ones (Dask alone deals them out in turn), so the run moves none and each worker's
+    shards are one stacked task."""
+    dd.from_pandas(_iris_frame(), npartitions=6).to_parquet(tmp_path / "pq", write_index=False)
+    cfg = dtrain.load_config(None, [*SETS, "data.dataset=parquet", "data.label=species",
+                                    f"data.path={tmp_path}/pq/*.parquet"])
+    coll = collections.from_files(client, cfg.data)
+    wait(coll.futures)
+    workers = worker_addresses(client)                          # in name order
+    assert [tuple(client.who_has(f)[f.key]) for f in coll.futures] == \
+        [(workers[0],)] * 3 + [(workers[1],)] * 3
+    run = train_on(cfg, lambda c: collections.from_files(c, cfg.data), client=client,
+                   out=tmp_path / "run", echo=None)
+    assert "data_moved" not in run.summary and run.summary["fused_shards"]["fused"] is True
 
 
 def test_partitions_among_another_workers_move_into_blocks(client, tmp_path):

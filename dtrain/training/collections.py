@@ -2,8 +2,10 @@
 
 :func:`from_arrays`, :func:`from_frame` and :func:`from_files` make a
 :class:`Collection`: every partition computed (or already held) on the
-cluster, one future each, in partition order, where the scheduler put it (for
-files: each worker reads its own).  Nothing is gathered to the driver or
+cluster, one future each, in partition order, where the scheduler put it (the
+engine then moves some once, into blocks of consecutive partitions per worker:
+:func:`dtrain.taskgraph.placement.balance`).  Files are read by the workers
+each in a block of its own, as the engine wants them, so that none has to move.  Nothing is gathered to the driver or
 concatenated anywhere; unknown chunk sizes are learnt once, by
 :func:`describe`, which runs :func:`dtrain.data.partitions.part_stats` on each
 partition's worker and merges the results in a tree of fixed fan-in and order.
@@ -25,6 +27,8 @@ from dtrain.core.config import DataConfig
 from dtrain.core.errors import DataError
 from dtrain.data import partitions, tables
 from dtrain.data.partitions import Columns, PartSpec, PartStats
+from dtrain.deploy.workers import worker_addresses
+from dtrain.taskgraph.placement import row_blocks
 
 
 @dataclass
@@ -76,10 +80,12 @@ WEIGHT = "__sample_weight__"      # a frame's sample-weight column, where weight
 
 
 def from_frame(client: Client, frame: Any, label: str | Any, where: str = "the dataframe",
-               weight: Any = None) -> Collection:
+               weight: Any = None, in_blocks: bool = False) -> Collection:
     """A dask.dataframe (features and, by name, the label column; or ``label`` a Series of
     the same partitions) as a :class:`Collection`; ``weight``, a Series of the same
-    partitions, its rows' sample weights."""
+    partitions, its rows' sample weights.  ``in_blocks``: a frame whose partitions depend
+    on nothing already on the cluster (files to read) is computed in blocks of
+    consecutive partitions per worker (:func:`_in_blocks`)."""
     if not isinstance(label, str):
         name = label.name if label.name is not None and label.name not in frame.columns \
             else "__label__"
@@ -92,7 +98,8 @@ def from_frame(client: Client, frame: Any, label: str | Any, where: str = "the d
         frame = frame.assign(**{WEIGHT: weight})
     features = [c for c in frame.columns if c not in (label, WEIGHT)]   # as the frame names them
     check_numeric(frame.dtypes.to_dict(), features, where)
-    futures = client.compute(frame.to_delayed())
+    parts = list(frame.to_delayed())
+    futures = _in_blocks(client, parts) if in_blocks else client.compute(parts)
     return Collection(futures, Columns(tuple(features), label,
                                        None if weight is None else WEIGHT),
                       len(features), tuple(map(str, features)), (str(label),))
@@ -129,6 +136,26 @@ def _pair(*blocks: Any) -> tuple[Any, ...]:
     return blocks
 
 
+def _in_blocks(client: Client, parts: list[Any]) -> list[Future]:
+    """``parts`` (delayed partitions, in order, that read their own data) computed on the
+    cluster, each worker (in name order) a block of consecutive ones, of about equal
+    counts: Dask alone deals them out in turn, and the engine would then move half of
+    them once (a fixed-order reduce over partitions alternating between workers is a
+    message per pair and step).  Not for partitions made from data already on the
+    cluster: the restriction would move that data instead.  A worker that cannot compute
+    its block leaves it to another (a loose restriction)."""
+    addresses = worker_addresses(client)
+    if len(addresses) < 2:
+        return client.compute(parts)
+    edges = row_blocks([1] * len(parts), len(addresses))
+    futures: list[Future] = []
+    for b, worker in enumerate(addresses):
+        block = parts[edges[b]:edges[b + 1]]
+        if block:
+            futures += client.compute(block, workers=[worker], allow_other_workers=True)
+    return futures
+
+
 def from_files(client: Client, cfg: DataConfig) -> Collection:
     """``data.path``'s files (a glob) read by the workers through dask.dataframe: Parquet
     with pyarrow, or CSV with the separator and header found in the first file."""
@@ -143,7 +170,7 @@ def from_files(client: Client, cfg: DataConfig) -> Collection:
                             **({} if layout.header else {"names": [
                                 str(i) for i in range(layout.width)]}), blocksize=None)
     label = cfg.label or str(frame.columns[-1])
-    coll = from_frame(client, frame, label, where=cfg.path)
+    coll = from_frame(client, frame, label, where=cfg.path, in_blocks=True)
     if frame.npartitions == len(paths):          # a partition per file: errors name the file
         coll.files = tuple(paths)
         coll.first_line = None if cfg.dataset == "parquet" else 2 if layout.header else 1
