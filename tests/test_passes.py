@@ -4,6 +4,7 @@ structure (keys, pinning, what crosses) and on values (the same bytes as without
 from __future__ import annotations
 
 import gc
+import pickle
 import signal
 import threading
 import time
@@ -78,6 +79,18 @@ def test_a_window_on_one_worker_is_one_task_that_keeps_the_keys_the_engine_reads
     assert [n[0] for n in opened.nodes] == [n[0] for n in chain.nodes]
     assert (opened.kinds, opened.inputs, opened.outputs) == (chain.kinds, chain.inputs,
                                                              chain.outputs)
+
+
+def test_a_packed_chain_stays_bytes_but_in_a_worker_process(monkeypatch):
+    """Unpickled where no worker runs (the scheduler), a window's chain stays bytes; in a
+    worker's process (``OpenChains`` set it up) it is opened as its task arrives, as
+    distributed unpickles any task, not later on the window's critical path."""
+    _, win = _window(["graph.update=root"])
+    packed = fuse.steps(win, 0, 13, RUN).dsk[f"window-0-13-{RUN}"].args[0]
+    monkeypatch.setattr(fuse, "_open_here", False)      # (an in-process worker set it)
+    assert type(pickle.loads(pickle.dumps(packed))) is fuse.Packed
+    fuse.OpenChains().setup(None)
+    assert type(pickle.loads(pickle.dumps(packed))) is fuse.Chain
 
 
 def test_a_window_across_workers_is_left_as_it_is():

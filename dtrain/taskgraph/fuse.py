@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dask.task_spec import DataNode, GraphNode, Task, TaskRef
+from distributed import WorkerPlugin
 
 from dtrain.core import keys
 from dtrain.core.errors import RunEnded
@@ -68,9 +69,14 @@ class Packed:
     graph to read it and pickles each task again to send it to its worker: the chain of a
     window of 400 steps is thousands of tasks, built and taken apart each way (a third of a
     2-worker fit's driver CPU, where the scheduler runs beside the driver); bytes are only
-    copied.  The worker running the chain unpickles it once."""
+    copied.  A worker process (:class:`OpenChains`) opens it as its task arrives, in its
+    event loop while the window before runs, as distributed unpickles any task; anywhere
+    else it stays bytes until :func:`run_chain` opens it."""
 
     data: bytes
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return _arrived, (self.data,)
 
     @classmethod
     def of(cls, chain: Chain) -> Packed:
@@ -80,6 +86,29 @@ class Packed:
     def open(self) -> Chain:
         from distributed.protocol import pickle
         return pickle.loads(self.data)
+
+
+_open_here = False      # this process is a Dask worker's: chains are opened as they arrive
+
+
+def _arrived(data: bytes) -> Packed | Chain:
+    """A :class:`Packed` chain unpickled: opened in a worker process, bytes elsewhere."""
+    if _open_here:
+        from distributed.protocol import pickle
+        return pickle.loads(data)
+    return Packed(data)
+
+
+class OpenChains(WorkerPlugin):
+    """Marks a worker's process as one that opens a :class:`Packed` chain as its task
+    arrives (on a scheduler of its own, chains stay bytes)."""
+
+    name = "dtrain-open-chains"
+    idempotent = True
+
+    def setup(self, worker: Any) -> None:
+        global _open_here
+        _open_here = True
 
 
 @dataclass(frozen=True)
