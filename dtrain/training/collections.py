@@ -5,8 +5,8 @@
 cluster, one future each, in partition order, where the scheduler put it (the
 engine then moves some once, into blocks of consecutive partitions per worker:
 :func:`dtrain.taskgraph.placement.balance`).  Files are read by the workers
-each in a block of its own, as the engine wants them, so that none has to move.  Nothing is gathered to the driver or
-concatenated anywhere; unknown chunk sizes are learnt once, by
+each in a block of its own, as the engine wants them, so that none has to move.
+Nothing is gathered to the driver or concatenated anywhere; unknown chunk sizes are learnt once, by
 :func:`describe`, which runs :func:`dtrain.data.partitions.part_stats` on each
 partition's worker and merges the results in a tree of fixed fan-in and order.
 """
