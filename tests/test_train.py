@@ -29,33 +29,47 @@ def _train(client, sets, out=None):
     return dtrain.train(dtrain.load_config(None, sets), client=client, out=out, echo=None)
 
 
-def test_bit_identical_whatever_the_worker_count(client, tmp_path):
-    """Same config and shards: params.npz is byte-for-byte equal on any mix of worker
-    processes and threads (processes x threads: 1x1, 3x1, 1x3, 2x2, and the fixture's 2x1),
+def _bytes_and_rows(client, name: str, sets: list[str], tmp_path) -> tuple[bytes, list]:
+    """A QUICK run's params.npz and its (train loss, train accuracy) per epoch."""
+    r = _train(client, QUICK + sets, tmp_path / name)
+    return ((tmp_path / name / "params.npz").read_bytes(),
+            [(m["train_loss"], m["train_accuracy"]) for m in r.metrics])
+
+
+def _all_the_same(runs: dict[str, tuple[bytes, list]]) -> None:
+    """Every run's params.npz the 2-worker run's bytes; the running train loss and accuracy
+    are sums in the gradient buffer: equal too."""
+    blob, rows = runs["2 workers"]
+    assert {n: r[0] == blob for n, r in runs.items()} == dict.fromkeys(runs, True)
+    assert all(r[1] == rows for r in runs.values()), runs
+
+
+def test_bit_identical_whatever_the_window_and_fusion(client, tmp_path):
+    """Same config and shards on the fixture's 2 workers: params.npz is byte-for-byte equal
     with a worker's shards in one task or in a task each, and whatever the window length or
     update fusion."""
-    blobs, train = {}, {}
+    variants = {"2 workers": [], "window 3": ["graph.window=3"],
+                "steps not fused": ["graph.fuse_steps=false"],
+                "unfused": ["graph.fuse_update=false"],
+                "one task per shard": ["graph.fuse_shards=false"]}
+    _all_the_same({name: _bytes_and_rows(client, name, extra, tmp_path)
+                   for name, extra in variants.items()})
+
+
+@pytest.mark.slow
+def test_bit_identical_whatever_the_worker_count(client, tmp_path):
+    """... and on any mix of worker processes and threads (processes x threads: 1x1, 3x1,
+    1x3, 2x2, beside the fixture's 2x1), a worker's shards in one task or a task each."""
+    runs = {"2 workers": _bytes_and_rows(client, "2 workers", [], tmp_path)}
     for procs, threads in ((1, 1), (3, 1), (1, 3), (2, 2)):
         with LocalCluster(n_workers=procs, threads_per_worker=threads, processes=True,
                           dashboard_address=None) as lc, Client(lc) as c:
             for fuse in ("true", "false") if threads > 1 else ("auto",):
                 name = f"{procs}x{threads} fuse {fuse}"
-                r = _train(c, QUICK + [f"graph.fuse_shards={fuse}"], tmp_path / name)
-                blobs[name] = (tmp_path / name / "params.npz").read_bytes()
-                train[name] = [(m["train_loss"], m["train_accuracy"]) for m in r.metrics]
-                assert r.summary["workers"] == procs and r.summary["threads"] == procs * threads
-    variants = {"2 workers": [], "window 3": ["graph.window=3"],
-                "steps not fused": ["graph.fuse_steps=false"],
-                "unfused": ["graph.fuse_update=false"],
-                "one task per shard": ["graph.fuse_shards=false"]}
-    for name, extra in variants.items():
-        r = _train(client, QUICK + extra, tmp_path / name)
-        blobs[name] = (tmp_path / name / "params.npz").read_bytes()
-        train[name] = [(m["train_loss"], m["train_accuracy"]) for m in r.metrics]
-    reference = blobs["2 workers"]
-    assert {name: blob == reference for name, blob in blobs.items()} == dict.fromkeys(blobs, True)
-    # the running train loss and accuracy are sums in the gradient buffer: equal too
-    assert all(rows == train["2 workers"] for rows in train.values()), train
+                runs[name] = _bytes_and_rows(c, name, [f"graph.fuse_shards={fuse}"], tmp_path)
+                summary = json.loads((tmp_path / name / "summary.json").read_text())
+                assert summary["workers"] == procs and summary["threads"] == procs * threads
+    _all_the_same(runs)
 
 
 def _helper_threads() -> int:
