@@ -8,6 +8,7 @@ import pickle
 import threading
 import time
 
+import numpy as np
 import pytest
 from dask.task_spec import DataNode, Task, TaskRef
 
@@ -15,6 +16,7 @@ from dtrain.core import keys
 from dtrain.core.config import load_config
 from dtrain.data.shards import load_shard
 from dtrain.deploy import p2p
+from dtrain.maths.optim import TrainState
 from dtrain.taskgraph import fuse, handoff, span
 from dtrain.taskgraph.placement import Worker
 from dtrain.training.plan import plan
@@ -460,3 +462,18 @@ def test_a_big_net_trains_without_sending_a_large_graph(client, recwarn):
     r = dtrain.train(cfg, client=client, echo=None)
     assert r.summary["state_bytes_in_graphs"] == 0
     assert not [w for w in recwarn if "large graph" in str(w.message)]
+
+
+def test_a_run_that_gave_up_an_attempt_refuses_its_old_windows_however_many_runs_follow():
+    """A kept state of an attempt the run's engine gave up is not kept, and the run's
+    record of its attempt stays among the newest however many runs the worker served
+    before (it was once cleared with every other run's at the 64th)."""
+    kept = handoff._Kept()
+    for i in range(handoff.KEEP_ATTEMPTS - 1):
+        kept.give_up(f"old-{i}", 1)
+    kept.give_up("run", 2)
+    kept.give_up("another", 1)                   # the map is full: the oldest run's goes
+    stale = handoff.Handed("run", 5, 0.0, attempt=1)
+    assert kept.stale(stale) and not kept.stale(handoff.Handed("run", 5, 0.0, attempt=2))
+    kept.put(stale, TrainState(np.zeros(3)))
+    assert "run" not in kept.states and len(kept.attempts) == handoff.KEEP_ATTEMPTS

@@ -74,9 +74,10 @@ def gather(client: Client, futures: list[Future], timeout: float, after: str = "
     holds while the values are fetched too: if the last workers leave once the futures are
     done, their data is lost, and ``client.gather`` would wait for it to be made again.  So
     the gather runs in a thread of its own while this one watches the workers (if it gives
-    up, that thread ends once the caller releases the futures).  A worker of ``needs`` (where the tasks
-    were placed) that has left raises :class:`WorkerLeft`: distributed would run the lost
-    tasks again, and a window's tasks take a state that was kept on the lost worker."""
+    up, that thread ends once the caller releases the futures).  A worker of ``needs``
+    (where the tasks were placed) that has left raises :class:`WorkerLeft`: distributed
+    would run the lost tasks again, and a window's tasks take a state that was kept on the
+    lost worker."""
     got: dict[str, object] = {}
     fetched = threading.Event()
 

@@ -44,6 +44,7 @@ from dtrain.taskgraph import fuse
 from dtrain.taskgraph.window import Window
 
 KEEP_RUNS = 4           # runs whose last state a worker keeps at once (one each)
+KEEP_ATTEMPTS = 64      # runs whose current attempt a worker remembers (the newest)
 
 
 class StateGone(Exception):
@@ -113,9 +114,10 @@ class _Kept:
 
     def give_up(self, run: str, attempt: int) -> None:
         with self.changed:
-            if len(self.attempts) >= 64:
-                self.attempts.clear()
-            self.attempts[run] = max(attempt, self.attempts.get(run, 0))
+            attempt = max(attempt, self.attempts.pop(run, 0))
+            while len(self.attempts) >= KEEP_ATTEMPTS:  # the oldest runs' go, not this one's
+                self.attempts.pop(next(iter(self.attempts)))
+            self.attempts[run] = attempt
             self.changed.notify_all()
 
     def drop(self, run: str) -> bool:
