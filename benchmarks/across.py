@@ -22,8 +22,9 @@ Table = tuple[str, list[str], list[list[str]], str]
 
 MPI, DDP, FLOOR = "mpi-allreduce", "torch-ddp", "dask-floor"
 LOCAL, LOCAL_TCP = "dtrain-allreduce", "dtrain-allreduce-tcp"
+SEGMENTS = "dtrain-allreduce-segments"
 ON_MPI, ON_MPI_TCP = "dtrain-mpi-allreduce", "dtrain-mpi-allreduce-tcp"
-DTRAIN = (LOCAL, LOCAL_TCP, ON_MPI, ON_MPI_TCP)
+DTRAIN = (LOCAL, LOCAL_TCP, SEGMENTS, ON_MPI, ON_MPI_TCP)
 COLUMNS = (MPI, DDP, *DTRAIN, FLOOR)
 # (contender, workloads, worker counts, what, goal): the goals
 GOALS = [(LOCAL, ("P2", "P3"), (2, 4), "x MPI", 1.5),
@@ -92,7 +93,8 @@ def tables(results: dict[str, Any]) -> list[Table]:
         "Each worker process stands for a node (and the machine's cores are shared by all). "
         "dtrain-allreduce: a LocalCluster of one single-thread process per worker, a window "
         "one task per worker, the step's sums sent worker to worker (a Unix socket between "
-        "processes of one machine); -tcp: over TCP, as between machines; "
+        "processes of one machine); -tcp: over TCP, as between machines; -segments: "
+        "each step's sums reduced in segments (graph.reduce = segments); "
         "dtrain-mpi-allreduce: the same under mpiexec with the cluster on TLS (-tcp: the "
         "worker-to-worker sockets on TLS too); dask-floor: the per-step graph with no maths "
         "through the scheduler. Scheduler tasks: counted by the scheduler over the whole run "

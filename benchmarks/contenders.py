@@ -116,6 +116,7 @@ class Contender:
     fuse: str = ""                # graph.fuse_shards
     device: str = ""              # cluster.device: "gpu" (one GPU worker), "auto" (GPU + CPUs)
     p2p: str = ""                 # cluster.p2p ("" leaves the default, auto)
+    reduce: str = ""              # graph.reduce ("" leaves the default, tree)
 
     @property
     def trains(self) -> bool:
@@ -184,6 +185,8 @@ class Contender:
             graph["slices"] = workers
         if self.fuse:
             graph.update(fuse_shards=self.fuse, fuse_steps=False)
+        if self.reduce:
+            graph["reduce"] = self.reduce
         cluster = {"workers": self.dask_workers(workers)}
         if self.threads:
             cluster["threads_per_worker"] = workers
@@ -273,6 +276,9 @@ CONTENDERS = [
     Contender("dtrain-allreduce-tcp", "dtrain-allreduce with its worker-to-worker messages "
               "over TCP, as between machines (cluster.p2p = tcp)", "local", "allreduce",
               driver=True, p2p="tcp"),
+    Contender("dtrain-allreduce-segments", "dtrain-allreduce with each step's sums reduced in "
+              "segments worker to worker (graph.reduce = segments: a reduce-scatter and an "
+              "allgather)", "local", "allreduce", driver=True, reduce="segments"),
     Contender("dtrain-ps", "dtrain parameter-server on a LocalCluster", "local",
               "parameter-server", driver=True),
     Contender("dask-floor", "dtrain-allreduce's step graph with no maths: Dask's own cost",

@@ -2,8 +2,8 @@
 # Every table of issues 27, 29 and 36 on a lent machine with 16 cores and one NVIDIA GPU, from
 # a bare start, in one call (under 8 minutes): the in-node table, dtrain beside serial NumPy,
 # mpi4py and PyTorch DDP at 1-16 workers (with 16 worker processes, one per core, each window
-# a task per worker and its sums worker to worker: issue 36's goal on P3), the one-GPU table,
-# then the GPU tests.
+# a task per worker and its sums worker to worker, by the tree and in segments: issue 36's goal
+# on P3), the one-GPU table, then the GPU tests.
 #
 # The machine has Python with torch, CuPy, NumPy, pandas, pyarrow, scikit-learn and mpi4py,
 # no network, and no dask, distributed or bokeh: those come as wheels carried in .whl/, and
@@ -20,7 +20,7 @@ keep=${OUT:-benchmarks/results-device}
 workers=${WORKERS:-1,2,4,8,16}             # WORKERS=1,2 QUICK=--quick: a dry run anywhere
 quick=${QUICK:-}
 top=${workers##*,}
-cpu_contenders=${CPU_CONTENDERS:-serial,dtrain-default,mpi-allreduce,torch-ddp@$top,dtrain-allreduce@$top}
+cpu_contenders=${CPU_CONTENDERS:-serial,dtrain-default,mpi-allreduce,torch-ddp@$top,dtrain-allreduce@$top,dtrain-allreduce-segments@$top}
 tests=${TESTS:-tests/test_device.py tests/test_passes.py}
 out=/tmp/dtrain-bench
 rm -rf "$out"; mkdir -p "$out" "$keep"

@@ -4,6 +4,7 @@ cut into a task per worker; the state handed over between windows): tested on st
 processes a worker computes its shards on: tests/test_cores.py."""
 from __future__ import annotations
 
+import copy
 import pickle
 import threading
 import time
@@ -17,7 +18,7 @@ from dtrain.core.config import load_config
 from dtrain.data.shards import load_shard
 from dtrain.deploy import p2p
 from dtrain.maths.optim import TrainState
-from dtrain.taskgraph import fuse, handoff, span
+from dtrain.taskgraph import fuse, handoff, segments, span
 from dtrain.taskgraph.placement import Worker
 from dtrain.training.plan import plan
 
@@ -280,6 +281,98 @@ def test_a_value_read_on_many_workers_goes_down_a_binomial_tree():
         got = dict(reads[key])
         assert len(got) == 5 and all(got[r] in dict(by) for r in got)   # each from a sender
     assert all(len(to) <= 3 for v in sends.values() for _, to in v)
+
+
+# --- a step's sums reduced in segments --------------------------------------------------------
+
+def _segmented(sets, workers, monkeypatch):
+    """A window of ``sets`` on ``workers`` and the segments pass's rewrite of it (any buffer
+    counts as big enough: the default net's is tiny)."""
+    monkeypatch.setattr(segments, "MIN_SEGMENT_BYTES", 0)
+    p, win = _window(sets, workers=workers)
+    itemsize = np.dtype(p.net.dtype).itemsize
+    return p, win, segments.split(copy.deepcopy(win), RUN, itemsize), itemsize
+
+
+def test_a_step_read_on_every_worker_is_one_allreduce_node_per_worker(monkeypatch):
+    workers = ("w0", "w1", "w2", "w3")
+    p, win, seg, itemsize = _segmented(["data.shards=4"], workers, monkeypatch)
+    nodes = {k: v for k, v in seg.dsk.items() if keys.kind_of(k) == keys.ALLREDUCE}
+    # steps 0-12 (the window's last is reduced to the root alone, as built): one each
+    assert sorted(nodes) == sorted(keys.make(keys.ALLREDUCE, j, s, run=RUN)
+                                   for j in range(13) for s in range(4))
+    for key, node in nodes.items():
+        task = node.args[0]
+        assert (task.tree, task.holders, task.readers) == (((0, 1), (2, 3)), workers, workers)
+        here = workers[task.index]
+        assert seg.where[key] == [here] and task.index == int(keys.parse(key).parts[1])
+        # it reads the buffers made on its own worker only: what crosses, it sends itself
+        assert all(seg.where[d] == [here] for d in node.dependencies)
+        assert task.n == p.net.buffer_size and task.tag == keys.make(keys.ALLREDUCE,
+                                                                     keys.parse(key).step, run=RUN)
+    # each reader's next forward-backward reads its own node, one buffer for the step
+    for s, w in enumerate(workers):
+        fb = seg.dsk[keys.make(keys.FORWARD_BACKWARD, 5, s, run=RUN)]
+        assert keys.make(keys.ALLREDUCE, 4, s, run=RUN) in fb.dependencies
+        assert fb.args[0].updates.widths == (1,) * len(fb.args[0].updates.steps)
+    # no reduce reads across workers any more but the last step's, to the root
+    crossing = {k for k, node in seg.dsk.items() if keys.kind_of(k) == keys.REDUCE and
+                any(seg.where[d] != seg.where[k] for d in node.dependencies)}
+    assert crossing and {keys.parse(k).step for k in crossing} == {13}
+    assert {k for k in win.dsk if keys.kind_of(k) == keys.REDUCE and keys.parse(k).step == 13} \
+        <= set(seg.dsk)
+    # what it sends: each worker 3 segments of its buffer and its own segment's sum 3 times
+    sent = 13 * 4 * 2 * 3 * (p.net.buffer_size // 4) * itemsize
+    assert segments.traffic(seg, itemsize) == (13 * 4 * 6, pytest.approx(sent, abs=13 * 24 * itemsize))
+
+
+def test_the_segments_pass_leaves_what_it_does_not_pay_on(monkeypatch):
+    four = ("w0", "w1", "w2", "w3")
+    _, win = _window(["data.shards=4"], workers=four)
+    assert segments.split(win, RUN, 4) is win           # the default net's 133 numbers
+    monkeypatch.setattr(segments, "MIN_SEGMENT_BYTES", 0)
+    assert segments.split(win, RUN, 4) is not win       # (any buffer big enough)
+    for sets, workers in (([], ("w0", "w1")),           # 2 readers: the tree's 2 messages
+                          (["graph.strategy=parameter-server"], ("w0", "w1", "w2")),
+                          (["graph.update=root"], four)):   # its sums read on one worker
+        _, win = _window(sets, workers=workers)
+        assert segments.split(win, RUN, 4) is win, sets
+
+
+SEGMENTED = {
+    "4 workers": (["data.shards=4"], 4),
+    "3 workers, fan-in 3": (["data.shards=6", "graph.fan_in=3"], 3),
+    "5 workers": (["data.shards=5"], 5),
+    "a reduce on its worker stays whole": (["data.shards=8", "graph.fuse_shards=false"], 4),
+    "float64, states kept every 2 steps": (["data.shards=4", "model.dtype=float64",
+                                            "graph.state_every=2"], 4),
+}
+
+
+@pytest.mark.parametrize("case", SEGMENTED)
+def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(case, monkeypatch):
+    sets, n = SEGMENTED[case]
+    workers = tuple(f"w{i}" for i in range(n))
+    p, win, seg, itemsize = _segmented(sets, workers, monkeypatch)
+    assert seg is not win
+    values = _inputs(p)
+    plain = _run(win, p, values)
+    tree, nodes = _cut(win, list(workers))
+    by_tree = _run_cut(tree, nodes, values)
+    cut, nodes = _cut(seg, list(workers))
+    got = _run_cut(cut, nodes, values)
+    for end in win.ends:
+        assert got[end].vector.tobytes() == plain[end].vector.tobytes()
+    ran = got[cut.meta]
+    assert list(ran.values) == [plain[key] for key in win.evals.values()]
+    # the messages the pass predicts are sent, beside the cut's own, and fewer bytes in all
+    predicted = segments.traffic(seg, itemsize)[1] + sum(
+        seg.nbytes.get(k, 0) for k, _, _ in seg.transfers({}) if k in seg.dsk)
+    reports = by_tree[tree.meta].sent[1] - sum(
+        win.nbytes.get(k, 0) for k, _, _ in win.transfers({}) if k in win.dsk)
+    assert ran.sent[1] - reports == predicted
+    if n > 3:
+        assert ran.sent[1] < by_tree[tree.meta].sent[1]
 
 
 def test_a_cut_window_whose_task_fails_stops_its_peers_at_once():

@@ -72,6 +72,25 @@ def test_bit_identical_whatever_the_worker_count(client, tmp_path):
     _all_the_same(runs)
 
 
+@pytest.mark.slow
+def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(tmp_path):
+    """graph.reduce = segments on 3 worker processes (a net wide enough to cut): the tree's
+    params.npz and epochs, its windows' sums reduced in segments, and the bytes it sends
+    what its graphs say."""
+    wide = ["model.layers=[4, 2048, 3]"]
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        runs = {"2 workers": _bytes_and_rows(c, "tree", wide, tmp_path),   # (the key
+                "segments": _bytes_and_rows(c, "segments", [*wide, "graph.reduce=segments"],
+                                            tmp_path)}                      # _all_the_same reads)
+    _all_the_same(runs)
+    tree, cut = (json.loads((tmp_path / n / "summary.json").read_text())
+                 for n in ("tree", "segments"))
+    assert tree["segmented_windows"] == 0 and cut["segmented_windows"] == cut["spanned_windows"] > 0
+    assert_moved_as_predicted(cut)
+    assert cut["comm_bytes_measured_per_step"] < tree["comm_bytes_measured_per_step"]
+
+
 def _helper_threads() -> int:
     return sum(t.name.startswith("dtrain-shards") for t in threading.enumerate())
 
@@ -216,7 +235,7 @@ def test_mnist_reaches_92_percent(client, mnist_dir):
     assert r.summary["test_accuracy"] >= 0.92
 
 
-@pytest.mark.parametrize("shards", [1, 4])
+@pytest.mark.parametrize("shards", [pytest.param(1, marks=pytest.mark.slow), 4])
 def test_every_epoch_takes_time_and_the_epochs_fit_in_the_run(client, tmp_path, shards):
     """Windows of 10 steps, epochs of 27, the next window launched ahead: on one worker (1
     shard) and across both (4), every epoch's seconds and rate are positive and together

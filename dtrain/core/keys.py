@@ -13,6 +13,8 @@ several runs share a cluster::
     every shard; elsewhere each evaluation is forward-backward-<evaluation>-<shard>, the
     reduce tree, and reduce-<evaluation>-total-<run>)
     kept-<step>-<run>  (a window's end state, kept on its worker for the next window)
+    allreduce-<step>-<segment>-<run>  (a worker's part of a step's sums reduced in segments,
+    inside a window cut across workers: :mod:`dtrain.taskgraph.segments`)
     load-shard-<i>-<gen>-<run>   load-val-<run>   load-test-<run>   local-sgd-<step>-<shard>-<run>
     fit-normalization-<run>   partition-stats-<partition>-<run>   merge-stats-<level>-<i>-<run>
     model-parallel: forward-<step>-<block>-<slice>-<run>, backward-..., input-grad-...,
@@ -47,6 +49,7 @@ NORMALIZATION = "fit-normalization"     # the training split's statistics, for m
 PART_STATS, MERGE_STATS = "partition-stats", "merge-stats"    # a Dask collection's, once
 FORWARD, BACKWARD, INPUT_GRAD = "forward", "backward", "input-grad"
 COMBINE, BACK_COMBINE, LOSS = "combine", "back-combine", "loss"
+ALLREDUCE = "allreduce"     # a step's sums reduced in segments, worker to worker
 
 # Okabe-Ito colours (safe for colour-blind readers); evaluation and loading share a colour
 # with their kind.  Order matters: longer names first, so "evaluate-test" wins over "evaluate".
@@ -61,6 +64,7 @@ COLORS: dict[str, str] = {
     COMBINE: "#E69F00",
     INPUT_GRAD: "#F0E442",          # yellow: a slice's share sent down
     REDUCE: "#E69F00",
+    ALLREDUCE: "#E69F00",
     LOSS: "#D55E00",                # vermillion: the root's step
     UPDATE: "#D55E00",
     EVALUATE_TEST: "#009E73",       # green: evaluation

@@ -38,8 +38,10 @@ from typing import Any
 from dask.task_spec import Task, TaskRef
 
 from dtrain.core import keys
+from dtrain.core.arrays import array_module, like, on_gpu, to_host
 from dtrain.deploy import p2p
 from dtrain.taskgraph.fuse import CRITICAL, META, Packed, Ran, plain, chain_of, in_order, pick, run_chain
+from dtrain.taskgraph.treesum import Tree, nested_sum
 from dtrain.taskgraph.window import Window
 
 SEND, RECV = "send", "recv"     # the message nodes' kinds in a chain's timings
@@ -82,6 +84,64 @@ def send(ranks: tuple[int, ...], tag: str, value: Any) -> Any:
     """A message node: send ``value`` as ``tag`` to ``ranks``; it stays here as it was."""
     _here.link.send(ranks, tag, value)
     return value
+
+
+@dataclass(frozen=True)
+class Allreduce:
+    """A message node that talks to several workers: ``allreduce-<step>-<s>``, worker
+    ``readers[s]``'s part of a step's sums reduced in segments
+    (:mod:`~dtrain.taskgraph.segments`).  ``tree`` nests the positions of the buffers it
+    sums (of ``n`` numbers each; buffer ``i`` made on worker ``holders[i]``) as the reduce
+    tasks and the readers summed them; reader ``s`` sums segment ``s``
+    (:func:`bounds`); ``tag`` names the step's messages.  Inputs: the buffers made on
+    this worker, in position order."""
+
+    tree: Tree
+    holders: tuple[str, ...]
+    readers: tuple[str, ...]
+    index: int
+    n: int
+    tag: str
+
+    def to(self) -> set[str]:
+        """The workers it sends to."""
+        return set(self.readers) - {self.readers[self.index]}
+
+    def frm(self) -> set[str]:
+        """The workers it reads from."""
+        return (set(self.holders) | set(self.readers)) - {self.readers[self.index]}
+
+
+def bounds(index: int, of: int, n: int) -> tuple[int, int]:
+    """Where segment ``index`` of ``of`` of ``n`` numbers starts and ends."""
+    return index * n // of, (index + 1) * n // of
+
+
+def allreduce(task: Allreduce, *mine: Any) -> Any:
+    """See :class:`Allreduce`: this worker's buffers cut and each segment sent to its
+    reader, this worker's segment summed over ``tree`` and sent to every other reader,
+    and the whole sum put back together from the segments (the bytes of the tree's sum,
+    number for number).  Every send goes out before the first read."""
+    link, me, of = _here.link, task.readers[task.index], len(task.readers)
+    rank = link.mesh.rank
+    held = [i for i, h in enumerate(task.holders) if h == me]
+    bufs = dict(zip(held, mine))
+    cuts = [bounds(s, of, task.n) for s in range(of)]
+    for j in range(1, of):      # segment s to reader s, the next reader's first (so that
+        s = (task.index + j) % of           # not every worker sends to reader 0 first)
+        lo, hi = cuts[s]
+        for i in held:
+            link.send([rank(task.readers[s])], f"{task.tag}/{i}/{s}", to_host(bufs[i][lo:hi]))
+    lo, hi = cuts[task.index]
+    parts = [bufs[i][lo:hi] if i in bufs else link.recv(rank(h), f"{task.tag}/{i}/{task.index}")
+             for i, h in enumerate(task.holders)]
+    mine_sum = nested_sum(task.tree, parts)
+    others = [rank(r) for r in task.readers if r != me]
+    link.send(others, f"{task.tag}/sum/{task.index}", to_host(mine_sum))
+    sums = [mine_sum if s == task.index else link.recv(rank(r), f"{task.tag}/sum/{s}")
+            for s, r in enumerate(task.readers)]
+    ref = next((x for x in sums if on_gpu(x)), sums[0])
+    return array_module(ref).concatenate([like(x, ref) for x in sums])
 
 
 def run_piece(piece: Piece, *inputs: Any) -> Ran:
@@ -222,6 +282,9 @@ def cut(win: Window, rank: dict[str, int]) -> Cut:
                 got[w].add(a.key)
                 out.frm[w].add(rank[src])
         out.add(w, (key, fn, args), keys.kind_of(key))
+        if fn is allreduce:                 # a node that talks to several workers itself
+            out.to[w].update(rank[p] for p in args[0].to())
+            out.frm[w].update(rank[p] for p in args[0].frm())
         if k not in readers:
             continue
         members = [w, *sorted(readers[k], key=rank.__getitem__)]

@@ -23,6 +23,7 @@ from concurrent.futures import CancelledError
 from typing import Any
 
 import dask
+import numpy as np
 from dask.task_spec import TaskRef
 from distributed import Client, Future
 
@@ -39,7 +40,7 @@ from dtrain.deploy.workers import StrandedTasks, forgotten, gather, present, rou
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
-from dtrain.taskgraph import fuse, handoff, span
+from dtrain.taskgraph import fuse, handoff, segments, span
 from dtrain.taskgraph.handoff import StateGone
 from dtrain.taskgraph.dataparallel import TINY_FLOPS, fuse_choice, shard_rows
 from dtrain.taskgraph.placement import Placement, Worker, choices
@@ -178,6 +179,7 @@ class DaskEngine:
         self.mesh: p2p.Mesh | None = None           # windows that span workers: their peers
         self.meshes = 0                             # ... how many were opened
         self.spanned_windows = 0                    # windows run as a task per worker
+        self.segmented_windows = 0                  # ... their sums reduced in segments
         self.sent = [0, 0]                          # ... their messages and bytes
         self.via: set[str] = set()                  # ... and how they went (deploy.p2p)
         self.reruns: list[str] = []                 # windows run again, and why
@@ -446,7 +448,8 @@ class DaskEngine:
                        moved_summary(self.moved),
                        {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
                         "fused_windows": self.fused_windows,
-                        "spanned_windows": self.spanned_windows, "meshes": self.meshes,
+                        "spanned_windows": self.spanned_windows,
+                        "segmented_windows": self.segmented_windows, "meshes": self.meshes,
                         "via": sorted(self.via),
                         "reruns": self.reruns,
                         "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice,
@@ -625,6 +628,14 @@ class DaskEngine:
         p = self.plan
         win = p.builder.window(steps, state, self.refs, heldout.refs(val), placement,
                                self.run_id)
+        if p.config.graph.reduce == "segments" and p.config.graph.fuse_steps and \
+                fuse.one_worker(win) is None:               # a window cut across workers
+            itemsize = np.dtype(p.net.dtype).itemsize
+            win = segments.split(win, self.run_id, itemsize)
+            messages, nbytes = segments.traffic(win, itemsize)
+            self.segmented_windows += messages > 0
+            self.predicted_transfers += messages
+            self.predicted_bytes += nbytes
         located = {f.key: w for w, f in self.items} | heldout.located(val, placement.root)
         moves = win.transfers(located)
         self.predicted_bytes += sum(win.nbytes.get(k, 0) for k, _, _ in moves)

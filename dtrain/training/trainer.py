@@ -456,6 +456,7 @@ def _graph(outcome: Outcome) -> dict[str, Any]:
             "fused_shards": None if fused is None else {"fused": fused[0], "why": fused[1]},
             "fused_windows": g.get("fused_windows", 0),
             "spanned_windows": g.get("spanned_windows", 0),
+            "segmented_windows": g.get("segmented_windows", 0),
             "worker_to_worker": g.get("via", []),
             "scheduler_tasks_per_step": outcome.compute["scheduler_tasks"] / steps
             if "scheduler_tasks" in outcome.compute else None,
