@@ -146,6 +146,7 @@ def test_failed_commands_leave_runs_as_it_was(tmp_path, capfd, monkeypatch, runs
         assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == before, name
 
 
+@pytest.mark.slow      # the fast tier: test_bad_input's "unreachable scheduler"
 def test_unreachable_scheduler_fails_within_the_timeout(tmp_path):
     start = time.monotonic()
     proc = run_cli("--scheduler-address", f"tcp://127.0.0.1:{_free_port()}",

@@ -98,7 +98,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("ranks, args, message", [
-    pytest.param(*row, id=name, marks=() if name == "bad-config" else SLOW) for row, name in
+    pytest.param(*row, id=name, marks=SLOW) for row, name in
     zip(BAD, ["bad-config", "missing-data", "bad-head-rank", "workers-flag", "unknown-flag"])])
 def test_bad_input_stops_every_rank_with_one_line(tmp_path, ranks, args, message):
     job = mpirun.run(ranks, *args, "--out", str(tmp_path / "run"), *QUIET, timeout=60)
@@ -110,6 +110,7 @@ def test_bad_input_stops_every_rank_with_one_line(tmp_path, ranks, args, message
     assert job.stdout == "" and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow      # the fast tier: a user's error mid-run, the same way out
 def test_a_driver_exception_ends_every_rank(tmp_path):
     out = tmp_path / "run"
     job = mpirun.run(3, *_sets(["train.epochs=200", "graph.window=7"]), "--out", str(out),
@@ -131,7 +132,8 @@ def test_a_user_error_mid_run_ends_every_rank_with_code_2(tmp_path):
     assert not (out / "summary.json").exists() and not mpirun.leftovers(str(out))
 
 
-@pytest.mark.parametrize("how", [pytest.param("killed", marks=pytest.mark.slow), "leaves"])
+@pytest.mark.slow      # the fast tier: a worker lost on a LocalCluster (test_reliability)
+@pytest.mark.parametrize("how", ["killed", "leaves"])
 def test_a_lost_worker_rank_ends_the_job(client, tmp_path, how):
     """A worker rank killed mid-training: mpiexec ends the other ranks (MPI's own rule), and
     ``--resume`` under mpiexec finishes the run from its checkpoint with the bytes of an

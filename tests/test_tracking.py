@@ -98,7 +98,8 @@ def test_with_tracking_off_neither_package_is_imported(tmp_path):
          "report.html", "summary.json"]
 
 
-@pytest.mark.parametrize("package", ["mlflow", "tensorboard"])
+@pytest.mark.parametrize("package", [pytest.param("mlflow", marks=pytest.mark.slow),
+                                     "tensorboard"])
 def test_a_missing_package_is_one_line_naming_the_extra_before_anything_starts(tmp_path,
                                                                                 package):
     """The package made unimportable for real (None in sys.modules, as Python's import
