@@ -392,6 +392,24 @@ def test_a_cut_window_whose_task_fails_stops_its_peers_at_once():
     assert isinstance(errors[w0], p2p.PeerLost) and not isinstance(errors[w1], p2p.Broken)
 
 
+def test_a_segmented_window_whose_task_fails_stops_its_peers_at_once(monkeypatch):
+    """The same in a window whose sums are reduced in segments: each of the three others,
+    waiting inside an allreduce node for the failed worker's segments, stops at once."""
+    workers = ("w0", "w1", "w2", "w3")
+    p, _, seg, _ = _segmented(["data.shards=4"], workers, monkeypatch)
+    values = _inputs(p)
+    values[f"load-shard-3-{RUN}"] = None
+    cut, nodes = _cut(seg, list(workers))
+    start = time.monotonic()
+    errors = _run_pieces(cut, nodes, dict(values), 30)
+    for n in nodes.values():
+        n.close()
+    assert time.monotonic() - start < 5
+    *others, failed = cut.pieces
+    assert all(isinstance(errors[k], p2p.PeerLost) for k in others), errors
+    assert not isinstance(errors[failed], p2p.Broken)
+
+
 # --- handing the state over ------------------------------------------------------------------
 
 def test_the_state_is_kept_where_the_window_ends_and_taken_there_next():
