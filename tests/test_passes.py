@@ -185,6 +185,18 @@ def _run_cut(cut, nodes, values):
             n.close()
 
 
+def _same_as_step_by_step(win, rewritten, workers, values, plain):
+    """Cut ``rewritten`` (``win`` or a pass's rewrite of it) over a mesh, run it, check its
+    ends and evaluations are ``win``'s step-by-step values (``plain``); its meta."""
+    cut, nodes = _cut(rewritten, list(workers))
+    got = _run_cut(cut, nodes, values)
+    for end in win.ends:
+        assert got[end].vector.tobytes() == plain[end].vector.tobytes()
+    ran = got[cut.meta]
+    assert list(ran.values) == [plain[key] for key in win.evals.values()]
+    return ran
+
+
 def test_a_window_across_workers_is_a_task_per_worker_whose_crossings_are_messages():
     p, win = _window(workers=("w0", "w1"))
     cut, nodes = _cut(win, ["w0", "w1"])
@@ -245,13 +257,7 @@ def test_a_cut_window_computes_the_bytes_of_the_step_by_step_graph(case):
     p, win = _window(sets, workers=workers)
     assert len({w[0] for w in win.where.values()}) == len(workers)
     values = _inputs(p)
-    plain = _run(win, p, values)
-    cut, nodes = _cut(win, list(workers))
-    got = _run_cut(cut, nodes, values)
-    for end in win.ends:
-        assert got[end].vector.tobytes() == plain[end].vector.tobytes()
-    ran = got[cut.meta]
-    assert list(ran.values) == [plain[key] for key in win.evals.values()]
+    ran = _same_as_step_by_step(win, win, workers, values, _run(win, p, values))
     assert ran.steps == 14 and ran.sent[0] > 0
     maths = sum(ran.seconds.get(k, 0) for k in (*keys.WORK, keys.REDUCE, keys.UPDATE))
     assert 0 < ran.seconds[fuse.CRITICAL] <= maths      # the longest chain's, not the sum
@@ -357,22 +363,16 @@ def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(case, monkeypatch):
     assert seg is not win
     values = _inputs(p)
     plain = _run(win, p, values)
-    tree, nodes = _cut(win, list(workers))
-    by_tree = _run_cut(tree, nodes, values)
-    cut, nodes = _cut(seg, list(workers))
-    got = _run_cut(cut, nodes, values)
-    for end in win.ends:
-        assert got[end].vector.tobytes() == plain[end].vector.tobytes()
-    ran = got[cut.meta]
-    assert list(ran.values) == [plain[key] for key in win.evals.values()]
+    by_tree = _same_as_step_by_step(win, win, workers, values, plain)
+    ran = _same_as_step_by_step(win, seg, workers, values, plain)
     # the messages the pass predicts are sent, beside the cut's own, and fewer bytes in all
     predicted = segments.traffic(seg, itemsize)[1] + sum(
         seg.nbytes.get(k, 0) for k, _, _ in seg.transfers({}) if k in seg.dsk)
-    reports = by_tree[tree.meta].sent[1] - sum(
+    reports = by_tree.sent[1] - sum(
         win.nbytes.get(k, 0) for k, _, _ in win.transfers({}) if k in win.dsk)
     assert ran.sent[1] - reports == predicted
     if n > 3:
-        assert ran.sent[1] < by_tree[tree.meta].sent[1]
+        assert ran.sent[1] < by_tree.sent[1]
 
 
 def test_a_cut_window_whose_task_fails_stops_its_peers_at_once():
