@@ -83,6 +83,10 @@ def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(tmp_path):
         runs = {"2 workers": _bytes_and_rows(c, "tree", wide, tmp_path),   # (the key
                 "segments": _bytes_and_rows(c, "segments", [*wide, "graph.reduce=segments"],
                                             tmp_path)}                      # _all_the_same reads)
+        said: list[str] = []                                # 133 numbers: too few to cut
+        dtrain.train(dtrain.load_config(None, [*QUICK, "graph.reduce=segments"]), client=c,
+                     out=tmp_path / "narrow", echo=said.append)
+    assert any("graph.reduce = segments changed nothing" in line for line in said), said
     _all_the_same(runs)
     tree, cut = (json.loads((tmp_path / n / "summary.json").read_text())
                  for n in ("tree", "segments"))

@@ -421,6 +421,12 @@ class DaskEngine:
                 stop_here(stop, p, window.stop, checkpoints)
             window = nxt
         self._cancel(ahead)
+        if p.config.graph.reduce == "segments" and not self.segmented_windows:
+            recorder.say(f"graph.reduce = segments changed nothing: it reduces the sums of "
+                         f"windows across {segments.MIN_WORKERS} to {segments.MAX_SEGMENTS} "
+                         f"workers with replicated updates, each worker's segment at least "
+                         f"{segments.MIN_SEGMENT_BYTES // 1024} KiB; this run's were summed "
+                         f"by the tree")
         if finished and not book.drain() and done is not None:
             checkpoints.save(dataclasses.replace(done, best=watch.best_state))
         seconds = time.perf_counter() - book.began
