@@ -23,7 +23,7 @@ the fixed-order sum is split by ranges of the buffer over the helpers when it
 is long.  Each shard's gradient is the same function of the same rows on one
 BLAS thread, and each element of the sum adds the same numbers in the same
 order: the bytes do not depend on which process did what
-(``tests/test_hashes.py``, ``tests/test_passes.py``).
+(``tests/test_hashes.py``, ``tests/test_cores.py``).
 
 A helper that dies (killed, out of memory) costs nothing but time: its shards
 are computed here, and the pool is started afresh at the next step.
@@ -53,7 +53,8 @@ import numpy as np
 from dtrain.core.allocator import ALLOCATOR_ENV
 from dtrain.data.shards import Shard, stacked_batch
 from dtrain.maths.model import Network
-from dtrain.taskgraph.treesum import Tree, collapsed, flat, nested_sum, sum_subtrees
+from dtrain.taskgraph.treesum import (Tree, collapsed, even_parts, flat, nested_sum,
+                                      sum_subtrees)
 
 SUM_SPLIT_MIN = 1 << 17     # each process adds at least this many numbers of the buffers
 SPIN_SECONDS = 0.002        # wait this long for a message polling, before blocking: waking a
@@ -447,7 +448,7 @@ class Pool:
         shared, grads, total = self._buffers(net.size, n, str(params.dtype))
         shared[: net.size] = params
         ways = min(self.n + 1, n)
-        parts = [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
+        parts = even_parts(n, ways)
         nid, tid = self._net(net), self._tree(tree)
         code = -1 if seed is None else seed
         asks = [(proc, _ints(STEP, [nid, tid, epoch, code, part.start,
@@ -465,11 +466,11 @@ class Pool:
             out = nested_sum(rest, grads[:n, :B])
             return out.copy() if isinstance(rest, int) else out
         tid = self._tree(rest)
-        cuts = [B * j // ways for j in range(ways + 1)]
-        asks = [(proc, _ints(SUM, [tid, cuts[j + 1], cuts[j + 2]]))
-                for j, proc in enumerate(self.procs[: ways - 1])]
+        cuts = even_parts(B, ways)
+        asks = [(proc, _ints(SUM, [tid, cut.start, cut.stop]))
+                for cut, proc in zip(cuts[1:], self.procs[: ways - 1])]
         self._ask(asks)
-        _sum_range(rest, grads[:n, :B], total, cuts[0], cuts[1])
+        _sum_range(rest, grads[:n, :B], total, cuts[0].start, cuts[0].stop)
         self._answers([proc for proc, _ in asks])
         return total[:B].copy()
 

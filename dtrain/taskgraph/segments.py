@@ -10,7 +10,7 @@ This pass reduces such a step the way MPI's allreduce moves a large buffer (a
 reduce-scatter, then an allgather), in one node per worker and step,
 ``allreduce-<step>-<s>`` (:class:`~dtrain.taskgraph.span.Allreduce`).  The tree's
 buffers are cut into as many segments as workers read the sums
-(:func:`~dtrain.taskgraph.span.bounds`), each where it was made (a forward-backward's
+(:func:`~dtrain.taskgraph.treesum.even_parts`), each where it was made (a forward-backward's
 buffer, or a reduce whose inputs all sit on its worker, which stays as it was); worker
 ``s`` sums segment ``s`` over the rest of the tree, the same buffers nested as the
 reduce tasks and the readers added them, and sends its sum to every other reader; each
@@ -36,9 +36,9 @@ from dask.task_spec import GraphNode, Task, TaskRef
 
 from dtrain.core import keys
 from dtrain.taskgraph.fuse import in_order
-from dtrain.taskgraph.span import Allreduce, allreduce, bounds
+from dtrain.taskgraph.span import Allreduce, allreduce
 from dtrain.taskgraph.tasks import forward_backward, reduce, update_state
-from dtrain.taskgraph.treesum import Tree
+from dtrain.taskgraph.treesum import Tree, even_parts
 from dtrain.taskgraph.window import Window
 
 MIN_WORKERS = 3                 # readers of a step's sums, at least
@@ -202,9 +202,8 @@ def traffic(win: Window, itemsize: int) -> tuple[int, int]:
         task = node.args[0]
         of, me = len(task.readers), task.readers[task.index]
         held = sum(h == me for h in task.holders)
-        for s in range(of):
-            lo, hi = bounds(s, of, task.n)
+        for s, cut in enumerate(even_parts(task.n, of)):
             copies = of - 1 if s == task.index else held    # its sum to the others, or
             messages += copies                              # its buffers' segment s
-            nbytes += copies * (hi - lo) * itemsize
+            nbytes += copies * len(cut) * itemsize
     return messages, nbytes

@@ -41,7 +41,7 @@ from dtrain.core import keys
 from dtrain.core.arrays import array_module, like, on_gpu, to_host
 from dtrain.deploy import p2p
 from dtrain.taskgraph.fuse import CRITICAL, META, Packed, Ran, plain, chain_of, in_order, pick, run_chain
-from dtrain.taskgraph.treesum import Tree, nested_sum
+from dtrain.taskgraph.treesum import Tree, even_parts, nested_sum
 from dtrain.taskgraph.window import Window
 
 SEND, RECV = "send", "recv"     # the message nodes' kinds in a chain's timings
@@ -93,7 +93,7 @@ class Allreduce:
     (:mod:`~dtrain.taskgraph.segments`).  ``tree`` nests the positions of the buffers it
     sums (of ``n`` numbers each; buffer ``i`` made on worker ``holders[i]``) as the reduce
     tasks and the readers summed them; reader ``s`` sums segment ``s``
-    (:func:`bounds`); ``tag`` names the step's messages.  Inputs: the buffers made on
+    (:func:`~dtrain.taskgraph.treesum.even_parts`); ``tag`` names the step's messages.  Inputs: the buffers made on
     this worker, in position order."""
 
     tree: Tree
@@ -112,11 +112,6 @@ class Allreduce:
         return (set(self.holders) | set(self.readers)) - {self.readers[self.index]}
 
 
-def bounds(index: int, of: int, n: int) -> tuple[int, int]:
-    """Where segment ``index`` of ``of`` of ``n`` numbers starts and ends."""
-    return index * n // of, (index + 1) * n // of
-
-
 def allreduce(task: Allreduce, *mine: Any) -> Any:
     """See :class:`Allreduce`: this worker's buffers cut and each segment sent to its
     reader, this worker's segment summed over ``tree`` and sent to every other reader,
@@ -126,14 +121,13 @@ def allreduce(task: Allreduce, *mine: Any) -> Any:
     rank = link.mesh.rank
     held = [i for i, h in enumerate(task.holders) if h == me]
     bufs = dict(zip(held, mine))
-    cuts = [bounds(s, of, task.n) for s in range(of)]
+    cuts = [slice(c.start, c.stop) for c in even_parts(task.n, of)]
     for j in range(1, of):      # segment s to reader s, the next reader's first (so that
         s = (task.index + j) % of           # not every worker sends to reader 0 first)
-        lo, hi = cuts[s]
         for i in held:
-            link.send([rank(task.readers[s])], f"{task.tag}/{i}/{s}", to_host(bufs[i][lo:hi]))
-    lo, hi = cuts[task.index]
-    parts = [bufs[i][lo:hi] if i in bufs else link.recv(rank(h), f"{task.tag}/{i}/{task.index}")
+            link.send([rank(task.readers[s])], f"{task.tag}/{i}/{s}", to_host(bufs[i][cuts[s]]))
+    mine = cuts[task.index]
+    parts = [bufs[i][mine] if i in bufs else link.recv(rank(h), f"{task.tag}/{i}/{task.index}")
              for i, h in enumerate(task.holders)]
     mine_sum = nested_sum(task.tree, parts)
     others = [rank(r) for r in task.readers if r != me]

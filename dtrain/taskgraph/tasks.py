@@ -27,7 +27,7 @@ from dtrain.maths.scores import TargetSums
 from dtrain.taskgraph import cores
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
                                       Reduce, Update, Updates)
-from dtrain.taskgraph.treesum import nested_sum
+from dtrain.taskgraph.treesum import even_parts, nested_sum
 
 
 def _one_shard(net: Network, shuffle_seed: int | None, epoch: int, rows: tuple[int, int],
@@ -76,7 +76,7 @@ def _summed(group: Group, one: Callable[[int], Any]) -> Any:
 
     n = len(group.shards)
     ways = min(group.threads, n, _worker_threads()) if group.threads > 1 else 1
-    parts = [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
+    parts = even_parts(n, ways)
     helpers = [_helpers().submit(run, part) for part in parts[1:]]
     bufs = run(parts[0]) + [b for f in helpers for b in f.result()]
     return nested_sum(group.tree, bufs)

@@ -20,6 +20,13 @@ from dtrain.core.arrays import sum_in_order
 Tree = int | tuple          # a position, or the nesting of several
 
 
+def even_parts(n: int, ways: int) -> list[range]:
+    """``range(n)`` cut into ``ways`` consecutive parts, part ``j`` from ``j * n // ways``:
+    sizes that differ by one at most (shards over threads or processes, the numbers of a
+    buffer over workers)."""
+    return [range(n * j // ways, n * (j + 1) // ways) for j in range(ways)]
+
+
 def flat(tree: Tree) -> list[int]:
     """The positions of ``tree``, in order."""
     return [tree] if isinstance(tree, int) else [i for t in tree for i in flat(t)]
