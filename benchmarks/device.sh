@@ -21,7 +21,7 @@ workers=${WORKERS:-1,2,4,8,16}             # WORKERS=1,2 QUICK=--quick: a dry ru
 quick=${QUICK:-}
 top=${workers##*,}
 cpu_contenders=${CPU_CONTENDERS:-serial,dtrain-default,mpi-allreduce,torch-ddp@$top,dtrain-allreduce@$top,dtrain-allreduce-segments@$top}
-tests=${TESTS:-tests/test_device.py tests/test_passes.py}
+tests=${TESTS:-tests/test_device.py tests/test_passes.py tests/test_span.py}
 out=/tmp/dtrain-bench
 rm -rf "$out"; mkdir -p "$out" "$keep"
 began=$SECONDS

@@ -1,0 +1,290 @@
+"""The passes for a window across workers: cut into a task per worker whose crossings are
+messages over the mesh (dtrain.taskgraph.span), and a step's sums reduced in segments
+(dtrain.taskgraph.segments): tested on structure (who sends what to whom) and on values
+(the same bytes as the step-by-step graph), over real sockets in this process."""
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from dtrain.core import keys
+from dtrain.deploy import p2p
+from dtrain.taskgraph import fuse, segments, span
+from windows import RUN, inputs as _inputs, run as _run, window as _window
+
+
+# --- a window across workers: a task per worker, its crossings messages ----------------------
+
+def _cut(win, workers, steps=(0, 13)):
+    """``win`` cut by the span pass over a mesh of real sockets in this process."""
+    run, secret = p2p.new_run()
+    nodes = {w: p2p.Node(run, secret, r, "127.0.0.1", None, None, True)
+             for r, w in enumerate(workers)}
+    mesh = p2p.Mesh(run, tuple(workers), tuple(nodes[w].place for w in workers))
+    return span.steps(win, *steps, RUN, mesh, 10.0), nodes
+
+
+def _run_pieces(cut, nodes, cache, wait):
+    """Each worker's task of a cut window in a thread of its own (they talk over the mesh),
+    its value into ``cache``; what each that failed raised."""
+    errors = {}
+
+    def piece(name):
+        task = cut.dsk[name]
+        try:
+            cache[name] = span.run_on(nodes[cut.where[name][0]], task.args[0],
+                                      *(cache[a.key] for a in task.args[1:]))
+        except Exception as exc:
+            errors[name] = exc
+
+    threads = [threading.Thread(target=piece, args=(n,)) for n in cut.pieces]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(wait)
+    return errors
+
+
+def _run_cut(cut, nodes, values):
+    """Run a cut window here: each worker's task, then the picks and the meta."""
+    cache = dict(values)
+    errors = _run_pieces(cut, nodes, cache, 60)
+    try:
+        if errors:
+            raise next(iter(errors.values()))
+        for key in cut.dsk:
+            if key not in cut.pieces:
+                cache[key] = cut.dsk[key](cache)
+        return cache
+    finally:
+        for n in nodes.values():
+            n.close()
+
+
+def _same_as_step_by_step(win, rewritten, workers, values, plain):
+    """Cut ``rewritten`` (``win`` or a pass's rewrite of it) over a mesh, run it, check its
+    ends and evaluations are ``win``'s step-by-step values (``plain``); its meta."""
+    cut, nodes = _cut(rewritten, list(workers))
+    got = _run_cut(cut, nodes, values)
+    for end in win.ends:
+        assert got[end].vector.tobytes() == plain[end].vector.tobytes()
+    ran = got[cut.meta]
+    assert list(ran.values) == [plain[key] for key in win.evals.values()]
+    return ran
+
+
+def test_a_window_across_workers_is_a_task_per_worker_whose_crossings_are_messages():
+    p, win = _window(workers=("w0", "w1"))
+    cut, nodes = _cut(win, ["w0", "w1"])
+    for n in nodes.values():
+        n.close()
+    pieces = [f"window-0-13-w{r}-{RUN}" for r in (0, 1)]
+    assert cut.pieces == tuple(pieces)
+    assert list(cut.dsk) == [*pieces, *win.ends, f"window-0-13-meta-{RUN}"]
+    assert keys.kind_of(pieces[1]) == keys.WINDOW
+    assert [cut.where[k] for k in pieces] == [["w0"], ["w1"]]
+    # what the scheduler sees of 14 steps: a task per worker, the end, the meta, which
+    # reads the root's task alone (the others report their timings to it, worker to worker)
+    assert cut.step_tasks() == 3 and win.step_tasks() >= 14 * 2
+    assert cut.dsk[cut.meta].dependencies == {pieces[0]}
+    assert [cut.dsk[k].args[0].report for k in pieces] == [None, 0]
+    assert [cut.dsk[k].args[0].collect for k in pieces] == [(1,), ()]
+    # each task reads its own worker's shards, nothing of the other's
+    assert cut.dsk[pieces[1]].dependencies == {f"load-shard-{i}-{RUN}" for i in (2, 3)}
+    assert all(type(cut.dsk[k].args[0].chain) is fuse.Packed for k in pieces)  # bytes in transit
+    chains = {r: cut.dsk[k].args[0].chain.open() for r, k in enumerate(pieces)}
+    mine = {r: {k for k, w in win.where.items() if w == [f"w{r}"]} for r in (0, 1)}
+    sent, got = set(), set()
+    for r, chain in chains.items():
+        for (key, fn, args), kind in zip(chain.nodes, chain.kinds):
+            if fn is span.send:
+                assert kind == span.SEND and key in mine[r]
+                sent.update((key, to) for to in args[0])
+            elif fn is span.recv:
+                assert kind == span.RECV and key in mine[1 - r]
+                got.add((key, r))
+            else:
+                assert key in mine[r]           # a task of this worker's
+        assert {k for k, _, _ in chain.nodes} >= mine[r]     # ... and every one of them
+    assert sent == got and len(sent) >= 14      # each message read once, where it goes
+    # every value that crosses is one the step-by-step graph moves between the workers
+    crossing = {(k, int(to[1:])) for k, _, to in win.transfers({}) if k in win.dsk}
+    assert sent == crossing
+
+
+CUTS = {
+    "allreduce (replicated updates)": ([], ("w0", "w1")),
+    "allreduce, the update on the root": (["graph.update=root"], ("w0", "w1")),
+    "allreduce, fan-in 3 over 3 workers": (["graph.fan_in=3", "data.shards=5"],
+                                            ("w0", "w1", "w2")),
+    "parameter server": (["graph.strategy=parameter-server"], ("w0", "w1", "w2")),
+    "6 workers: values for more than 3 relayed down a binomial tree": (
+        ["data.shards=6"], tuple(f"w{i}" for i in range(6))),
+    "parameter server, 5 workers: its state relayed": (
+        ["graph.strategy=parameter-server", "data.shards=5"],
+        tuple(f"w{i}" for i in range(6))),
+    "local SGD": (["graph.strategy=local-sgd", "graph.sync_every=3"], ("w0", "w1")),
+}     # model parallelism: every worker holds every shard; tests/test_hashes.py runs it cut
+
+
+@pytest.mark.parametrize("case", CUTS)
+def test_a_cut_window_computes_the_bytes_of_the_step_by_step_graph(case):
+    sets, workers = CUTS[case]
+    p, win = _window(sets, workers=workers)
+    assert len({w[0] for w in win.where.values()}) == len(workers)
+    values = _inputs(p)
+    ran = _same_as_step_by_step(win, win, workers, values, _run(win, p, values))
+    assert ran.steps == 14 and ran.sent[0] > 0
+    maths = sum(ran.seconds.get(k, 0) for k in (*keys.WORK, keys.REDUCE, keys.UPDATE))
+    assert 0 < ran.seconds[fuse.CRITICAL] <= maths      # the longest chain's, not the sum
+
+
+def test_a_value_read_on_many_workers_goes_down_a_binomial_tree():
+    """Read on 5 other workers, a value is sent by its maker to 3 of them, one of which
+    passes it on to the other 2 (each member reads it from one parent, once)."""
+    p, win = _window(["data.shards=6"], workers=tuple(f"w{i}" for i in range(6)))
+    cut, nodes = _cut(win, [f"w{i}" for i in range(6)])
+    for n in nodes.values():
+        n.close()
+    sends: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+    reads: dict[str, list[tuple[int, int]]] = {}
+    for name in cut.pieces:
+        piece = cut.dsk[name].args[0]
+        for key, fn, args in piece.chain.open().nodes:
+            if fn is span.send:
+                sends.setdefault(key, []).append((piece.rank, args[0]))
+            elif fn is span.recv:
+                reads.setdefault(key, []).append((piece.rank, args[0]))
+    fanned = {k: v for k, v in sends.items() if sum(len(r) for _, r in v) == 5}
+    assert fanned, sends                    # the root level's sums reach every other worker
+    for key, by in fanned.items():
+        maker = next(r for r, _ in by if all(r not in to for _, to in by))
+        assert len(dict(by)[maker]) == 3 and len(by) == 2     # its maker and one relay
+        got = dict(reads[key])
+        assert len(got) == 5 and all(got[r] in dict(by) for r in got)   # each from a sender
+    assert all(len(to) <= 3 for v in sends.values() for _, to in v)
+
+
+# --- a step's sums reduced in segments --------------------------------------------------------
+
+def _segmented(sets, workers, monkeypatch):
+    """A window of ``sets`` on ``workers`` and the segments pass's rewrite of it (any buffer
+    counts as big enough: the default net's is tiny)."""
+    monkeypatch.setattr(segments, "MIN_SEGMENT_BYTES", 0)
+    p, win = _window(sets, workers=workers)
+    itemsize = np.dtype(p.net.dtype).itemsize
+    return p, win, segments.split(copy.deepcopy(win), RUN, itemsize), itemsize
+
+
+def test_a_step_read_on_every_worker_is_one_allreduce_node_per_worker(monkeypatch):
+    workers = ("w0", "w1", "w2", "w3")
+    p, win, seg, itemsize = _segmented(["data.shards=4"], workers, monkeypatch)
+    nodes = {k: v for k, v in seg.dsk.items() if keys.kind_of(k) == keys.ALLREDUCE}
+    # steps 0-12 (the window's last is reduced to the root alone, as built): one each
+    assert sorted(nodes) == sorted(keys.make(keys.ALLREDUCE, j, s, run=RUN)
+                                   for j in range(13) for s in range(4))
+    for key, node in nodes.items():
+        task = node.args[0]
+        assert (task.tree, task.holders, task.readers) == (((0, 1), (2, 3)), workers, workers)
+        here = workers[task.index]
+        assert seg.where[key] == [here] and task.index == int(keys.parse(key).parts[1])
+        # it reads the buffers made on its own worker only: what crosses, it sends itself
+        assert all(seg.where[d] == [here] for d in node.dependencies)
+        assert task.n == p.net.buffer_size and task.tag == keys.make(keys.ALLREDUCE,
+                                                                     keys.parse(key).step, run=RUN)
+    # each reader's next forward-backward reads its own node, one buffer for the step
+    for s, w in enumerate(workers):
+        fb = seg.dsk[keys.make(keys.FORWARD_BACKWARD, 5, s, run=RUN)]
+        assert keys.make(keys.ALLREDUCE, 4, s, run=RUN) in fb.dependencies
+        assert fb.args[0].updates.widths == (1,) * len(fb.args[0].updates.steps)
+    # no reduce reads across workers any more but the last step's, to the root
+    crossing = {k for k, node in seg.dsk.items() if keys.kind_of(k) == keys.REDUCE and
+                any(seg.where[d] != seg.where[k] for d in node.dependencies)}
+    assert crossing and {keys.parse(k).step for k in crossing} == {13}
+    assert {k for k in win.dsk if keys.kind_of(k) == keys.REDUCE and keys.parse(k).step == 13} \
+        <= set(seg.dsk)
+    # what it sends: each worker 3 segments of its buffer and its own segment's sum 3 times
+    sent = 13 * 4 * 2 * 3 * (p.net.buffer_size // 4) * itemsize
+    assert segments.traffic(seg, itemsize) == (13 * 4 * 6, pytest.approx(sent, abs=13 * 24 * itemsize))
+
+
+def test_the_segments_pass_leaves_what_it_does_not_pay_on(monkeypatch):
+    four = ("w0", "w1", "w2", "w3")
+    _, win = _window(["data.shards=4"], workers=four)
+    assert segments.split(win, RUN, 4) is win           # the default net's 133 numbers
+    monkeypatch.setattr(segments, "MIN_SEGMENT_BYTES", 0)
+    assert segments.split(win, RUN, 4) is not win       # (any buffer big enough)
+    for sets, workers in (([], ("w0", "w1")),           # 2 readers: the tree's 2 messages
+                          (["graph.strategy=parameter-server"], ("w0", "w1", "w2")),
+                          (["graph.update=root"], four)):   # its sums read on one worker
+        _, win = _window(sets, workers=workers)
+        assert segments.split(win, RUN, 4) is win, sets
+
+
+SEGMENTED = {
+    "4 workers": (["data.shards=4"], 4),
+    "3 workers, fan-in 3": (["data.shards=6", "graph.fan_in=3"], 3),
+    "5 workers": (["data.shards=5"], 5),
+    "a reduce on its worker stays whole": (["data.shards=8", "graph.fuse_shards=false"], 4),
+    "float64, states kept every 2 steps": (["data.shards=4", "model.dtype=float64",
+                                            "graph.state_every=2"], 4),
+}
+
+
+@pytest.mark.parametrize("case", SEGMENTED)
+def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(case, monkeypatch):
+    sets, n = SEGMENTED[case]
+    workers = tuple(f"w{i}" for i in range(n))
+    p, win, seg, itemsize = _segmented(sets, workers, monkeypatch)
+    assert seg is not win
+    values = _inputs(p)
+    plain = _run(win, p, values)
+    by_tree = _same_as_step_by_step(win, win, workers, values, plain)
+    ran = _same_as_step_by_step(win, seg, workers, values, plain)
+    # the messages the pass predicts are sent, beside the cut's own, and fewer bytes in all
+    predicted = segments.traffic(seg, itemsize)[1] + sum(
+        seg.nbytes.get(k, 0) for k, _, _ in seg.transfers({}) if k in seg.dsk)
+    reports = by_tree.sent[1] - sum(
+        win.nbytes.get(k, 0) for k, _, _ in win.transfers({}) if k in win.dsk)
+    assert ran.sent[1] - reports == predicted
+    if n > 3:
+        assert ran.sent[1] < by_tree.sent[1]
+
+
+def test_a_cut_window_whose_task_fails_stops_its_peers_at_once():
+    """One worker's task fails (here: its shard is not a shard): the other, waiting for its
+    message, stops with PeerLost at once instead of waiting out the timeout, and the
+    failing task raises its own error."""
+    p, win = _window(workers=("w0", "w1"))
+    values = _inputs(p)
+    values[f"load-shard-3-{RUN}"] = None
+    cut, nodes = _cut(win, ["w0", "w1"])
+    start = time.monotonic()
+    errors = _run_pieces(cut, nodes, dict(values), 30)
+    for n in nodes.values():
+        n.close()
+    assert time.monotonic() - start < 5
+    w0, w1 = cut.pieces
+    assert isinstance(errors[w0], p2p.PeerLost) and not isinstance(errors[w1], p2p.Broken)
+
+
+def test_a_segmented_window_whose_task_fails_stops_its_peers_at_once(monkeypatch):
+    """The same in a window whose sums are reduced in segments: each of the three others,
+    waiting inside an allreduce node for the failed worker's segments, stops at once."""
+    workers = ("w0", "w1", "w2", "w3")
+    p, _, seg, _ = _segmented(["data.shards=4"], workers, monkeypatch)
+    values = _inputs(p)
+    values[f"load-shard-3-{RUN}"] = None
+    cut, nodes = _cut(seg, list(workers))
+    start = time.monotonic()
+    errors = _run_pieces(cut, nodes, dict(values), 30)
+    for n in nodes.values():
+        n.close()
+    assert time.monotonic() - start < 5
+    *others, failed = cut.pieces
+    assert all(isinstance(errors[k], p2p.PeerLost) for k in others), errors
+    assert not isinstance(errors[failed], p2p.Broken)
