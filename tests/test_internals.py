@@ -43,6 +43,21 @@ def test_control_streams_have_a_numeric_batching_interval():
     _run(check())
 
 
+def test_a_workers_profiler_and_tick_are_periodic_callbacks_in_ms():
+    """(10): the callbacks that wake a worker's event loop, and their periods from config."""
+    async def check():
+        async with Scheduler(port=0, dashboard=False) as s, Worker(s.address) as w:
+            assert internals.callback_ms(w, "profile") == 10.0     # distributed's defaults
+            assert internals.callback_ms(w, "tick") == 20.0
+            assert internals.slow_callback(w, "profile", 100.0)
+            assert internals.callback_ms(w, "profile") == 100.0
+            assert internals.slow_callback(w, "profile", 50.0)      # never made faster
+            assert internals.callback_ms(w, "profile") == 100.0
+            assert internals.slow_callback(w, "no-such-callback", 100.0) is False
+            assert internals.callback_ms(w, "no-such-callback") is None
+    _run(check())
+
+
 def test_get_worker_reads_the_context_variable_an_inline_executor_sets():
     from distributed import get_worker
 

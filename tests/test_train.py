@@ -260,8 +260,8 @@ def test_every_epoch_takes_time_and_the_epochs_fit_in_the_run(client, tmp_path, 
 
 
 def test_low_latency_streams_and_timing_summary(tmp_path):
-    """cluster.low_latency sets every control stream's batching interval to 0; the summary
-    says where the time went.  On a user's cluster the plugins go when the run ends (issue
+    """cluster.low_latency sets every control stream's batching interval to 0 and slows the
+    workers' profiler and tick (tuning.QUIET_MS); the summary says where the time went.  On a user's cluster the plugins go when the run ends (issue
     26): what they set on the worker stays, a worker that joins afterwards is Dask's own."""
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
@@ -273,6 +273,8 @@ def test_low_latency_streams_and_timing_summary(tmp_path):
         c.wait_for_workers(2)
         assert tuning.stream_intervals(c) == {"client": 0.0, "workers": [0.0, 0.002],
                                                "to-workers": [0.0, 0.005], "to-clients": [0.0]}
+        assert tuning.callback_periods(c) == {"profile": [10.0, tuning.QUIET_MS["profile"]],
+                                              "tick": [20.0, tuning.QUIET_MS["tick"]]}
         assert not tuning.inline_executor(c)      # the joining worker has no plugin to run
         where = {}
         for name in (tuning.INLINE, "default"):
@@ -395,7 +397,8 @@ def test_low_latency_falls_back_when_distributed_changes():
     distributed), nothing is touched."""
     class Stream:
         pass
-    tuning.LowLatencyWorker().setup(Stream())              # no batched_stream, no executors
+    tuning.LowLatencyWorker().setup(Stream())      # no batched_stream, executors, callbacks
+    assert internals.slow_callback(Stream(), "tick", 250.0) is False
     assert internals.set_batch_interval(None, 0.0) is False
     assert internals.set_batch_interval(Stream(), 0.0) is False
     s = Stream()

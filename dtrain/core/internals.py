@@ -38,6 +38,12 @@ distributed, so a change underneath fails a test rather than going unseen.
    ever (a run's only worker SIGKILLed and started again by its nanny: the new one
    joins as ``init``, then runs) (:func:`schedule_stranded`,
    :func:`starts_running`).
+10. ``Server.periodic_callbacks`` (tornado's ``PeriodicCallback.callback_time``, in
+    ms): a worker's sampling profiler (``profile``, every 10 ms while a task runs) and
+    event-loop tick (``tick``, every 20 ms) each wake its event loop, which takes the
+    GIL from the window's task thread; the config keys that set them are read only
+    when a worker starts, and dtrain tunes workers it did not start
+    (:func:`slow_callback`).
 """
 from __future__ import annotations
 
@@ -295,4 +301,25 @@ def schedule_stranded_soon(scheduler: Any) -> bool:
     if not callable(getattr(loop, "add_callback", None)):
         return False
     loop.add_callback(schedule_stranded, scheduler)
+    return True
+
+
+# (10) ------------------------------------------------------------------------------------
+
+
+def callback_ms(server: Any, name: str) -> float | None:
+    """The period in ms of ``server``'s periodic callback ``name`` (None: it has none)."""
+    found = (getattr(server, "periodic_callbacks", None) or {}).get(name)
+    period = getattr(found, "callback_time", None)
+    return float(period) if isinstance(period, (int, float)) else None
+
+
+def slow_callback(server: Any, name: str, ms: float) -> bool:
+    """Run ``server``'s periodic callback ``name`` every ``ms`` milliseconds, unless it runs
+    at most that often already (from its next run on); False, having changed nothing, where
+    it has no such callback (e.g. the profiler switched off by config)."""
+    period = callback_ms(server, name)
+    if period is None:
+        return False
+    server.periodic_callbacks[name].callback_time = max(period, float(ms))
     return True
