@@ -263,8 +263,8 @@ class ClusterConfig:
                                   "scheduler's /health and /metrics stay on 127.0.0.1)")
     device: str = choice("cpu", "cpu", "gpu", "auto",
                          doc="gpu: every shard on a GPU; auto: GPUs where workers have them")
-    low_latency: bool = free(True, "send Dask's control messages without batching delays; wake workers' "
-                                  "event loops less often")
+    low_latency: bool = free(True, "send Dask's control messages without batching delays; "
+                                   "wake workers' event loops less often")
     timeout: float = positive(10.0, "seconds to wait for a scheduler and its workers")
     layout: str = choice("hybrid", "hybrid", "flat",
                          doc="what cluster.workers = 0 and cluster.threads_per_worker = 0 "
