@@ -261,8 +261,9 @@ def test_every_epoch_takes_time_and_the_epochs_fit_in_the_run(client, tmp_path, 
 
 def test_low_latency_streams_and_timing_summary(tmp_path):
     """cluster.low_latency sets every control stream's batching interval to 0 and slows the
-    workers' profiler and tick (tuning.QUIET_MS); the summary says where the time went.  On a user's cluster the plugins go when the run ends (issue
-    26): what they set on the worker stays, a worker that joins afterwards is Dask's own."""
+    workers' profiler and tick (tuning.QUIET_MS); the summary says where the time went.
+    On a user's cluster the plugins go when the run ends (issue 26): what they set on the
+    worker stays, a worker that joins afterwards is Dask's own."""
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
         before = tuning.stream_intervals(c)
