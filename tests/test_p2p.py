@@ -228,6 +228,26 @@ def test_a_peer_that_never_connects_ends_the_wait_after_the_timeout():
             n.close()
 
 
+def test_the_next_window_waits_for_the_one_before_however_long_it_runs():
+    """A window launched while the one before runs (a worker of several threads) waits for
+    it past the peer timeout while it runs here, and no longer once none runs."""
+    mesh, nodes = _pair()
+    try:
+        a, _ = _links(mesh, nodes)                          # window 0 runs on rank 0 ...
+        threading.Timer(0.8, nodes[0].done, args=(0,)).start()      # ... for 0.8 s
+        start = time.monotonic()
+        nodes[0].turn(0, 0.2)                               # four timeouts: it waited
+        assert 0.7 < time.monotonic() - start < 5
+        start = time.monotonic()
+        with pytest.raises(p2p.PeerLost, match="the window of step 7 did not end here "
+                                               "within 0.2 s"):
+            nodes[0].turn(7, 0.2)                           # none runs: the timeout holds
+        assert time.monotonic() - start < 2
+    finally:
+        for n in nodes:
+            n.close()
+
+
 def test_a_window_task_on_a_worker_of_no_mesh_is_misplaced():
     with pytest.raises(p2p.Misplaced):
         p2p.node("0" * 32, 0)

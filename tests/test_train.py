@@ -95,6 +95,21 @@ def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(tmp_path):
     assert cut["comm_bytes_measured_per_step"] < tree["comm_bytes_measured_per_step"]
 
 
+@pytest.mark.slow
+def test_a_window_longer_than_the_peer_timeout_is_waited_for_not_run_again():
+    """On workers of two threads the next window starts while the one before runs and waits
+    for it on its mesh: a window that runs longer than the peer timeout (cluster.timeout = 1
+    s, windows of 6,000 steps of some 2 s) is waited for, not taken for a lost peer, which
+    would end both windows and run them again."""
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        r = dtrain.train(dtrain.load_config(None, [
+            "cluster.timeout=1", "graph.window=6000", "train.epochs=500",
+            "train.batch_size=4", "data.shards=2"]), client=c, out=None, echo=None)
+    s = r.summary
+    assert s["spanned_windows"] == 3 and s["window_reruns"] == [], s["window_reruns"]
+
+
 def _helper_threads() -> int:
     return sum(t.name.startswith("dtrain-shards") for t in threading.enumerate())
 

@@ -244,11 +244,15 @@ class Node:
     def turn(self, after: int, timeout: float) -> None:
         """Return once the window whose first step is ``after`` ended here (a window
         launched while that one runs, on a worker of several threads, may start first).
-        Raises :class:`PeerLost` after ``timeout`` seconds, or if the mesh failed."""
+        Raises :class:`PeerLost` once ``timeout`` seconds passed with no window running
+        here (a window that runs may take longer than any one read: each of its reads is
+        bounded, and a peer lost ends it and this wait with it), or if the mesh failed."""
         deadline = time.monotonic() + timeout
         with self.changed:
             while after not in self.ended and self.broken is None:
                 left = deadline - time.monotonic()
+                if left <= 0 and self.windows:          # the window before still runs here
+                    deadline, left = time.monotonic() + timeout, timeout
                 if left <= 0:
                     raise PeerLost(f"the window of step {after} did not end here within "
                                    f"{timeout:g} s")
