@@ -93,8 +93,8 @@ class Allreduce:
     (:mod:`~dtrain.taskgraph.segments`).  ``tree`` nests the positions of the buffers it
     sums (of ``n`` numbers each; buffer ``i`` made on worker ``holders[i]``) as the reduce
     tasks and the readers summed them; reader ``s`` sums segment ``s``
-    (:func:`~dtrain.taskgraph.treesum.even_parts`); ``tag`` names the step's messages.  Inputs: the buffers made on
-    this worker, in position order."""
+    (:func:`~dtrain.taskgraph.treesum.even_parts`); ``tag`` names the step's messages.
+    Inputs: the buffers made on this worker, in position order."""
 
     tree: Tree
     holders: tuple[str, ...]
@@ -126,8 +126,8 @@ def allreduce(task: Allreduce, *mine: Any) -> Any:
         s = (task.index + j) % of           # not every worker sends to reader 0 first)
         for i in held:
             link.send([rank(task.readers[s])], f"{task.tag}/{i}/{s}", to_host(bufs[i][cuts[s]]))
-    mine = cuts[task.index]
-    parts = [bufs[i][mine] if i in bufs else link.recv(rank(h), f"{task.tag}/{i}/{task.index}")
+    own = cuts[task.index]                  # the segment this worker sums
+    parts = [bufs[i][own] if i in bufs else link.recv(rank(h), f"{task.tag}/{i}/{task.index}")
              for i, h in enumerate(task.holders)]
     mine_sum = nested_sum(task.tree, parts)
     others = [rank(r) for r in task.readers if r != me]
