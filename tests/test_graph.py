@@ -1,10 +1,12 @@
 """Graph builders, tested on structure (keys, depth, pinning) and on values."""
 from __future__ import annotations
 
+import pickle
+
 import dask
 import numpy as np
 import pytest
-from dask.task_spec import DataNode, TaskRef
+from dask.task_spec import DataNode, Task, TaskRef
 
 from dtrain.core.config import load_config
 from dtrain.core.keys import kind_of, parse
@@ -215,6 +217,39 @@ def test_replicated_updates_equal_the_root_update_bit_for_bit():
         assert state.epoch_loss == same_k.epoch_loss
     assert _execute(_plan(shards=6, fan_in=2, update="replicated"), n,
                     workers=("a", "b", "c")).vector.tobytes() == root.vector.tobytes()
+
+
+def test_a_workers_part_of_a_window_does_not_grow_with_the_cluster():
+    """A step's rows stay with the tasks that read them: the steps that the replicated
+    updates carry to every worker hold no rows (they once held every shard's, so each
+    worker's share of a window grew with the cluster and all of them with its square: at 256
+    nodes of 16 shards a window's tasks pickled to 8 MB a step, 25 times the time to build
+    them)."""
+    sizes = {}
+    for workers in (4, 32):
+        p = _plan(shards=4 * workers, fan_in=2, update="replicated", fuse_shards=True,
+                  **{"data.dataset": "synthetic", "data.samples": 64 * workers, "data.features": 4,
+                     "train.batch_size": 8 * workers})
+        win, _ = _window(p, range(8), [f"w{i}" for i in range(workers)])
+        carried = [s for node in win.dsk.values() if isinstance(node, Task)
+                   for r in node.args[:1] if isinstance(r, (Update, ForwardBackward))
+                   for s in (r.steps if isinstance(r, Update) else
+                             r.updates.steps if r.updates else ())]
+        assert carried and all(s.bounds == () for s in carried)
+        groups = [node.args[0].group for node in win.dsk.values() if isinstance(node, Task)
+                  and isinstance(node.args[0], ForwardBackward)]
+        assert {len(g.rows) for g in groups} == {4}             # each group its own rows
+        sizes[workers] = len(pickle.dumps({k: n for k, n in win.dsk.items()
+                                           if win.where[k][0] == "w1"}))
+    assert sizes[32] < 1.05 * sizes[4]
+
+
+def test_a_windows_reduce_tree_is_worked_out_once_not_once_a_step():
+    p = _plan(shards=8, fan_in=2, update="replicated", fuse_shards=True)
+    reduction.shape.cache_clear()
+    _window(p, range(6), ["w0", "w1", "w2"])
+    info = reduction.shape.cache_info()       # the window's last step: read on the root only
+    assert info.misses <= 2 and info.hits >= 4
 
 
 def test_replicated_updates_are_the_allreduce_default():

@@ -82,6 +82,9 @@ COLORS: dict[str, str] = {
 KINDS: tuple[str, ...] = tuple(COLORS)
 OTHER_COLOR = "#BBBBBB"
 NUMBERLESS = (LOAD_VAL, LOAD_TEST, EVALUATE_TEST, NORMALIZATION)   # <kind>-<run>, no parts
+_BY_HEAD: dict[str, tuple[str, ...]] = {}     # a key's first word -> the KINDS it may start with
+for _kind in KINDS:
+    _BY_HEAD[_kind.split("-", 1)[0]] = (*_BY_HEAD.get(_kind.split("-", 1)[0], ()), _kind)
 LEAVES = (FORWARD_BACKWARD, LOCAL_SGD)                 # the model's maths on a shard
 WORK = (FORWARD_BACKWARD, LOCAL_SGD, FORWARD, BACKWARD)   # the model's maths, any strategy
 
@@ -133,7 +136,7 @@ def parse(key: object) -> Key | None:
     """
     if type(key) is not str:
         return None
-    for kind in KINDS:
+    for kind in _BY_HEAD.get(key.split("-", 1)[0], ()):     # KINDS that can match, in order
         if key.startswith(kind) and key[len(kind):len(kind) + 1] == "-":
             rest = key[len(kind) + 1:]
             if kind in NUMBERLESS or rest[:1].isdigit():

@@ -89,6 +89,13 @@ class Step:
     last: bool                              # last step of its epoch: evaluate after it
     bounds: tuple[tuple[int, int], ...]     # rows lo:hi of each shard's epoch order
 
+    def rowless(self) -> Step:
+        """This step without its shards' rows: all an update reads.  ``bounds`` holds a
+        pair per shard of the whole run, so a task that carries whole steps to every worker
+        (replicated updates) would make each worker's share of a window grow with the
+        number of shards."""
+        return dataclasses.replace(self, bounds=())
+
 
 @dataclass(frozen=True)
 class Optimizer:

@@ -30,9 +30,11 @@ The tree itself is :mod:`~dtrain.taskgraph.reduction`, where tasks run
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import methodcaller
 
 from dask.task_spec import DataNode, Task, TaskRef
 
@@ -45,12 +47,13 @@ from dtrain.taskgraph.placement import Placement, Worker, place, place_partition
 from dtrain.taskgraph.recipe import Recipe
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
                                       Update, Updates)
-from dtrain.taskgraph.reduction import Leaf, Spec, tree
+from dtrain.taskgraph.reduction import Leaf, Spec, add, shape
 from dtrain.taskgraph.tasks import (average_states, evaluate, evaluate_part, evaluate_parts,
                                    forward_backward, local_steps, update_state)
 from dtrain.taskgraph.treesum import flat
 from dtrain.taskgraph.window import DataItem, Window
 
+_LEAF_PREFIXES = tuple(f"{kind}-" for kind in keys.LEAVES)   # no other kind starts so
 HeldOut = TaskRef | tuple[tuple[TaskRef, str], ...] | None   # one shard, or parts where they are
 TINY_FLOPS = 2e6    # a shard's forward-backward this small (~1 ms of NumPy) is not worth a thread
 # graph.fuse_shards = "auto" fuses a worker's shards where a shard's forward-backward is at most
@@ -62,12 +65,17 @@ TINY_FLOPS = 2e6    # a shard's forward-backward this small (~1 ms of NumPy) is 
 FUSE_FLOPS_PER_TASK = 1e9
 
 
-def _tree(win: Window, index: int, leaves: list[Leaf], placement: Placement, recipe: Recipe,
+def _tree(win: Window, index: int, leaves: Leaves, placement: Placement, recipe: Recipe,
           run: str, readers: Sequence[str] = ()
-          ) -> tuple[list[Leaf], dict[str, bool], dict[str, Spec]]:
-    return tree(win, str(index), leaves, placement.root, recipe.fan_in,
-                recipe.fuse_update or bool(readers), recipe.leaf_bytes, run, readers,
-                fusable=recipe.fuse_shards == "true")
+          ) -> tuple[list[Leaf], dict[str, bool], dict[int, Spec]]:
+    """Step ``index``'s reduce tree of ``leaves``: the root level's inputs, whether each value
+    the tree reads leaves its worker (by key), and the leaves left, each with the shards it
+    sums (by first shard).  The tree's shape is worked out once per placement."""
+    got = shape(leaves.workers, placement.root, recipe.fan_in,
+                recipe.fuse_update or bool(readers), tuple(readers),
+                recipe.fuse_shards == "true")
+    top, crosses = add(win, got, leaves.name, str(index), run, recipe.leaf_bytes)
+    return top, crosses, got.spec
 
 
 def fuse_choice(recipe: Recipe, placement: Placement, rows: int) -> tuple[bool, str]:
@@ -99,38 +107,61 @@ def fuse_choice(recipe: Recipe, placement: Placement, rows: int) -> tuple[bool, 
                           ": a task per shard costs a few percent of the compute at most")
 
 
-def _group(spec: Spec, step: Step, worker: str, placement: Placement, recipe: Recipe) -> Group:
-    """The :class:`~dtrain.taskgraph.records.Group` of a leaf: its shards' rows this step,
-    their nesting, and how many threads may share the work (none for tiny shards or a GPU)."""
-    if isinstance(spec, int):
-        return Group.one(spec, step.bounds[spec])
+@functools.lru_cache(maxsize=256)
+def _nesting(spec: Spec) -> tuple[tuple[int, ...], int | tuple]:
+    """A fused leaf's shards in order, and their nesting by position in that order."""
     shards = flat(spec)
     at = {i: p for p, i in enumerate(shards)}
 
     def positions(s: Spec) -> int | tuple:
         return at[s] if isinstance(s, int) else tuple(positions(c) for c in s)
 
+    return tuple(shards), positions(spec)
+
+
+def _group(spec: Spec, step: Step, worker: str, placement: Placement, recipe: Recipe) -> Group:
+    """The :class:`~dtrain.taskgraph.records.Group` of a leaf: its shards' rows this step,
+    their nesting, and how many threads may share the work (none for tiny shards or a GPU)."""
+    if isinstance(spec, int):
+        return Group.one(spec, step.bounds[spec])
+    shards, nesting = _nesting(spec)
     rows = tuple(step.bounds[i] for i in shards)
     worth = recipe.net.flops(max(hi - lo for lo, hi in rows)) > TINY_FLOPS
     threads = len(shards) if worth and worker not in placement.gpus else 1
-    return Group(tuple(shards), rows, positions(spec), threads,
+    return Group(shards, rows, nesting, threads,
                  processes=threads > 1 and recipe.cores != "threads")
 
 
-def _leaf_tasks(leaves: list[Leaf], spec: dict[str, Spec], step: Step,
+def _leaf_tasks(leaves: Leaves, spec: dict[int, Spec], step: Step,
                 shards: Sequence[TaskRef], placement: Placement, recipe: Recipe
                 ) -> Iterator[tuple[str, int, str, Group, tuple[TaskRef, ...]]]:
-    """``(key, first shard, worker, group, shard refs)`` of each forward-backward task."""
-    for name, i, worker in leaves:
-        if name in spec:
-            group = _group(spec[name], step, worker, placement, recipe)
-            yield name, i, worker, group, tuple(shards[j] for j in group.shards)
+    """``(key, first shard, worker, group, shard refs)`` of each forward-backward task: one
+    per leaf left (``spec``, from :func:`_tree`)."""
+    for i, sp in spec.items():
+        worker = leaves.workers[i]
+        group = _group(sp, step, worker, placement, recipe)
+        yield leaves.name(i), i, worker, group, tuple(shards[j] for j in group.shards)
+
+
+@dataclass(frozen=True)
+class Leaves:
+    """A step's leaves: leaf ``i`` is ``<kind>-<index>-<i>-<run>`` on ``workers[i]``, named
+    only where a task of that name is made (a worker's fused shards make one)."""
+
+    kind: str
+    index: int
+    workers: tuple[str, ...]
+    run: str
+
+    def name(self, i: int) -> str:
+        return keys.make(self.kind, self.index, i, run=self.run)
 
 
 def _leaves(kind: str, index: int, shards: Sequence[TaskRef], placement: Placement,
-            run: str) -> list[Leaf]:
-    return [(keys.make(kind, index, i, run=run), i, placement.leaves[i])
-            for i in range(len(shards))]
+            run: str) -> Leaves:
+    workers = placement.leaves           # the same tuple each step: its tree's shape is cached
+    return Leaves(kind, index, workers if len(workers) == len(shards) else
+                  tuple(workers[:len(shards)]), run)
 
 
 def _state_leaves_root(placement: Placement) -> bool:
@@ -152,7 +183,7 @@ def add_step(win: Window, steps: Sequence[Step], state: str, shards: Sequence[Ta
         task = ForwardBackward(recipe.net, recipe.shuffle_seed, step.epoch, group, crosses[name])
         win.add(Task(name, forward_backward, task, TaskRef(state), *refs), worker,
                 recipe.leaf_bytes)
-    task = Update(recipe.opt, (step,), host, recipe.events_for(step, run))
+    task = Update(recipe.opt, (step.rowless(),), host, recipe.events_for(step, run))
     return win.add(Task(keys.make(keys.UPDATE, step.index, run=run), update_state, task,
                         TaskRef(state), *(TaskRef(g[0]) for g in root)), placement.root,
                    recipe.state_bytes)
@@ -183,6 +214,12 @@ class Carry:
         return tuple(len(refs) for _, refs in self.chain)
 
 
+@functools.lru_cache(maxsize=8)
+def _first_shards(leaves: tuple[str, ...]) -> dict[str, int]:
+    """Each worker's first shard."""
+    return {w: i for i, w in reversed(list(enumerate(leaves)))}
+
+
 def replicated_update(win: Window, carry: Carry, workers: Sequence[str], placement: Placement,
                       recipe: Recipe, run: str, host: bool) -> dict[str, str]:
     """``update-<step>-<first shard>`` on each of ``workers``: the chain's updates, applied
@@ -193,7 +230,8 @@ def replicated_update(win: Window, carry: Carry, workers: Sequence[str], placeme
                   recipe.events_for(steps[-1], run) if host else None, carry.widths)
     out = dict(carry.base)
     for w in workers:
-        name = keys.make(keys.UPDATE, steps[-1].index, placement.leaves.index(w), run=run)
+        name = keys.make(keys.UPDATE, steps[-1].index, _first_shards(placement.leaves)[w],
+                         run=run)
         out[w] = win.add(Task(name, update_state, task, TaskRef(carry.base[w]), *partials), w,
                          recipe.state_bytes)
     return out
@@ -226,15 +264,17 @@ def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[
         nxt = Carry(replicated_update(win, carry, [placement.root] if last else workers,
                                       placement, recipe, run, False))
     events = recipe.events_for(carry.chain[-1][0], run) if carry.chain else None
+    updates = Updates(recipe.opt, carry.steps, carry.widths) if carry.chain else None
+    partials = tuple(carry.partials) if updates else ()
     for name, i, worker, group, refs in _leaf_tasks(leaves, spec, step, shards, placement,
                                                      recipe):
-        updates = Updates(recipe.opt, carry.steps, carry.widths, events if i == 0 else None) \
-            if carry.chain else None
         task = ForwardBackward(recipe.net, recipe.shuffle_seed, step.epoch, group,
-                               crosses[name], updates)
+                               crosses[name], dataclasses.replace(updates, events=events)
+                               if updates and i == 0 else updates)
         win.add(Task(name, forward_backward, task, TaskRef(carry.base[worker]), *refs,
-                     *(carry.partials if updates else ())), worker, recipe.leaf_bytes)
-    return Carry(nxt.base, (*nxt.chain, (step, tuple(TaskRef(g[0]) for g in top))))
+                     *partials), worker, recipe.leaf_bytes)
+    # the chain goes to every worker's tasks: its steps without the rows of every shard
+    return Carry(nxt.base, (*nxt.chain, (step.rowless(), tuple(TaskRef(g[0]) for g in top))))
 
 
 def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[TaskRef],
@@ -295,7 +335,7 @@ def window_graph(steps: Sequence[Step], start: TrainState, shards: Sequence[Task
             if group[-1].last:
                 _evaluate(win, group[-1].epoch, state, val, placement, recipe, run)
         win.ends = [state]
-    leaves = sum(keys.kind_of(k) in keys.LEAVES for k in win.dsk)
+    leaves = sum(map(methodcaller("startswith", _LEAF_PREFIXES), win.dsk))   # kind_of, fast
     done = leaves < len(todo) * len(shards)             # some task sums several shards
     win.fused = (done, why if done or not fuse else
                  why + "; but no reduce group lies on one worker (fan-in, placement)")
