@@ -140,3 +140,13 @@ def test_the_layout_model_adds_up():
                  params, 8, 1e9, 0.0)
     assert p4["sched"] == 0.0 and p4["bound"] == "path"
     assert p4["path"] == pytest.approx(fb + 50e-6, rel=1e-3), p4
+
+
+def test_the_across_table_takes_the_drivers_pace_where_it_is_the_slower():
+    from benchmarks.costmodel import markdown_across
+    row = {"model": "P3", "nodes": 256, "cores": 4096, "compute": 1e-3, "allreduce": 1e-3,
+           "dtrain": 7e-3, "mpi": 3.5e-3}
+    fast, slow = (markdown_across([dict(row, driver=d)]).splitlines()[-1].split(" | ")
+                  for d in (1e-3, 14e-3))
+    assert fast[5:8] == ["1.00", "3.50", "2.00"]           # the mesh's 7 ms against 3.5
+    assert slow[5:8] == ["14.00", "3.50", "4.00"]          # the driver's 14 ms
