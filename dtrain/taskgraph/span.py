@@ -29,6 +29,7 @@ waiting for it (:class:`~dtrain.deploy.p2p.Broken`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -210,20 +211,21 @@ def _parent(at: int) -> int:
     return at - (1 << (at.bit_length() - 1))
 
 
-def _spread(n: int) -> list[tuple[int, list[int]]]:
+@functools.lru_cache(maxsize=64)
+def _spread(n: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """Who passes on a value made at position 0 of ``n`` members (the maker, then its other
     readers): each position that sends and the positions it sends to, parents before their
     children.  To up to :data:`DIRECT` readers the maker sends itself; to more, down a
     binomial tree (the farthest subtree first, as MPI's broadcast): no member sends more
     than ``log2 n`` copies, the last arriving ``ceil(log2 n)`` hops after it was made."""
     if n - 1 <= DIRECT:
-        return [(0, list(range(1, n)))]
+        return ((0, tuple(range(1, n))),)
     out = []
     for at in sorted(range(n), key=lambda i: (i.bit_count(), i)):   # by depth: parents first
-        kids = [at + (1 << j) for j in reversed(range(n.bit_length()))
-                if (1 << j) > at and at + (1 << j) < n]
+        kids = tuple(at + (1 << j) for j in reversed(range(n.bit_length()))
+                     if (1 << j) > at and at + (1 << j) < n)
         out.append((at, kids))
-    return out
+    return tuple(out)       # the same for every value read as widely: worked out once
 
 
 def workers_of(win: Window) -> list[str]:
