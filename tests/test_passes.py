@@ -6,6 +6,7 @@ computes its shards on: tests/test_cores.py."""
 from __future__ import annotations
 
 import pickle
+import threading
 import time
 
 import numpy as np
@@ -126,6 +127,31 @@ def test_the_state_is_kept_where_the_window_ends_and_taken_there_next():
     taken = _run(nxt, p, values)[f"state-7-{RUN}"]
     assert taken.vector.tobytes() == kept.vector.tobytes()
     assert handoff.drop(RUN) and not handoff.drop(RUN)
+
+
+def test_a_take_waits_as_long_as_the_window_before_runs_here():
+    """The next window, started while the one before runs here (a worker of several
+    threads, or of one whose window left the pool), waits for its state past its own wait
+    while that window runs, and no longer once only itself runs."""
+    run, state = "take-waits", _window(steps=range(1))[0].initial_state()
+    fuse._runs.enter(run)                       # the window that takes ...
+    fuse._runs.enter(run)                       # ... and the one before, keeping in 0.8 s
+    try:
+        threading.Timer(0.8, handoff.keep, args=(handoff.Handed(run, 7), state)).start()
+        start = time.monotonic()
+        taken = handoff.take(handoff.Handed(run, 7, wait=0.2))     # four waits: it waited
+        assert 0.7 < time.monotonic() - start < 5
+        assert taken.vector.tobytes() == state.vector.tobytes()
+    finally:
+        fuse._runs.leave(run)
+    start = time.monotonic()
+    try:
+        with pytest.raises(handoff.StateGone):     # none runs before it: the wait holds
+            handoff.take(handoff.Handed(run, 14, wait=0.2))
+        assert time.monotonic() - start < 2
+    finally:
+        fuse._runs.leave(run)
+        handoff.drop(run)
 
 
 def test_a_worker_without_the_state_says_so():

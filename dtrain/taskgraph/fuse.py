@@ -163,6 +163,12 @@ _runs = _Runs()
 CHECK_EVERY = 64            # tasks between a window's looks at whether its run ended
 
 
+def running(run: str) -> int:
+    """How many windows of ``run`` run in this process now."""
+    with _runs.changed:
+        return _runs.running[run]
+
+
 def end(run: str, wait: float = 2.0) -> bool:
     """The run ended: its windows in this process stop at their next look (they raise
     :class:`~dtrain.core.errors.RunEnded`); True once none runs (within ``wait`` s)."""

@@ -93,9 +93,12 @@ class _Kept:
             while True:
                 step, state = self.states.get(handed.run, (None, None))
                 left = deadline - time.monotonic()
-                if step == handed.step or left <= 0 or handed.run in self.ended or \
-                        self.stale(handed):
+                if step == handed.step or handed.run in self.ended or self.stale(handed):
                     break
+                if left <= 0 and handed.wait and fuse.running(handed.run) > 1:
+                    deadline, left = time.monotonic() + handed.wait, handed.wait
+                if left <= 0:       # (the window before, still running here, keeps it
+                    break           # when it ends, however long it runs)
                 self.changed.wait(left)
         if step != handed.step and handed.run in self.ended:   # a window launched ahead
             raise RunEnded(f"run {handed.run} ended")         # of the run's end
