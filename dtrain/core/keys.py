@@ -134,21 +134,23 @@ def parse(key: object) -> Key | None:
     After the kind comes a part that starts with a digit (a step or an
     index), except for the few kinds followed by the run id alone.
     """
+    kind = kind_of(key)
+    if kind is None:
+        return None
+    *parts, run = key[len(kind) + 1:].split("-")       # type: ignore[index]
+    return Key(kind, tuple(parts), run)
+
+
+def kind_of(key: object) -> str | None:
+    """The task kind of a dtrain key (``"forward-backward"``, ...), None for other keys
+    (what :func:`parse` reads first; the graph passes ask it of every task)."""
     if type(key) is not str:
         return None
     for kind in _BY_HEAD.get(key.split("-", 1)[0], ()):     # KINDS that can match, in order
         if key.startswith(kind) and key[len(kind):len(kind) + 1] == "-":
-            rest = key[len(kind) + 1:]
-            if kind in NUMBERLESS or rest[:1].isdigit():
-                *parts, run = rest.split("-")
-                return Key(kind, tuple(parts), run)
+            if kind in NUMBERLESS or key[len(kind) + 1:len(kind) + 2].isdigit():
+                return kind
     return None
-
-
-def kind_of(key: object) -> str | None:
-    """The task kind of a dtrain key (``"forward-backward"``, ...), None for other keys."""
-    parsed = parse(key)
-    return parsed.kind if parsed else None
 
 
 def run_of(key: object) -> str | None:

@@ -246,10 +246,14 @@ def plain(node: GraphNode) -> tuple[str, Any, tuple[Any, ...]]:
     fast, where a ``Task`` object takes some 30 us each way."""
     if isinstance(node, DataNode):
         return node.key, None, (node.value,)
-    if not isinstance(node, Task) or node.kwargs or any(
-            isinstance(a, GraphNode) for a in node.args):
+    args = node.args if isinstance(node, Task) and not node.kwargs else None
+    if args is None or any(map(_is_node, args)):
         raise TypeError(f"{node.key}: the fuse pass takes tasks of plain arguments")
-    return node.key, node.func, tuple(node.args)
+    return node.key, node.func, tuple(args)
+
+
+def _is_node(arg: Any) -> bool:
+    return type(arg) is not TaskRef and isinstance(arg, GraphNode)
 
 
 def chain_of(nodes: list[tuple[str, Any, tuple[Any, ...]]], kinds: list[str | None],
