@@ -41,7 +41,7 @@ class Shape:
     level's inputs ``top`` (each with its worker), each reduce task's node, children and
     worker in the order they are added, for every value the tree reads whether it must leave
     its worker (``crosses``), and the leaves left (by first leaf) with the leaves each sums
-    (``spec``)."""
+    (``spec``).  Shared by every step that has it: read, never changed."""
 
     top: tuple[tuple[Node, str], ...]
     reduces: tuple[tuple[Node, tuple[Node, ...], str], ...]
