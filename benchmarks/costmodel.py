@@ -398,9 +398,10 @@ def driver_seconds(layers: tuple[int, ...], rows: int, nodes: int, node_cores: i
                    n: int = 16) -> float:
     """Seconds the driver takes, on this machine, to build a step of a window that spans
     ``nodes`` workers of ``node_cores`` shards and cut it into a task per worker (the
-    builder's graph, :func:`dtrain.taskgraph.span.steps`, each chain pickled), the
-    collector off as the engine has it: the window after next is built while one runs, so
-    no step runs faster than this for long."""
+    builder's graph, the engine's count of its crossings,
+    :func:`dtrain.taskgraph.span.steps`, each chain pickled), the collector off as the
+    engine has it: the window after next is built while one runs, so no step runs faster
+    than this for long."""
     from dtrain.deploy import p2p
     from dtrain.training.plan import plan
 
@@ -417,6 +418,7 @@ def driver_seconds(layers: tuple[int, ...], rows: int, nodes: int, node_cores: i
             start = time.perf_counter()
             win = p.builder.window([p.schedule[t] for t in range(n)], p.initial_state(), refs,
                                    None, placement, "m")
+            win.transfers({})                   # the engine's count of what crosses
             span.steps(win, 0, n - 1, "m", mesh, 10.0)
             best = min(best, (time.perf_counter() - start) / n)
     finally:
