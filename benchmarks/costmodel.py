@@ -31,7 +31,6 @@ can do at all: it binds where more processes than cores share the machine.
 """
 from __future__ import annotations
 
-import gc
 import math
 import time
 from dataclasses import dataclass
@@ -375,12 +374,7 @@ def across(layers: tuple[int, ...], rows: int, nodes: int, node_cores: int, wire
     of ``wires``: dtrain's own window, cut into a task per worker as the engine cuts it
     (:func:`dtrain.taskgraph.span.cut`), timed by :func:`simulate`; the difference of a
     ``2 n``-step and an ``n``-step window over ``n`` steps, so the window's edges cancel."""
-    from dtrain.training.plan import plan
-
-    p = plan(config(layers, rows, nodes * node_cores, "allreduce", steps=2 * n + 1))
-    names = [f"w{i}" for i in range(nodes)]
-    placement = p.builder.place(names)
-    refs = [TaskRef(f"load-shard-{i}") for i in range(nodes * node_cores)]
+    p, names, placement, refs = _spanning(layers, rows, nodes, node_cores, 2 * n + 1)
     rank = {w: r for r, w in enumerate(names)}
     out: dict[str, float] = {}
     for name, wire in wires.items():
@@ -403,17 +397,12 @@ def driver_seconds(layers: tuple[int, ...], rows: int, nodes: int, node_cores: i
     engine has it: the window after next is built while one runs, so no step runs faster
     than this for long."""
     from dtrain.deploy import p2p
-    from dtrain.training.plan import plan
+    from dtrain.training.engines import gc_paused
 
-    p = plan(config(layers, rows, nodes * node_cores, "allreduce", steps=n + 1))
-    names = [f"w{i}" for i in range(nodes)]
-    placement = p.builder.place(names)
-    refs = [TaskRef(f"load-shard-{i}") for i in range(nodes * node_cores)]
+    p, names, placement, refs = _spanning(layers, rows, nodes, node_cores, n + 1)
     mesh = p2p.Mesh("m", tuple(names), (p2p.Place("", 0),) * nodes)
     best = math.inf
-    was = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         for _ in range(2):
             start = time.perf_counter()
             win = p.builder.window([p.schedule[t] for t in range(n)], p.initial_state(), refs,
@@ -421,10 +410,20 @@ def driver_seconds(layers: tuple[int, ...], rows: int, nodes: int, node_cores: i
             win.transfers({})                   # the engine's count of what crosses
             span.steps(win, 0, n - 1, "m", mesh, 10.0)
             best = min(best, (time.perf_counter() - start) / n)
-    finally:
-        if was:
-            gc.enable()
     return best
+
+
+def _spanning(layers: tuple[int, ...], rows: int, nodes: int, node_cores: int, steps: int
+              ) -> tuple[Any, list[str], Any, list[TaskRef]]:
+    """A plan of ``steps`` allreduce steps over ``nodes`` workers of ``node_cores`` shards,
+    the workers' names, their placement and the shards' references (the windows
+    :func:`across` and :func:`driver_seconds` build)."""
+    from dtrain.training.plan import plan
+
+    p = plan(config(layers, rows, nodes * node_cores, "allreduce", steps=steps))
+    names = [f"w{i}" for i in range(nodes)]
+    refs = [TaskRef(f"load-shard-{i}") for i in range(nodes * node_cores)]
+    return p, names, p.builder.place(names), refs
 
 
 def across_rows(wires: dict[str, Wire], models: dict[str, tuple[tuple[int, ...], int, float,
@@ -456,8 +455,7 @@ def markdown_across(rows: list[dict[str, Any]], names: tuple[str, str] = ("dtrai
     lines = ["| model | nodes | cores | compute ms/step | dtrain ms/step (prediction) | "
              "driver builds ms/step (measured here) | MPI, the same tree, ms/step (prediction) "
              "| dtrain, at the slower of the two, / MPI tree | MPI Allreduce (reduce-scatter "
-             "+ allgather, formula) "
-             "ms/step |",
+             "+ allgather, formula) ms/step |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         driver = r.get("driver", 0.0)

@@ -82,9 +82,9 @@ COLORS: dict[str, str] = {
 KINDS: tuple[str, ...] = tuple(COLORS)
 OTHER_COLOR = "#BBBBBB"
 NUMBERLESS = (LOAD_VAL, LOAD_TEST, EVALUATE_TEST, NORMALIZATION)   # <kind>-<run>, no parts
-_BY_HEAD: dict[str, tuple[str, ...]] = {}     # a key's first word -> the KINDS it may start with
-for _kind in KINDS:
-    _BY_HEAD[_kind.split("-", 1)[0]] = (*_BY_HEAD.get(_kind.split("-", 1)[0], ()), _kind)
+_BY_HEAD: dict[str, tuple[str, ...]] = {    # a key's first word -> the KINDS it may start with
+    head: tuple(k for k in KINDS if k.split("-", 1)[0] == head)
+    for head in dict.fromkeys(k.split("-", 1)[0] for k in KINDS)}
 LEAVES = (FORWARD_BACKWARD, LOCAL_SGD)                 # the model's maths on a shard
 WORK = (FORWARD_BACKWARD, LOCAL_SGD, FORWARD, BACKWARD)   # the model's maths, any strategy
 

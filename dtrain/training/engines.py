@@ -624,7 +624,7 @@ class DaskEngine:
         :mod:`~dtrain.taskgraph.span`; ``trim``: what of its evaluations comes back);
         ``follows``: the first step of the window still running before it (its tasks wait
         for that one's, and for the state it keeps)."""
-        with _gc_paused():
+        with gc_paused():
             return self._build_and_submit(steps, window, state, val, placement, book, take,
                                           trim, follows)
 
@@ -688,7 +688,7 @@ class DaskEngine:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while a window is built and submitted: its
     thousands of new task objects trigger full collections of everything a driver holds
     (Dask, distributed, Bokeh), 0.1 s each on the window's critical path; the next
