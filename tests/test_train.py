@@ -391,8 +391,9 @@ def test_short_tasks_run_in_the_event_loop():
 
 def test_windows_last_about_a_second_unless_fixed():
     """graph.window = 0 (the default): the first window 100 steps, then a second's worth at
-    the rate so far, 100 to 1000 steps (400 before any window was timed); a fixed window
-    is kept; local SGD rounds stay whole."""
+    the rate so far, 100 to 1000 steps (400 before any window was timed), a tail shorter
+    than 100 steps in the window before it; a fixed window is kept; local SGD rounds stay
+    whole."""
     auto = plan(dtrain.load_config(None, ["train.epochs=200"]))           # 1400 steps
     assert [window_steps(auto, r) for r in (None, 0.05, 0.004, 0.0001)] == [100, 100, 250, 1000]
     rates = iter([None, 0.002, 0.01, 0.0001])
@@ -401,6 +402,13 @@ def test_windows_last_about_a_second_unless_fixed():
     rates = iter([None, None, 0.0001])
     assert [len(w) for w in windows(auto, 0, lambda: next(rates))] == [100, 400, 900]
     assert window_steps(auto, None, first=False) == 400
+    # no window shorter than the first: a tail of fewer steps joins the window before it
+    short = plan(dtrain.load_config(None, ["train.epochs=23"]))           # 161 steps
+    assert [len(w) for w in windows(short, 0)] == [161]                 # not 100 and 61
+    assert [len(w) for w in windows(short, 63)] == [98]                 # resumed at step 63
+    assert [len(w) for w in windows(short, 0, lambda: 0.1)] == [161]    # slow steps alike
+    rates = iter([None, 0.002, 0.00135])                # the third: 741 steps, 59 left
+    assert [len(w) for w in windows(auto, 0, lambda: next(rates))] == [100, 500, 800]
     fixed = plan(dtrain.load_config(None, ["train.epochs=200", "graph.window=30"]))
     assert {window_steps(fixed, r) for r in (None, 0.0001)} == {30}
     rounds = plan(dtrain.load_config(None, ["graph.strategy=local-sgd", "graph.window=5",

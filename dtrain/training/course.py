@@ -126,12 +126,17 @@ def windows(plan: Plan, start: int,
     """Step ranges of the windows from ``start``: the driver syncs and checkpoints at each edge.
 
     A window ends after :func:`window_steps` steps (``seconds_per_step`` is asked at
-    each edge), or later at the end of a local SGD round.
+    each edge), or later at the end of a local SGD round; with ``graph.window = 0``, a
+    window that would leave fewer steps than the fewest a window has (the first's,
+    ``WINDOW_STEPS[0]``) takes them too: no window of the run is shorter, and a short run
+    (160 steps: not 100 and 60) pays no edge for a tail.
     """
     total = len(plan.schedule)
     first = start
     while first < total:
         stop = min(first + window_steps(plan, seconds_per_step(), first == start), total)
+        if not plan.config.graph.window and total - stop < WINDOW_STEPS[0]:
+            stop = total                # a tail shorter than the fewest steps: not a window
         while stop < total and not plan.recipe.unit_starts(plan.schedule[stop]):
             stop += 1
         yield range(first, stop)
