@@ -110,6 +110,35 @@ def test_a_window_longer_than_the_peer_timeout_is_waited_for_not_run_again():
     assert s["spanned_windows"] == 3 and s["window_reruns"] == [], s["window_reruns"]
 
 
+def test_a_windows_ends_are_picked_while_the_next_window_runs():
+    """On workers of one thread a window's task leaves the pool as it starts
+    (``fuse.leave_pool``): the tasks that pick its end and meta out run as soon as it
+    ended, while the next window (launched ahead) runs, so the driver can launch the one
+    after.  In the pool they ran only once the next window's task ended, and every second
+    window edge waited for the driver."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        with get_task_stream(c) as ts:
+            r = dtrain.train(dtrain.load_config(None, [
+                "graph.window=300", "train.epochs=44", "train.batch_size=4",
+                "data.shards=2"]), client=c, out=None, echo=None)   # 1,188 steps
+    assert r.summary["spanned_windows"] == 4 and r.summary["window_reruns"] == []
+    ended: dict[int, list[float]] = {}
+    picked: dict[int, float] = {}
+    for task in ts.data:
+        if not task["key"].startswith("window-"):
+            continue
+        first, part = int(task["key"].split("-")[1]), task["key"].split("-")[3]
+        stop = max(s["stop"] for s in task["startstops"] if s["action"] == "compute")
+        if part == "meta":
+            picked[first] = stop
+        else:
+            ended.setdefault(first, []).append(stop)
+    assert sorted(ended) == sorted(picked) == [0, 300, 600, 900]
+    for first in (0, 300, 600):
+        assert picked[first] < min(ended[first + 300]), (first, picked, ended)
+
+
 def _helper_threads() -> int:
     return sum(t.name.startswith("dtrain-shards") for t in threading.enumerate())
 

@@ -175,6 +175,34 @@ def end(run: str, wait: float = 2.0) -> bool:
     return _runs.end(run, wait)
 
 
+def leave_pool() -> bool:
+    """A window's task leaves its worker's thread pool as it starts (``distributed.secede``);
+    whether it did (not outside a Dask worker's pool thread).
+
+    The window runs on in its own thread, and the pool's thread is free at once for what
+    follows it on the worker: the tasks that pick this window's ends out run as soon as it
+    ended (in the pool, on a worker of one thread, they ran only after the next window, so
+    the driver launched the window after next only then: every second edge of a long run
+    waited for a window's build), and the next window, launched while this one runs,
+    starts at once and waits for it (:meth:`dtrain.deploy.p2p.Node.turn`,
+    :func:`~dtrain.taskgraph.handoff.take`: each waits as long as the window before runs
+    here)."""
+    from distributed import secede
+    from distributed.threadpoolexecutor import thread_state as pool
+    from distributed.utils import thread_state as task
+    if not getattr(pool, "proceed", False) or getattr(task, "key", None) is None:
+        return False                # not a task of a Dask worker's thread pool
+    secede()
+    return True
+
+
+def run_window(chain: Chain | Packed, *inputs: Any) -> Ran:
+    """``window-<first>-<last>``: a fused window's task (:func:`leave_pool`, then
+    :func:`run_chain`)."""
+    leave_pool()
+    return run_chain(chain, *inputs)
+
+
 def run_chain(chain: Chain | Packed, *inputs: Any) -> Ran:
     """Run a fused window's tasks in order, in this thread; see :class:`Chain`."""
     if isinstance(chain, Packed):
@@ -310,7 +338,7 @@ def steps(win: Window, first: int, last: int, run: str,
     external = chain.inputs
     name = keys.make(keys.WINDOW, first, last, run=run)
     out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
-    out.add(Task(name, run_chain, Packed.of(chain), *map(TaskRef, external)), worker,
+    out.add(Task(name, run_window, Packed.of(chain), *map(TaskRef, external)), worker,
             sum(win.nbytes.get(k, 0) for k in outputs))
     for i, key in enumerate(win.ends):
         out.add(Task(key, pick, TaskRef(name), i), worker, win.nbytes.get(key, 0))

@@ -41,7 +41,8 @@ from dask.task_spec import Task, TaskRef
 from dtrain.core import keys
 from dtrain.core.arrays import array_module, like, on_gpu, to_host
 from dtrain.deploy import p2p
-from dtrain.taskgraph.fuse import CRITICAL, META, Packed, Ran, plain, chain_of, in_order, pick, run_chain
+from dtrain.taskgraph.fuse import (CRITICAL, META, Packed, Ran, chain_of, in_order, leave_pool,
+                                   pick, plain, run_chain)
 from dtrain.taskgraph.treesum import Tree, even_parts, nested_sum
 from dtrain.taskgraph.window import Window
 
@@ -152,6 +153,7 @@ def run_piece(piece: Piece, *inputs: Any) -> Ran:
     if here != mesh.workers[piece.rank]:
         raise p2p.Misplaced(f"rank {piece.rank}'s window task of mesh {mesh.run} ran on "
                             f"{here}, not on {mesh.workers[piece.rank]} (which left)")
+    leave_pool()
     return run_on(p2p.node(mesh.run, piece.rank), piece, *inputs)
 
 
