@@ -186,7 +186,8 @@ def leave_pool() -> bool:
     waited for a window's build), and the next window, launched while this one runs,
     starts at once and waits for it (:meth:`dtrain.deploy.p2p.Node.turn`,
     :func:`~dtrain.taskgraph.handoff.take`: each waits as long as the window before runs
-    here)."""
+    here).  A running window then holds no slot of the pool: on a cluster that several
+    runs share, their windows on a worker compute side by side, not one after the other."""
     from distributed import secede
     from distributed.threadpoolexecutor import thread_state as pool
     from distributed.utils import thread_state as task
