@@ -121,10 +121,12 @@ class Step:
 
 
 def config(layers: tuple[int, ...], rows: int, shards: int, strategy: str = "allreduce",
-           sync_every: int = LOCAL_SGD_EVERY, steps: int = 16, fan_in: int = 2) -> Any:
+           sync_every: int = LOCAL_SGD_EVERY, steps: int = 16, fan_in: int = 2,
+           fuse_steps: bool = True) -> Any:
     """A dtrain config of ``shards`` shards of ``rows`` rows a step (synthetic data, enough
     for ``steps`` steps in one epoch, not normalized: 16 flat workers would each read the
-    whole set to normalize it), float32, as the benchmark workloads."""
+    whole set to normalize it), float32, as the benchmark workloads; ``fuse_steps``: a
+    window runs as a task per worker (else each step through the scheduler)."""
     import dtrain
 
     batch = rows * shards
@@ -134,7 +136,8 @@ def config(layers: tuple[int, ...], rows: int, shards: int, strategy: str = "all
                  "normalize": "none"},   # each worker draws its own rows, not the whole set
         "model": {"layers": list(layers), "dtype": "float32", "activation": "sigmoid"},
         "train": {"epochs": 1, "batch_size": batch},
-        "graph": {"strategy": strategy, "fan_in": fan_in, "sync_every": sync_every}})
+        "graph": {"strategy": strategy, "fan_in": fan_in, "sync_every": sync_every,
+                  "fuse_steps": fuse_steps}})
 
 
 def count(layers: tuple[int, ...], rows: int, layout: Layout, strategy: str = "allreduce",
@@ -149,7 +152,8 @@ def count(layers: tuple[int, ...], rows: int, layout: Layout, strategy: str = "a
     from dtrain.training.plan import plan
 
     n = sync_every if strategy == "local-sgd" else 8
-    p = plan(config(layers, rows, layout.cores, strategy, sync_every, 2 * n + 1))
+    p = plan(config(layers, rows, layout.cores, strategy, sync_every, 2 * n + 1,
+                    fuse_steps=cut))
     names = [f"w{i}" for i in range(layout.workers + (strategy == "parameter-server"))]
     placement = p.builder.place(names)
     refs = [TaskRef(f"load-shard-{i}") for i in range(layout.cores)]

@@ -71,8 +71,12 @@ def test_replicated_updates_sit_on_every_worker():
         assert f"update-0-{2 * i}" in nodes                   # this worker's copy of step 0
         assert {f"forward-backward-{s}-{2 * i}" for s in (0, 1)} <= nodes   # shards 2i, 2i+1
     edges = set(re.findall(r'^\t"([\w-]+)" -> "([\w-]+)"$', source, re.M))
-    # step 1's maths reads the partial sums of step 0 directly, not an update task
-    assert ("reduce-0-2-4", "forward-backward-1-0") in edges
+    # step 1's maths reads the sum of step 0 directly, not an update task: the root level
+    # summed once, on the root, for the 4 workers that read it
+    assert ("reduce-0-3-0", "forward-backward-1-0") in edges
+    assert ("reduce-0-2-4", "reduce-0-3-0") in edges
+    assert not any(a == "reduce-0-2-4" and b.startswith("forward-backward-1-")
+                   for a, b in edges)
     assert not any(a.startswith("update-0-") and b.startswith("forward-backward-1-")
                    for a, b in edges)
     assert "replicated updates" in source

@@ -149,9 +149,9 @@ def test_fusing_the_update_and_placement_change_nothing():
     assert (fused.vector == unfused.vector).all()
 
 
-def _replicated(shards, k, workers, steps=3, state_every=1):
+def _replicated(shards, k, workers, steps=3, state_every=1, **extra):
     p = _plan(shards=shards, fan_in=k, update="replicated",
-              **{"graph.state_every": state_every})
+              **{"graph.state_every": state_every}, **extra)
     assert p.recipe.replicated
     return p, *_window(p, range(steps), workers=workers)
 
@@ -170,11 +170,18 @@ def test_one_worker_needs_no_replicated_updates():
         [f"update-{t}-{RUN}" for t in range(3)] and win.ends == [f"update-2-{RUN}"]
 
 
+@pytest.mark.parametrize("steps_fused", [True, False])
 @pytest.mark.parametrize("shards, k, workers", [(2, 2, 2), (4, 2, 2), (6, 2, 3),
                                                 (8, 4, 2), (9, 3, 3), (16, 2, 4)])
-def test_replicated_update_structure(shards, k, workers):
+def test_replicated_update_structure(shards, k, workers, steps_fused):
     names = [f"w{i}" for i in range(workers)]
-    p, win, placement = _replicated(shards, k, names)
+    p, win, placement = _replicated(shards, k, names,
+                                    **{"graph.fuse_steps": str(steps_fused).lower()})
+    # a window cut into a task per worker (graph.fuse_steps) read on 3 or more workers: the
+    # root's reduce task sums the root level once, and every worker reads that sum; on 2
+    # workers (an exchange) or step by step (a task more per step), each reads the level
+    rooted = steps_fused and workers > 2
+    assert p.recipe.root_sum == steps_fused
     first = {w: placement.leaves.index(w) for w in names if w in placement.leaves}
     updates = [key for key in win.dsk if key.startswith("update-")]
     # step 0: one update per worker, on that worker, named by its first shard; step 1 is
@@ -195,7 +202,7 @@ def test_replicated_update_structure(shards, k, workers):
             base = f"state-0-{RUN}" if s == 1 else f"update-{s - 2}-{first[w]}-{RUN}"
             assert base in fb.dependencies and f"load-shard-{i}-{RUN}" in fb.dependencies
             assert not any(d.startswith(f"update-{s - 1}-") for d in fb.dependencies)
-            assert _reduce_levels(win, fb.key) == max(depth - 1, 0)
+            assert _reduce_levels(win, fb.key) == (depth if rooted else max(depth - 1, 0))
             # the same partial sums as that step's update(s)
             def sums(key):
                 return {d for d in win.dsk[key].dependencies
@@ -203,7 +210,13 @@ def test_replicated_update_structure(shards, k, workers):
             top = shards
             for _ in range(depth - 1):
                 top = -(-top // k)
-            assert sums(fb.key) == sums(f"update-{s - 1}-0-{RUN}") and len(sums(fb.key)) == top
+            assert sums(fb.key) == sums(f"update-{s - 1}-0-{RUN}")
+            if rooted:
+                root_sum = f"reduce-{s - 1}-{depth}-0-{RUN}"
+                assert sums(fb.key) == {root_sum} and win.where[root_sum] == [placement.root]
+                assert len(win.dsk[root_sum].dependencies) == top
+            else:
+                assert len(sums(fb.key)) == top
 
 
 def test_replicated_updates_equal_the_root_update_bit_for_bit():

@@ -169,13 +169,44 @@ def test_a_value_read_on_many_workers_goes_down_a_binomial_tree():
     assert all(len(to) <= 3 for v in sends.values() for _, to in v)
 
 
+def _sends(cut, step):
+    """``{key: (sending rank, ranks sent to)}`` of the messages of ``step`` in a cut window."""
+    out = {}
+    for name in cut.pieces:
+        piece = cut.dsk[name].args[0]
+        for key, fn, args in piece.chain.open().nodes:
+            if fn is span.send and keys.parse(key).step == step:
+                out[key] = (piece.rank, args[0])
+    return out
+
+
+def test_a_step_on_4_workers_sends_the_sum_of_its_root_level_from_the_root():
+    """The root sums the root level once and sends that sum to the 3 others: 6 buffers a
+    step (each pair's sum to 3 workers would be 8); on 2 workers the two exchange theirs."""
+    four = ("w0", "w1", "w2", "w3")
+    p, win = _window(["data.shards=4"], workers=four)
+    cut, nodes = _cut(win, list(four))
+    for n in nodes.values():
+        n.close()
+    fb, rd = keys.FORWARD_BACKWARD, keys.REDUCE
+    assert _sends(cut, 5) == {keys.make(fb, 5, 1, run=RUN): (1, (0,)),     # to its pair's
+                              keys.make(fb, 5, 3, run=RUN): (3, (2,)),     # first
+                              keys.make(rd, 5, 1, 2, run=RUN): (2, (0,)),  # to the root
+                              keys.make(rd, 5, 2, 0, run=RUN): (0, (1, 2, 3))}   # the sum
+    p, win = _window([], workers=("w0", "w1"))
+    cut, nodes = _cut(win, ["w0", "w1"])
+    for n in nodes.values():
+        n.close()
+    assert _sends(cut, 5) == {keys.make(fb, 5, 2 * i, run=RUN): (i, (1 - i,)) for i in (0, 1)}
+
+
 # --- a step's sums reduced in segments --------------------------------------------------------
 
 def _segmented(sets, workers, monkeypatch):
     """A window of ``sets`` on ``workers`` and the segments pass's rewrite of it (any buffer
     counts as big enough: the default net's is tiny)."""
     monkeypatch.setattr(segments, "MIN_SEGMENT_BYTES", 0)
-    p, win = _window(sets, workers=workers)
+    p, win = _window(["graph.reduce=segments", *sets], workers=workers)
     itemsize = np.dtype(p.net.dtype).itemsize
     return p, win, segments.split(copy.deepcopy(win), RUN, itemsize), itemsize
 
@@ -214,7 +245,7 @@ def test_a_step_read_on_every_worker_is_one_allreduce_node_per_worker(monkeypatc
 
 def test_the_segments_pass_leaves_what_it_does_not_pay_on(monkeypatch):
     four = ("w0", "w1", "w2", "w3")
-    _, win = _window(["data.shards=4"], workers=four)
+    _, win = _window(["data.shards=4", "graph.reduce=segments"], workers=four)
     assert segments.split(win, RUN, 4) is win           # the default net's 133 numbers
     monkeypatch.setattr(segments, "MIN_SEGMENT_BYTES", 0)
     assert segments.split(win, RUN, 4) is not win       # (any buffer big enough)

@@ -227,12 +227,14 @@ class GraphConfig:
                             "cluster.p2p); false shows every step in the task stream")
     reduce: str = choice("tree", "tree", "segments",
                          doc="in a window cut across workers (fuse_steps), how a step's sums "
-                         "reach every worker with replicated updates: tree, each sum of the "
-                         "tree's root level sent whole by its maker; segments, a reduce-scatter "
-                         "and an allgather (each of 3 to 16 workers sums a segment of every "
-                         "buffer over the same tree and sends it to the others: the same "
-                         "bytes, 2 (W - 1) / W buffers sent per worker; dtrain.taskgraph."
-                         "segments), for networks where bytes cost more than messages")
+                         "reach every worker with replicated updates: tree, summed up the "
+                         "tree to its root, whose sum goes to every other worker (2 workers "
+                         "exchange their sums); segments, a reduce-scatter and an allgather "
+                         "(each of 3 to 16 workers sums a segment of every buffer over the "
+                         "same tree and sends it to the others: the same bytes, 2 (W - 1) / W "
+                         "buffers sent per worker, none more than another; dtrain.taskgraph."
+                         "segments), for networks where a root's bytes cost more than "
+                         "messages")
     update: str = choice("auto", "auto", "root", "replicated",
                          doc="where the optimizer step runs: on the reduce root, which sends "
                          "the new state to every worker, or on every worker from the reduced "

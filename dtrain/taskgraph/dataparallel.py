@@ -13,9 +13,10 @@ ceil(log_k shards)`` levels, counting the fused root; a group of one child
 passes through without a task.  A parameter server is the same graph with one
 flat level (``k = shards``) whose root sits on a head worker that holds no
 shard.  With replicated updates (the ``allreduce`` default) every worker runs
-its own ``update-<step>-<first shard>`` from the root level's partial sums,
-and the next step's ``forward-backward`` tasks apply the same update first
-instead of waiting for it.  With ``fuse_shards`` a reduce group whose shards
+its own ``update-<step>-<first shard>`` from the root level's partial sums
+(or, a window cut across 3 or more workers, from their sum, one ``reduce``
+on the root), and the next step's ``forward-backward`` tasks apply the same
+update first instead of waiting for it.  With ``fuse_shards`` a reduce group whose shards
 all sit on one worker is one ``forward-backward`` task (named by its first
 shard) that sums them as the reduce would (``auto``: where that is worth it,
 :func:`fuse_choice`).  Local SGD replaces each step by a
@@ -71,8 +72,11 @@ def _tree(win: Window, index: int, leaves: Leaves, placement: Placement, recipe:
     """Step ``index``'s reduce tree of ``leaves``: the root level's inputs, whether each value
     the tree reads leaves its worker (by key), and the leaves left, each with the shards it
     sums (by first shard).  The tree's shape is worked out once per placement."""
-    got = shape(leaves.workers, placement.root, recipe.fan_in,
-                recipe.fuse_update or bool(readers), tuple(readers),
+    # the root level's sums: combined by the root task (the update), or, read on several
+    # workers, by each reader; read on 3 or more with root_sum, by a reduce task on the root
+    root_task = recipe.fuse_update if not readers else \
+        not (recipe.root_sum and len(set(readers)) > 2)
+    got = shape(leaves.workers, placement.root, recipe.fan_in, root_task, tuple(readers),
                 recipe.fuse_shards == "true")
     top, crosses = add(win, got, leaves.name, str(index), run, recipe.leaf_bytes)
     return top, crosses, got.spec
@@ -242,7 +246,15 @@ def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[
     """Add one minibatch where every worker applies the update itself, as DDP and Horovod do.
 
     The gradients are tree-reduced as in :func:`add_step` up to the root
-    level, whose few partial sums every worker reads.  Each ``forward-backward``
+    level, whose few partial sums every worker reads.  Where 3 or more workers
+    read them and the window runs as a task per worker (``recipe.root_sum``:
+    ``graph.fuse_steps``, ``graph.reduce = "tree"``), the root's ``reduce``
+    sums them once and every worker reads that sum: on 4 workers at fan-in 2, 6
+    buffers cross a step instead of 8 (each level-1 sum sent to 3 workers), and
+    the root level is summed once, not on every worker; the same bits, summed
+    in the same order.  Two workers exchange their sums and each adds them (a
+    hop less for the same 2 messages), and a graph run step by step would pay a
+    scheduler round trip for the extra level.  Each ``forward-backward``
     applies the updates of the steps since its worker's state was last kept
     (the carry's chain) and then computes, so a step costs one scheduler
     round trip instead of two, and only gradients cross the network.  Every

@@ -38,6 +38,9 @@ class Recipe:
     final_step: int = -1           # the run's last step, whose event is always sent
     keep_states: bool = False      # evaluations return their epoch's state (early stopping)
     fuse_steps: bool = False       # a window on one worker runs as one task (taskgraph.fuse)
+    root_sum: bool = False         # replicated, read on 3 or more workers: the tree's root
+                                   # sum is a task on the root that every worker reads (see
+                                   # dataparallel.add_replicated_step)
     cores: str = "threads"         # a worker's shards in one task: on its core processes
                                    # ("processes", "auto") or its threads (taskgraph.cores)
 

@@ -86,7 +86,8 @@ class Strategy:
                       state_every=g.state_every, fuse_shards=g.fuse_shards,
                       step_event_gap=g.step_event_gap,
                       keep_states=core_config.epochs_decide(cfg.train, cfg.optim),
-                      cores=cfg.cluster.cores, fuse_steps=g.fuse_steps)
+                      cores=cfg.cluster.cores, fuse_steps=g.fuse_steps,
+                      root_sum=g.fuse_steps and g.reduce == "tree")
 
     def builder(self, recipe: Recipe, cfg: Config,
                 sources: Sequence[ShardSource]) -> Builder | None:
