@@ -294,8 +294,8 @@ def test_every_epoch_takes_time_and_the_epochs_fit_in_the_run(client, tmp_path, 
 def test_windows_last_about_a_second_unless_fixed():
     """graph.window = 0 (the default): the first window 100 steps, then a second's worth at
     the rate so far, 100 to 1000 steps (400 before any window was timed), a tail shorter
-    than 100 steps in the window before it; a fixed window is kept; local SGD rounds stay
-    whole."""
+    than 100 steps or than the window before it in that window; a fixed window is kept;
+    local SGD rounds stay whole."""
     auto = plan(dtrain.load_config(None, ["train.epochs=200"]))           # 1400 steps
     assert [window_steps(auto, r) for r in (None, 0.05, 0.004, 0.0001)] == [100, 100, 250, 1000]
     rates = iter([None, 0.002, 0.01, 0.0001])
@@ -309,6 +309,12 @@ def test_windows_last_about_a_second_unless_fixed():
     assert [len(w) for w in windows(short, 0)] == [161]                 # not 100 and 61
     assert [len(w) for w in windows(short, 63)] == [98]                 # resumed at step 63
     assert [len(w) for w in windows(short, 0, lambda: 0.1)] == [161]    # slow steps alike
+    # ... nor a tail shorter than the window before it: 602 steps, 100 and 502, not 100,
+    # 400 and 102 (the second window sized before the first was timed)
+    six = plan(dtrain.load_config(None, ["train.epochs=86"]))
+    assert [len(w) for w in windows(six, 0)] == [100, 502]
+    rates = iter([None, 0.001])                 # a window of 1000 steps would leave 300
+    assert [len(w) for w in windows(auto, 0, lambda: next(rates))] == [100, 1300]
     rates = iter([None, 0.002, 0.00135])                # the third: 741 steps, 59 left
     assert [len(w) for w in windows(auto, 0, lambda: next(rates))] == [100, 500, 800]
     fixed = plan(dtrain.load_config(None, ["train.epochs=200", "graph.window=30"]))

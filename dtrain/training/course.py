@@ -127,16 +127,19 @@ def windows(plan: Plan, start: int,
 
     A window ends after :func:`window_steps` steps (``seconds_per_step`` is asked at
     each edge), or later at the end of a local SGD round; with ``graph.window = 0``, a
-    window that would leave fewer steps than the fewest a window has (the first's,
-    ``WINDOW_STEPS[0]``) takes them too: no window of the run is shorter, and a short run
-    (160 steps: not 100 and 60) pays no edge for a tail.
+    window that would leave fewer steps than it has itself (or than the first window's,
+    ``WINDOW_STEPS[0]``) takes them too: no window of the run is shorter than the first,
+    the last is at most about twice as long as it would be, and a short run pays no edge
+    for a tail (160 steps: one window, not 100 and 60; 600: 100 and 500, not 100, 400 and
+    100).
     """
     total = len(plan.schedule)
     first = start
     while first < total:
-        stop = min(first + window_steps(plan, seconds_per_step(), first == start), total)
-        if not plan.config.graph.window and total - stop < WINDOW_STEPS[0]:
-            stop = total                # a tail shorter than the fewest steps: not a window
+        n = window_steps(plan, seconds_per_step(), first == start)
+        stop = min(first + n, total)
+        if not plan.config.graph.window and total - stop < max(n, WINDOW_STEPS[0]):
+            stop = total                # a tail shorter than a window: not one of its own
         while stop < total and not plan.recipe.unit_starts(plan.schedule[stop]):
             stop += 1
         yield range(first, stop)
