@@ -170,34 +170,47 @@ def test_a_value_read_on_many_workers_goes_down_a_binomial_tree():
 
 
 def _sends(cut, step):
-    """``{key: (sending rank, ranks sent to)}`` of the messages of ``step`` in a cut window."""
-    out = {}
+    """``{(key, sending rank, ranks sent to)}``: the messages of ``step`` in a cut window,
+    and ``{key: ranks that compute it}``."""
+    sent, made = set(), {}
     for name in cut.pieces:
         piece = cut.dsk[name].args[0]
         for key, fn, args in piece.chain.open().nodes:
-            if fn is span.send and keys.parse(key).step == step:
-                out[key] = (piece.rank, args[0])
-    return out
+            if keys.parse(key).step != step:
+                continue
+            if fn is span.send:
+                sent.add((key, piece.rank, args[0]))
+            elif fn is not span.recv:
+                made.setdefault(key, set()).add(piece.rank)
+    return sent, made
 
 
-def test_a_step_on_4_workers_sends_the_sum_of_its_root_level_from_the_root():
-    """The root sums the root level once and sends that sum to the 3 others: 6 buffers a
-    step (each pair's sum to 3 workers would be 8); on 2 workers the two exchange theirs."""
+def test_a_step_on_4_workers_sends_6_buffers():
+    """The root level's two sums are exchanged by their makers, which each add them (the
+    root's sum, made twice, the same bytes) and send the sum on to half of the others: 6
+    buffers a step, the sum two hops after the pairs' (each pair's sum sent to the 3 other
+    workers would be 8 buffers); on 2 workers the two exchange their gradients."""
     four = ("w0", "w1", "w2", "w3")
     p, win = _window(["data.shards=4"], workers=four)
+    root = keys.make(keys.REDUCE, 5, 2, 0, run=RUN)
+    assert win.where[root] == ["w0"]                # the builder's: one sum, on the root
     cut, nodes = _cut(win, list(four))
     for n in nodes.values():
         n.close()
     fb, rd = keys.FORWARD_BACKWARD, keys.REDUCE
-    assert _sends(cut, 5) == {keys.make(fb, 5, 1, run=RUN): (1, (0,)),     # to its pair's
-                              keys.make(fb, 5, 3, run=RUN): (3, (2,)),     # first
-                              keys.make(rd, 5, 1, 2, run=RUN): (2, (0,)),  # to the root
-                              keys.make(rd, 5, 2, 0, run=RUN): (0, (1, 2, 3))}   # the sum
+    sent, made = _sends(cut, 5)
+    assert sent == {(keys.make(fb, 5, 1, run=RUN), 1, (0,)),       # to its pair's first
+                    (keys.make(fb, 5, 3, run=RUN), 3, (2,)),
+                    (keys.make(rd, 5, 1, 0, run=RUN), 0, (2,)),    # the pairs' sums
+                    (keys.make(rd, 5, 1, 2, run=RUN), 2, (0,)),    # exchanged
+                    (root, 0, (1,)), (root, 2, (3,))}              # the sum, to the others
+    assert made[root] == {0, 2}
     p, win = _window([], workers=("w0", "w1"))
     cut, nodes = _cut(win, ["w0", "w1"])
     for n in nodes.values():
         n.close()
-    assert _sends(cut, 5) == {keys.make(fb, 5, 2 * i, run=RUN): (i, (1 - i,)) for i in (0, 1)}
+    assert _sends(cut, 5)[0] == {(keys.make(fb, 5, 2 * i, run=RUN), i, (1 - i,))
+                                 for i in (0, 1)}
 
 
 # --- a step's sums reduced in segments --------------------------------------------------------

@@ -249,12 +249,14 @@ def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[
     level, whose few partial sums every worker reads.  Where 3 or more workers
     read them and the window runs as a task per worker (``recipe.root_sum``:
     ``graph.fuse_steps``, ``graph.reduce = "tree"``), the root's ``reduce``
-    sums them once and every worker reads that sum: on 4 workers at fan-in 2, 6
-    buffers cross a step instead of 8 (each level-1 sum sent to 3 workers), and
-    the root level is summed once, not on every worker; the same bits, summed
-    in the same order.  Two workers exchange their sums and each adds them (a
-    hop less for the same 2 messages), and a graph run step by step would pay a
-    scheduler round trip for the extra level.  Each ``forward-backward``
+    sums them and every worker reads that sum (the cut window makes it on both
+    makers of a fan-in-2 level, which exchange their sums:
+    :func:`dtrain.taskgraph.span.cut`): on 4 workers at fan-in 2, 6 buffers
+    cross a step instead of 8 (each level-1 sum sent to 3 workers), and the
+    level is added on one or two workers, not on every one; the same bits,
+    summed in the same order.  Two workers exchange their sums and each adds
+    them, and a graph run step by step would pay a scheduler round trip for
+    the extra level.  Each ``forward-backward``
     applies the updates of the steps since its worker's state was last kept
     (the carry's chain) and then computes, so a step costs one scheduler
     round trip instead of two, and only gradients cross the network.  Every

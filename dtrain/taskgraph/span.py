@@ -13,9 +13,13 @@ that worker's tasks in one global order of the graph
 (:func:`~dtrain.taskgraph.fuse.in_order`), with every edge between workers
 turned into a message over the mesh (:mod:`dtrain.deploy.p2p`): a ``send``
 right after the task that makes a value another worker reads, a ``recv``
-right before the first task here that reads a value made elsewhere.  The
-maths are the same functions of the same values in the same order, so the
-bytes are those of the step-by-step graph and of one worker.
+right before the first task here that reads a value made elsewhere.  A sum
+of two values made on two workers, which the second also reads (the root's
+sum of the tree's root level, read on every worker), is made on both, each
+sending it to half of the others (:func:`_twice`): the exchange of an
+allreduce by recursive doubling at the top of the tree.  The maths are the
+same functions of the same values in the same order, so the bytes are those
+of the step-by-step graph and of one worker.
 
 What the scheduler sees of a window is one task per worker, the ends picked
 out of the chain that holds them (their keys unchanged), and
@@ -255,11 +259,44 @@ class Cut:
         self.kinds[worker].append(kind)
 
 
+def _twice(win: Window, order: list[str], where: dict[str, str],
+           readers: dict[str, dict[str, None]], rank: dict[str, int]
+           ) -> dict[str, dict[str, list[str]]]:
+    """Sums worth making on both their inputs' workers: a ``reduce`` of two values made on
+    two workers, read on the second's (the root's sum of a fan-in-2 tree's root level,
+    which every worker reads: :func:`dtrain.taskgraph.dataparallel.add_replicated_step`).
+    The second input's maker gets the first input too (the message that brought it the
+    sum) and adds the two itself, in the same order: the same bytes, a hop sooner; each
+    maker then sends the sum to half of the other readers (the lower ranks to the maker
+    of lower rank), down a binomial tree of half the members.  Returns ``{key: {maker:
+    its readers}}``; ``readers`` gains the input's new reader."""
+    from dtrain.taskgraph.tasks import reduce
+
+    out: dict[str, dict[str, list[str]]] = {}
+    for k in order:
+        node = win.dsk[k]
+        if k not in readers or not isinstance(node, Task) or node.func is not reduce:
+            continue
+        refs = [a for a in node.args if type(a) is TaskRef]
+        if len(refs) != 2 or any(a.key not in where for a in refs):
+            continue
+        first, second = (where[a.key] for a in refs)
+        if first != where[k] or second == first or second not in readers[k]:
+            continue                # (the first input to the second maker: no message more)
+        low, high = sorted((first, second), key=rank.__getitem__)
+        others = sorted((r for r in readers[k] if r != second), key=rank.__getitem__)
+        half = (len(others) + 1) // 2
+        readers.setdefault(refs[0].key, {})[second] = None
+        out[k] = {low: others[:half], high: others[half:]}
+    return out
+
+
 def cut(win: Window, rank: dict[str, int]) -> Cut:
     """Each worker's chain of ``win`` (``rank``: every worker's rank in the mesh): its tasks
     in one global order of the graph, a ``recv`` before the first task that reads a value
     made on another worker, a ``send`` after each value other workers read (down a binomial
-    tree to more than :data:`DIRECT` of them, each relay right after the maker)."""
+    tree to more than :data:`DIRECT` of them, each relay right after the maker); a sum of
+    two values made on two workers and read on others is made on both (:func:`_twice`)."""
     order = in_order(win.dsk)
     where = {k: win.where[k][0] for k in order}
     readers: dict[str, dict[str, None]] = {}        # key -> the other workers reading it
@@ -267,36 +304,49 @@ def cut(win: Window, rank: dict[str, int]) -> Cut:
         for dep in win.dsk[k].dependencies:
             if dep in where and where[dep] != where[k]:
                 readers.setdefault(dep, {})[where[k]] = None
+    twice = _twice(win, order, where, readers, rank)
     out = Cut({w: [] for w in rank}, {w: [] for w in rank}, {w: set() for w in rank},
               {w: set() for w in rank}, [])
     got: dict[str, set[str]] = {w: set() for w in rank}
-    for k in order:
-        w = where[k]
-        key, fn, args = plain(win.dsk[k])
+    sender: dict[tuple[str, str], int] = {}     # (worker, key) -> the rank that sends it
+
+    def task(w: str, key: str, fn: Any, args: tuple[Any, ...]) -> None:
+        """Task ``key`` on worker ``w``, after a ``recv`` of each input made elsewhere."""
         for a in args:
             src = where.get(a.key) if type(a) is TaskRef else None
             if src is not None and src != w and a.key not in got[w]:
-                out.add(w, (a.key, recv, (rank[src], a.key)), RECV)
+                frm = sender.get((w, a.key), rank[src])
+                out.add(w, (a.key, recv, (frm, a.key)), RECV)
                 got[w].add(a.key)
-                out.frm[w].add(rank[src])
+                out.frm[w].add(frm)
         out.add(w, (key, fn, args), keys.kind_of(key))
+        got[w].add(key)
         if fn is allreduce:                 # a node that talks to several workers itself
             out.to[w].update(rank[p] for p in args[0].to())
             out.frm[w].update(rank[p] for p in args[0].frm())
-        if k not in readers:
-            continue
-        members = [w, *sorted(readers[k], key=rank.__getitem__)]
-        for at, kids in _spread(len(members)):
-            me = members[at]
-            if at:          # a relay: the value as soon as it comes, passed on at once
-                parent = rank[members[_parent(at)]]
-                out.add(me, (key, recv, (parent, key)), RECV)
-                got[me].add(key)
-                out.frm[me].add(parent)
-            if kids:
-                ranks = tuple(rank[members[c]] for c in kids)
-                out.add(me, (key, send, (ranks, key, TaskRef(key))), SEND)
-                out.to[me].update(ranks)
+
+    for k in order:
+        w = where[k]
+        key, fn, args = plain(win.dsk[k])
+        makers = twice.get(k, {w: list(readers.get(k, ()))})
+        for m in makers:
+            task(m, key, fn, args)
+        for m, them in makers.items():
+            if not them:
+                continue
+            members = [m, *sorted(them, key=rank.__getitem__)]
+            for at, kids in _spread(len(members)):
+                me = members[at]
+                if at:          # a relay: the value as soon as it comes, passed on at once
+                    parent = rank[members[_parent(at)]]
+                    out.add(me, (key, recv, (parent, key)), RECV)
+                    got[me].add(key)
+                    out.frm[me].add(parent)
+                if kids:
+                    ranks = tuple(rank[members[c]] for c in kids)
+                    out.add(me, (key, send, (ranks, key, TaskRef(key))), SEND)
+                    out.to[me].update(ranks)
+                    sender.update(((members[c], key), rank[me]) for c in kids)
     return out
 
 
