@@ -262,7 +262,9 @@ def test_sbatch_requeues_at_its_walltime_signal_and_resumes_to_the_same_bytes(sl
     job resumes the same run directory, and the result is an uninterrupted run's."""
     exe, _ = mpirun.launcher()
     out = tmp_path / "run"
-    sets = ["--set", "train.epochs=300"]
+    # windows of 100 steps: an edge to stop at soon after the signal (by default the last
+    # window of this 2,100-step run would be 1,600 steps, and the run would just finish)
+    sets = ["--set", "train.epochs=300", "--set", "graph.window=100"]
     submit = subprocess.run(
         ["sbatch", "--parsable", "--nodes=1", "--ntasks=3", f"--output={tmp_path}/job.log",
          f"--export=ALL,DTRAIN_VENV={Path(sys.executable).parent.parent},"
