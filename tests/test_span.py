@@ -124,6 +124,10 @@ CUTS = {
     "parameter server": (["graph.strategy=parameter-server"], ("w0", "w1", "w2")),
     "6 workers: values for more than 3 relayed down a binomial tree": (
         ["data.shards=6"], tuple(f"w{i}" for i in range(6))),
+    "4 workers: the root's sum made on both makers": (["data.shards=4"],
+                                                       ("w0", "w1", "w2", "w3")),
+    "10 workers: each maker's half of the sum's readers down a binomial tree": (
+        ["data.shards=10"], tuple(f"w{i}" for i in range(10))),
     "parameter server, 5 workers: its state relayed": (
         ["graph.strategy=parameter-server", "data.shards=5"],
         tuple(f"w{i}" for i in range(6))),

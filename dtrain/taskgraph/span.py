@@ -296,7 +296,8 @@ def cut(win: Window, rank: dict[str, int]) -> Cut:
     in one global order of the graph, a ``recv`` before the first task that reads a value
     made on another worker, a ``send`` after each value other workers read (down a binomial
     tree to more than :data:`DIRECT` of them, each relay right after the maker); a sum of
-    two values made on two workers and read on others is made on both (:func:`_twice`)."""
+    two values made on two workers and read on the second's is made on both
+    (:func:`_twice`)."""
     order = in_order(win.dsk)
     where = {k: win.where[k][0] for k in order}
     readers: dict[str, dict[str, None]] = {}        # key -> the other workers reading it
