@@ -175,9 +175,9 @@ def end(run: str, wait: float = 2.0) -> bool:
     return _runs.end(run, wait)
 
 
-def leave_pool() -> bool:
-    """A window's task leaves its worker's thread pool as it starts (``distributed.secede``);
-    whether it did (not outside a Dask worker's pool thread).
+def leave_pool() -> None:
+    """A window's task leaves its worker's thread pool as it starts (``distributed.secede``;
+    nothing outside a Dask worker's pool thread).
 
     The window runs on in its own thread, and the pool's thread is free at once for what
     follows it on the worker: the tasks that pick this window's ends out run as soon as it
@@ -191,10 +191,8 @@ def leave_pool() -> bool:
     from distributed import secede
     from distributed.threadpoolexecutor import thread_state as pool
     from distributed.utils import thread_state as task
-    if not getattr(pool, "proceed", False) or getattr(task, "key", None) is None:
-        return False                # not a task of a Dask worker's thread pool
-    secede()
-    return True
+    if getattr(pool, "proceed", False) and getattr(task, "key", None) is not None:
+        secede()                    # (only a task of a Dask worker's thread pool can)
 
 
 def run_window(chain: Chain | Packed, *inputs: Any) -> Ran:

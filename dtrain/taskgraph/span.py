@@ -47,6 +47,7 @@ from dtrain.core.arrays import array_module, like, on_gpu, to_host
 from dtrain.deploy import p2p
 from dtrain.taskgraph.fuse import (CRITICAL, META, Packed, Ran, chain_of, in_order, leave_pool,
                                    pick, plain, run_chain)
+from dtrain.taskgraph.tasks import reduce
 from dtrain.taskgraph.treesum import Tree, even_parts, nested_sum
 from dtrain.taskgraph.window import Window
 
@@ -270,8 +271,6 @@ def _twice(win: Window, order: list[str], where: dict[str, str],
     maker then sends the sum to half of the other readers (the lower ranks to the maker
     of lower rank), down a binomial tree of half the members.  Returns ``{key: {maker:
     its readers}}``; ``readers`` gains the input's new reader."""
-    from dtrain.taskgraph.tasks import reduce
-
     out: dict[str, dict[str, list[str]]] = {}
     for k in order:
         node = win.dsk[k]
