@@ -82,6 +82,11 @@ class Piece:
 _here = threading.local()       # the running piece's link (a chain's message nodes use it)
 
 
+def current() -> p2p.Link:
+    """The running window's connections (in a chain's message nodes)."""
+    return _here.link
+
+
 def recv(rank: int, tag: str) -> Any:
     """A message node: the value of ``tag``, made by rank ``rank``."""
     return _here.link.recv(rank, tag)

@@ -40,9 +40,10 @@ from dtrain.deploy.workers import StrandedTasks, forgotten, gather, present, rou
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
-from dtrain.taskgraph import fuse, handoff, segments, span
+from dtrain.taskgraph import describe, fuse, handoff, segments, span
 from dtrain.taskgraph.handoff import StateGone
-from dtrain.taskgraph.dataparallel import TINY_FLOPS, fuse_choice, shard_rows
+from dtrain.taskgraph.dataparallel import (TINY_FLOPS, DataParallel, add_step, fuse_choice,
+                                           shard_rows)
 from dtrain.taskgraph.placement import Placement, Worker, choices
 from dtrain.taskgraph.tasks import calibrate
 from dtrain.taskgraph.window import Window
@@ -180,6 +181,9 @@ class DaskEngine:
         self.meshes = 0                             # ... how many were opened
         self.spanned_windows = 0                    # windows run as a task per worker
         self.segmented_windows = 0                  # ... their sums reduced in segments
+        self.described_windows = 0                  # ... described, each worker building its own
+        self.contexts: tuple[p2p.Mesh, describe.Layout, list[Future]] | None = None
+        self.step_sum: str | None = None            # ... the schedule of their steps' sums
         self.sent = [0, 0]                          # ... their messages and bytes
         self.via: set[str] = set()                  # ... and how they went (deploy.p2p)
         self.reruns: list[str] = []                 # windows run again, and why
@@ -456,6 +460,8 @@ class DaskEngine:
                         "fused_windows": self.fused_windows,
                         "spanned_windows": self.spanned_windows,
                         "segmented_windows": self.segmented_windows, "meshes": self.meshes,
+                        "described_windows": self.described_windows,
+                        "step_sum": self.step_sum,
                         "via": sorted(self.via),
                         "reruns": self.reruns,
                         "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice,
@@ -485,6 +491,7 @@ class DaskEngine:
             pass
 
     def _close_mesh(self) -> None:
+        self.contexts = None                # (their futures released: the tasks forgotten)
         if self.mesh is not None:
             p2p.close_mesh(self.client, self.mesh, self.plan.config.cluster.timeout)
             self.mesh = None
@@ -632,6 +639,11 @@ class DaskEngine:
                           placement: Placement, book: Book, take: bool, trim: Any,
                           follows: int | None) -> Launched:
         p = self.plan
+        if p.config.graph.fuse_steps and p.config.graph.reduce == "tree" and \
+                isinstance(p.builder, DataParallel) and describe.describable(
+                    p.recipe, placement, p.builder.server, p.builder.unit is not add_step):
+            win = self._described(steps, window, state, val, placement, take, trim, follows)
+            return self._submitted(win, window, book)
         win = p.builder.window(steps, state, self.refs, heldout.refs(val), placement,
                                self.run_id)
         if p.config.graph.reduce == "segments" and p.config.graph.fuse_steps and \
@@ -659,6 +671,10 @@ class DaskEngine:
                 win = span.steps(win, window.start, window.stop - 1, self.run_id,
                                  self._mesh(span.workers_of(win)), self._peer_wait(), trim,
                                  follows)
+        return self._submitted(win, window, book)
+
+    def _submitted(self, win: Window, window: range, book: Book) -> Launched:
+        """Submit a window built and rewritten; its futures, as a :class:`Launched`."""
         self.step_tasks += win.step_tasks()
         self.fused = win.fused or self.fused
         futures = self._submit(win)
@@ -672,6 +688,57 @@ class DaskEngine:
             fut.add_done_callback(lambda f, e=epoch: book.arrived.setdefault(
                 e, time.perf_counter()))
         return out
+
+    def _described(self, steps: list, window: range, state: TrainState, val: Any,
+                   placement: Placement, take: bool, trim: Any, follows: int | None
+                   ) -> Window:
+        """A window described to each worker, which builds its chain itself
+        (:mod:`~dtrain.taskgraph.describe`): the state it starts from is the one each worker
+        kept (``take``), made from the seed there (a fresh run's first window), or sent."""
+        p, run = self.plan, self.run_id
+        lay, contexts = self._contexts(placement, val)
+        first, last = window.start, window.stop - 1
+        start: Any = state
+        if take:
+            start = handoff.Handed(run, first, self._peer_wait() if follows is not None
+                                   else 0.0, self.attempt)
+        elif self.fresh and first == 0 and p.init is None:
+            start = handoff.Fresh(p.net, p.opt, p.config.model.seed)
+        else:
+            self.literal_bytes += p.recipe.state_bytes
+        evals = {s.epoch: self._key(keys.EVALUATE, s.epoch + 1) for s in steps if s.last}
+        messages, numbers = lay.traffic(p.net.buffer_size)
+        self.predicted_transfers += messages * len(steps)
+        self.predicted_bytes += numbers * np.dtype(p.net.dtype).itemsize * len(steps)
+        self.described_windows += 1
+        return describe.window(first, last, run, lay, contexts, start,
+                               handoff.Handed(run, window.stop, attempt=self.attempt),
+                               self._peer_wait(), follows, trim, evals, p.recipe.state_bytes,
+                               describe.fused_note(lay))
+
+    def _contexts(self, placement: Placement, val: Any) -> tuple[describe.Layout, list[str]]:
+        """The described windows' layout on ``placement`` and each worker's context task
+        (made once per mesh, beside the worker's shards: :func:`describe.context_tasks`)."""
+        workers = list(dict.fromkeys(placement.leaves))
+        mesh = self._mesh(workers)
+        if self.contexts is not None and self.contexts[0] is mesh:
+            return self.contexts[1], [f.key for f in self.contexts[2]]
+        p = self.plan
+        hosts = {w.rsplit(":", 1)[0] for w in mesh.workers}
+        lay = describe.layout(p.recipe, placement, len(hosts) == 1 and
+                              p.config.cluster.p2p == "auto", mesh.workers)
+        made = describe.setups(p.recipe, p.schedule, placement, lay, mesh,
+                               heldout.refs(val))
+        futures = {f.key: f for _, f in self.items} | heldout.futures(val)
+        tasks = describe.context_tasks(made, self.refs,
+                                       lambda r: self._key(keys.CONTEXT, self.meshes, r))
+        got = []
+        for w, task in tasks:
+            args = [futures[a.key] if isinstance(a, TaskRef) else a for a in task.args]
+            got.append(self.client.submit(task.func, *args, key=task.key, workers=[w],
+                                          allow_other_workers=False, pure=False))
+        self.contexts, self.step_sum = (mesh, lay, got), lay.schedule
+        return lay, [f.key for f in got]
 
     def _count_fused(self, win: Window, ran: fuse.Ran, book: Book, ended: float,
                      before: float | None = None) -> None:

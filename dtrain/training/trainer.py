@@ -457,6 +457,8 @@ def _graph(outcome: Outcome) -> dict[str, Any]:
             "fused_windows": g.get("fused_windows", 0),
             "spanned_windows": g.get("spanned_windows", 0),
             "segmented_windows": g.get("segmented_windows", 0),
+            "described_windows": g.get("described_windows", 0),
+            "step_sum": g.get("step_sum"),
             "worker_to_worker": g.get("via", []),
             "scheduler_tasks_per_step": outcome.compute["scheduler_tasks"] / steps
             if "scheduler_tasks" in outcome.compute else None,
