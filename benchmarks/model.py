@@ -250,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--across", action="store_true",
                     help="issue 36: windows that span workers, worker-to-worker messages "
                          "(measured), predicted at 16, 64 and 256 nodes beside MPI")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="--across: also write the predictions (16 to 1,024 nodes, strong "
+                         "scaling) and the measured constants to this JSON file")
     ap.add_argument("--net-latency", type=float, default=2.0,
                     help="--across: microseconds a message across the network adds "
                          "(default 2: InfiniBand)")

@@ -290,8 +290,15 @@ def run_window(described: Described, ctx: Context, *literal: Any) -> fuse.Ran:
         here = get_worker().address
     except ValueError:
         here = None
-    desc = read(described, here or "(not a Dask worker)")
     s = ctx.setup
+    try:
+        desc = read(described, here or "(not a Dask worker)")
+    except DescriptionError as exc:        # its peers stop at once, not at their timeout
+        try:
+            p2p.node(s.mesh.run, s.rank).abort(str(exc))
+        except p2p.Misplaced:
+            pass
+        raise
     if here != s.mesh.workers[s.rank]:
         raise p2p.Misplaced(f"rank {s.rank}'s window task of mesh {s.mesh.run} ran on "
                             f"{here}, not on {s.mesh.workers[s.rank]} (which left)")
