@@ -247,7 +247,7 @@ def test_a_parquet_files_index_is_not_a_feature(client, tmp_path):
     for path, index in [(tmp_path / "dask" / "*.parquet", "__null_dask_index__"),
                         (tmp_path / "named.parquet", "id")]:
         cfg = DataConfig(dataset="parquet", path=str(path))             # label: the last
-        collections.check_files(cfg, (64, 16, 10))     # was: "has 65 feature columns"
+        collections.check_files(cfg, (64, 16, 10))     # the index is not a feature (not 65)
         coll = collections.from_files(client, cfg)
         assert coll.columns.label == "target" and coll.features == 64, (path, coll.columns)
         assert coll.names == tuple(frame.columns[:-1]) and index not in coll.names

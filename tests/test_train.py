@@ -277,8 +277,8 @@ def test_mnist_reaches_92_percent(client, mnist_dir):
 def test_every_epoch_takes_time_and_the_epochs_fit_in_the_run(client, tmp_path, shards):
     """Windows of 10 steps, epochs of 27, the next window launched ahead: on one worker (1
     shard) and across both (4), every epoch's seconds and rate are positive and together
-    no longer than the run (a fused window once came back without its end time: epochs of
-    -1.8e9 s and negative rates)."""
+    no longer than the run (a fused window that came back without its end time would give
+    epochs of -1.8e9 s and negative rates)."""
     import time
 
     cfg = dtrain.load_config(None, ["train.batch_size=4", "train.epochs=30", "graph.window=10",
