@@ -148,7 +148,8 @@ class DaskEngine:
         self.run_id = plan.run
         # a worker lost meanwhile: its successor gets them too; a kept cluster: once
         for plugin in (QuietUserErrors(), WorkersIgnoreInterrupts(), metrics.StepTimer(),
-                       metrics.TransferCounter(), StrandedTasks(), fuse.OpenChains()):
+                       metrics.TransferCounter(), StrandedTasks(), fuse.OpenChains(),
+                       tuning.QuietNanny()):
             once(client, plugin.name, functools.partial(register, client, plugin))
         self.low_latency = plan.config.cluster.low_latency and \
             once(client, "low-latency", functools.partial(tuning.low_latency, client))
