@@ -56,7 +56,7 @@ def test_a_packed_chain_stays_bytes_but_in_a_worker_process(monkeypatch):
     distributed unpickles any task, not later on the window's critical path."""
     _, win = _window(["graph.update=root"])
     packed = fuse.steps(win, 0, 13, RUN).dsk[f"window-0-13-{RUN}"].args[0]
-    monkeypatch.setattr(fuse, "_open_here", False)      # (an in-process worker set it)
+    monkeypatch.setattr(fuse._runs(), "opens_chains", False)   # (an in-process worker set it)
     assert type(pickle.loads(pickle.dumps(packed))) is fuse.Packed
     fuse.OpenChains().setup(None)
     assert type(pickle.loads(pickle.dumps(packed))) is fuse.Chain
@@ -134,8 +134,8 @@ def test_a_take_waits_as_long_as_the_window_before_runs_here():
     threads, or of one whose window left the pool), waits for its state past its own wait
     while that window runs, and no longer once only itself runs."""
     run, state = "take-waits", _window(steps=range(1))[0].initial_state()
-    fuse._runs.enter(run)                       # the window that takes ...
-    fuse._runs.enter(run)                       # ... and the one before, keeping in 0.8 s
+    fuse._runs().enter(run)                       # the window that takes ...
+    fuse._runs().enter(run)                       # ... and the one before, keeping in 0.8 s
     try:
         threading.Timer(0.8, handoff.keep, args=(handoff.Handed(run, 7), state)).start()
         start = time.monotonic()
@@ -143,14 +143,14 @@ def test_a_take_waits_as_long_as_the_window_before_runs_here():
         assert 0.7 < time.monotonic() - start < 5
         assert taken.vector.tobytes() == state.vector.tobytes()
     finally:
-        fuse._runs.leave(run)
+        fuse._runs().leave(run)
     start = time.monotonic()
     try:
         with pytest.raises(handoff.StateGone):     # none runs before it: the wait holds
             handoff.take(handoff.Handed(run, 14, wait=0.2))
         assert time.monotonic() - start < 2
     finally:
-        fuse._runs.leave(run)
+        fuse._runs().leave(run)
         handoff.drop(run)
 
 
@@ -208,7 +208,7 @@ def test_a_state_gone_from_its_worker_is_sent_again_with_the_same_bytes(client, 
     assert lost.summary["state_bytes_in_graphs"] > 0           # sent again, from the driver
     assert (tmp_path / "a" / "params.npz").read_bytes() == \
         (tmp_path / "b" / "params.npz").read_bytes()
-    assert not any(client.run(lambda: bool(handoff._kept.states)).values())   # run over: none
+    assert not any(client.run(lambda: bool(handoff._kept().states)).values())   # run over: none
 
 
 def test_the_next_window_starts_from_the_end_of_the_one_still_running(client, tmp_path):

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtrain.core import broadcast, internals
+from dtrain.deploy import runtime
 from dtrain.deploy.wire import (Broken, In, Out, PeerLost, Quiet, Refused, check, encode,
                                 prove, shut, transport, tune)
 
@@ -317,15 +318,32 @@ class Link:
             raise PeerLost(f"{exc} (worker {worker})", silent=worker) from None
 
 
-# --- this process's meshes, and the driver's side ------------------------------------------
+# --- this process's meshes (its runtime's part), and the driver's side -----------------------
 
-_nodes: dict[str, Node] = {}
-_nodes_lock = threading.Lock()
+class Nodes:
+    """This process's parts of meshes, by mesh id (its part of the worker's
+    :class:`~dtrain.deploy.runtime.Runtime`), and the thread that closes idle ones."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.lock = threading.Lock()
+        self.reaper: threading.Thread | None = None
+
+    def close(self) -> None:
+        """Close every mesh part here (the worker closes)."""
+        with self.lock:
+            found, self.nodes = list(self.nodes.values()), {}
+        for n in found:
+            n.close()
+
+
+def _nodes() -> Nodes:
+    return runtime.here().part("p2p", Nodes)
 
 
 def node(run: str, rank: int) -> Node:
     """This process's part of mesh ``run`` as rank ``rank`` (raises :class:`Misplaced`)."""
-    found = _nodes.get(run)
+    found = _nodes().nodes.get(run)
     if found is None or found.rank != rank:
         raise Misplaced(f"this worker is not rank {rank} of mesh {run} (its worker left, or "
                         f"the mesh was closed)")
@@ -338,29 +356,33 @@ def listen(run: str, secret: bytes, rank: int, host: str, server: ssl.SSLContext
     (``server``/``client``: its TLS contexts, None for plain TCP) and, with ``local``, a
     Unix socket for peers on this machine; returns where it listens."""
     made = Node(run, secret, rank, host, server, client, local)
-    with _nodes_lock:
-        _nodes[run] = made
-        if not any(t.name == "dtrain-p2p-reaper" for t in threading.enumerate()):
-            threading.Thread(target=_reap, daemon=True, name="dtrain-p2p-reaper").start()
+    here = _nodes()
+    with here.lock:
+        here.nodes[run] = made
+        if here.reaper is None or not here.reaper.is_alive():
+            here.reaper = threading.Thread(target=_reap, args=(here,), daemon=True,
+                                           name="dtrain-p2p-reaper")
+            here.reaper.start()
     return made.place
 
 
-def _reap() -> None:
+def _reap(here: Nodes) -> None:
     """Close meshes no window used for :data:`IDLE_S` (a driver that died cannot close
     them): nothing listens long after its run."""
     while True:
         time.sleep(min(IDLE_S / 10, 1.0))
         now = time.monotonic()
-        with _nodes_lock:
-            idle = [run for run, n in _nodes.items() if n.idle(now)]
+        with here.lock:
+            idle = [run for run, n in here.nodes.items() if n.idle(now)]
         for run in idle:
             close(run)
 
 
 def close(run: str) -> bool:
     """Close this process's part of mesh ``run``; True if it had one."""
-    with _nodes_lock:
-        found = _nodes.pop(run, None)
+    here = _nodes()
+    with here.lock:
+        found = here.nodes.pop(run, None)
     if found is not None:
         found.close()
     return found is not None
@@ -368,8 +390,9 @@ def close(run: str) -> bool:
 
 def open_nodes() -> list[str]:
     """The meshes this process takes part in (tests: nothing listens after a run)."""
-    with _nodes_lock:
-        return list(_nodes)
+    here = _nodes()
+    with here.lock:
+        return list(here.nodes)
 
 
 def new_run() -> tuple[str, bytes]:

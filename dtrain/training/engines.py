@@ -32,7 +32,7 @@ from dtrain.core.arrays import gpu_problem
 from dtrain.core.broadcast import on_workers, once, register
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
-from dtrain.deploy import p2p, tuning
+from dtrain.deploy import p2p, runtime, tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors, lost_gathers_quiet
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
@@ -147,7 +147,8 @@ class DaskEngine:
         self.plan, self.client = plan, client
         self.run_id = plan.run
         # a worker lost meanwhile: its successor gets them too; a kept cluster: once
-        for plugin in (QuietUserErrors(), WorkersIgnoreInterrupts(), metrics.StepTimer(),
+        for plugin in (runtime.RuntimePlugin(), QuietUserErrors(), WorkersIgnoreInterrupts(),
+                       metrics.StepTimer(),
                        metrics.TransferCounter(), StrandedTasks(), fuse.OpenChains(),
                        tuning.QuietNanny()):
             once(client, plugin.name, functools.partial(register, client, plugin))
