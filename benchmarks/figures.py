@@ -214,9 +214,37 @@ def layouts_2core() -> str:
                            "P3 784-128-10 b256")
 
 
+MODEL = HERE / "model-across.json"      # python -m benchmarks.model --across --json MODEL
+
+
+def model_strong_scaling() -> str:
+    """The cost model's strong scaling, P3 and P2 (their global batch of 16 nodes split over
+    1 to 256 nodes of 16 cores): dtrain's predicted speedup over its own step on one node,
+    beside an MPI Allreduce loop's (``strong`` of :data:`MODEL`)."""
+    import json
+
+    found = json.loads(MODEL.read_text())
+    series = []
+    nodes: list[int] = []
+    for i, model in enumerate(("P3", "P2")):
+        rows = found["strong"][model]
+        nodes = [r["nodes"] for r in rows]
+        series.append(Series(f"{model}, dtrain", [(r["nodes"], r["dtrain_speedup"])
+                                                  for r in rows], False, COLOURS[i]))
+        series.append(Series(f"{model}, MPI Allreduce", [(r["nodes"], r["mpi_speedup"])
+                                                         for r in rows], True, COLOURS[i]))
+    series.append(Series("ideal", [(n, float(n)) for n in nodes], True, "#999999"))
+    return line_chart("Strong scaling across nodes (cost model, predicted)", "nodes of 16 cores",
+                      "speedup over 1 node (log)", series, log_x=True, log_y=True,
+                      x_ticks=nodes, y_ticks=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                      note="benchmarks/model-across.json: python -m benchmarks.model --across; "
+                           "constants measured on the 2-core machine, a 2 us 10 GB/s network")
+
+
 FIGURES: dict[str, Callable[[], str]] = {
     "strong-scaling-16core.svg": strong_scaling_16core,
     "layouts-2core.svg": layouts_2core,
+    "model-strong-scaling.svg": model_strong_scaling,
 }
 
 

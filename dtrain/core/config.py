@@ -286,12 +286,15 @@ class ClusterConfig:
                           "'': 127.0.0.1 for a LocalCluster, every interface under MPI and "
                           "for batch jobs")
     jobqueue_file: str = free("", "dask-jobqueue YAML ('' = the jobqueue.yaml shipped with dtrain)")
-    p2p: str = choice("auto", "auto", "tcp",
+    p2p: str = choice("auto", "auto", "mesh", "tcp", "mpi",
                       doc="how the tasks of a window that spans workers send each other a "
-                      "step's values (dtrain.deploy.p2p): auto, a Unix socket between workers "
-                      "on one machine and TCP between machines (with the cluster's TLS); "
-                      "tcp, TCP between any two workers (what crossing machines costs, on "
-                      "one)")
+                      "step's values (dtrain.deploy.p2p): auto and mesh, a Unix socket "
+                      "between workers on one machine and TCP between machines (with the "
+                      "cluster's TLS); tcp, TCP between any two workers (what crossing "
+                      "machines costs, on one); mpi, MPI point-to-point where the workers are "
+                      "ranks of dtrain's own MPI job (--scheduler-rank; else an error): for "
+                      "a fabric where MPI outruns TCP (on one machine the mesh measured "
+                      "faster)")
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,9 @@ def run_on(node: p2p.Node, piece: Piece, *inputs: Any) -> Ran:
             ran = dataclasses.replace(ran, sent=(link.messages, link.bytes), via=link.via())
             if piece.report is not None:
                 link.send([piece.report], REPORT, dataclasses.replace(ran, values=()))
-            return merged(ran, [link.recv(r, REPORT) for r in piece.collect])
+            out = merged(ran, [link.recv(r, REPORT) for r in piece.collect])
+            link.finish()
+            return out
         finally:
             node.done(piece.first)
     except BaseException as exc:

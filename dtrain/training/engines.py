@@ -505,7 +505,13 @@ class DaskEngine:
             self._close_mesh()
             cfg = self.plan.config.cluster
             self.mesh = p2p.open_mesh(self.client, participants, cfg.timeout,
-                                      local=cfg.p2p == "auto")
+                                      local=cfg.p2p in ("auto", "mesh"),
+                                      mpi=cfg.p2p == "mpi")
+            if cfg.p2p == "mpi" and not self.mesh.over_mpi:
+                self._close_mesh()
+                raise UserError("cluster.p2p = 'mpi' needs workers that are ranks of dtrain's "
+                                "own MPI job (mpirun ... python -m dtrain --scheduler-rank 0, "
+                                "mpi4py with MPI_THREAD_MULTIPLE); use 'auto' elsewhere")
             self.meshes += 1
         return self.mesh
 
@@ -728,7 +734,7 @@ class DaskEngine:
         p = self.plan
         hosts = {w.rsplit(":", 1)[0] for w in mesh.workers}
         lay = describe.layout(p.recipe, placement, len(hosts) == 1 and
-                              p.config.cluster.p2p == "auto", mesh.workers)
+                              p.config.cluster.p2p != "tcp", mesh.workers)
         made = describe.setups(p.recipe, p.schedule, placement, lay, mesh,
                                heldout.refs(val))
         futures = {f.key: f for _, f in self.items} | heldout.futures(val)
@@ -737,8 +743,10 @@ class DaskEngine:
         got = []
         for w, task in tasks:
             args = [futures[a.key] if isinstance(a, TaskRef) else a for a in task.args]
+            # (loosely, as every task of a window: a worker lost, the context is made again
+            # elsewhere and the window there fails Misplaced, to be run again on a new mesh)
             got.append(self.client.submit(task.func, *args, key=task.key, workers=[w],
-                                          allow_other_workers=False, pure=False))
+                                          allow_other_workers=True, pure=False))
         self.contexts, self.step_sum = (mesh, lay, got), lay.schedule
         return lay, [f.key for f in got]
 
