@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from benchmarks import costmodel
-from benchmarks.model import _epochs, _hop, compute_rates, measured_step
+from benchmarks.measured import _epochs, _hop, compute_rates, measured_step
 
 
 ACROSS_MODELS = {"P3": ((784, 128, 10), 16), "P2": ((784, 1024, 10), 64)}   # rows per core
@@ -95,7 +95,8 @@ def main(args: Any) -> int:
                     *([("MPI", wires["mpi"])] if mpi is not None else [])]:
         print(f"wire {name}: {w.alpha * 1e6:.1f} us + bytes at {w.bandwidth / 1e9:.2f} GB/s; "
               f"{w.node * 1e6:.1f} us per task in a chain")
-    print(f"a sum: {add * 1e9:.2f} ns a float32 number")
+    print(f"a sum: {add * 1e9:.2f} ns a float32 number; an action of a step's sum's program: "
+          f"{node * 1e6:.1f} us (a chain's no-op task)")
     if mpi is None:
         print("no mpiexec/mpi4py here: the MPI columns are left out")
     # the model against dtrain here: a worker process per "node", the cores shared
@@ -139,7 +140,7 @@ def main(args: Any) -> int:
                 continue
             wire = dataclasses.replace(local, node=fitted[name])
             pred, _ = costmodel.described(layers, rows, workers, 1, wire, rate["flops"] * share,
-                                          rate["update"] / share, add / share)
+                                          rate["update"] / share, add / share, node / share)
             print(f"| {name} | {workers} | {fitted[name] * 1e6:.1f} | {pred * 1e3:.2f} | "
                   f"{got * 1e3:.2f} | {got / pred:.2f} |", flush=True)
     if "P3" in fitted:                     # the chain's own cost of a P3-sized step, at scale
@@ -154,7 +155,7 @@ def main(args: Any) -> int:
               for m, (layers, r) in ACROSS_MODELS.items()}
     latency, bandwidth = args.net_latency * 1e-6, args.net_bandwidth * 1e9
     nodes = costmodel.NODES_JSON if args.json else costmodel.NODES
-    rows = costmodel.across_rows(wires, models, latency, bandwidth, add, nodes)
+    rows = costmodel.across_rows(wires, models, latency, bandwidth, add, nodes, node)
     print()
     print(f"Predictions, not measurements: {costmodel.NODE_CORE_COUNT}-core nodes, a worker per "
           f"node, a shard per core, fan-in 2, replicated updates; a network of "
@@ -167,8 +168,8 @@ def main(args: Any) -> int:
     print(costmodel.markdown_across(rows, ("dtrain", "mpi") if mpi is not None
                                     else ("dtrain", "dtrain")))
     if args.json:
-        found = costmodel.as_json(rows, wires, latency, bandwidth, add)
-        found["strong"] = costmodel.strong_rows(wires, models, latency, bandwidth, add)
+        found = costmodel.as_json(rows, wires, latency, bandwidth, add, node)
+        found["strong"] = costmodel.strong_rows(wires, models, latency, bandwidth, add, op=node)
         args.json.write_text(json.dumps(found, indent=1) + "\n")
         print(f"\nwrote {args.json}")
     return 0

@@ -394,7 +394,8 @@ def across(layers: tuple[int, ...], rows: int, nodes: int, node_cores: int, wire
 
 
 def described(layers: tuple[int, ...], rows: int, nodes: int, node_cores: int, wire: Wire,
-              flops: float, update: float, add: float) -> tuple[float, str]:
+              flops: float, update: float, add: float, op: float | None = None
+              ) -> tuple[float, str]:
     """Seconds per allreduce step of a net of ``layers``, ``rows`` rows per core, on
     ``nodes`` workers of ``node_cores`` cores (a worker per node, a shard per core), as the
     engine runs it now: each worker's chain built from a description
@@ -402,8 +403,9 @@ def described(layers: tuple[int, ...], rows: int, nodes: int, node_cores: int, w
     sum in the tree's order (``add`` seconds a number, the buffer's ranges split over the
     cores), then the step's sum over the workers by the schedule the engine picks
     (:func:`dtrain.taskgraph.collective.choose`, timed by its ``simulate`` on ``wire``),
-    then the update; ``wire.node`` per node of the chain (three a step).  Returns the
-    seconds and the schedule."""
+    then the update; ``wire.node`` per node of the chain (three a step), ``op`` (default
+    ``wire.node``) per action of the sum's program.  Returns the seconds and the
+    schedule."""
     from dtrain.taskgraph import collective
 
     p, names, placement, _ = _spanning(layers, rows, nodes, node_cores, 2)
@@ -416,7 +418,7 @@ def described(layers: tuple[int, ...], rows: int, nodes: int, node_cores: int, w
         return compute, "none"
     rank = {w: r for r, w in enumerate(names)}
     rank_of = tuple(rank[w] for w in placement.leaves)
-    cw = collective.Wire(wire.alpha, wire.bandwidth, wire.node, add)
+    cw = collective.Wire(wire.alpha, wire.bandwidth, wire.node if op is None else op, add)
     best, times = collective.choose(len(rank_of), p.recipe.fan_in, rank_of, nodes, n, 4, cw,
                                     rank[placement.root])
     return compute + times[best], best
@@ -493,7 +495,8 @@ NODES_JSON = (16, 64, 256, 1024)        # nodes of the model's file (--json)
 
 def across_rows(wires: dict[str, Wire], models: dict[str, tuple[tuple[int, ...], int, float,
                 float]], latency: float, bandwidth: float, add: float,
-                nodes_list: tuple[int, ...] = NODES) -> list[dict[str, Any]]:
+                nodes_list: tuple[int, ...] = NODES, op: float | None = None
+                ) -> list[dict[str, Any]]:
     """Predictions at ``nodes_list`` nodes of :data:`NODE_CORE_COUNT` cores (``models``: name
     -> (layers, rows per core, FLOP/s per core, update seconds)), each wire taken across a
     network of ``latency`` seconds and ``bandwidth`` bytes/s: dtrain's step
@@ -507,7 +510,8 @@ def across_rows(wires: dict[str, Wire], models: dict[str, tuple[tuple[int, ...],
         compute = 6 * rows * params / flops + update
         grad = (params + 2) * 4                     # float32 [grad | loss | correct]
         for nodes in nodes_list:
-            got = {name: described(layers, rows, nodes, NODE_CORE_COUNT, w, flops, update, add)
+            got = {name: described(layers, rows, nodes, NODE_CORE_COUNT, w, flops, update, add,
+                                   op if name == "dtrain" else None)
                    for name, w in net.items()}
             best = net.get("mpi", next(iter(net.values())))
             ring = compute + 2 * (nodes - 1) / nodes * grad / best.bandwidth + \
@@ -522,8 +526,8 @@ def across_rows(wires: dict[str, Wire], models: dict[str, tuple[tuple[int, ...],
 
 def strong_rows(wires: dict[str, Wire], models: dict[str, tuple[tuple[int, ...], int, float,
                 float]], latency: float, bandwidth: float, add: float,
-                nodes_list: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-                ) -> dict[str, list[dict[str, float]]]:
+                nodes_list: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
+                op: float | None = None) -> dict[str, list[dict[str, float]]]:
     """Strong scaling, as the seed studies drew it: each model's global minibatch (its rows
     per core on 16 nodes of :data:`NODE_CORE_COUNT` cores) split over more and more nodes;
     per node count dtrain's predicted step (:func:`described`) and an MPI Allreduce loop's
@@ -539,7 +543,7 @@ def strong_rows(wires: dict[str, Wire], models: dict[str, tuple[tuple[int, ...],
         for nodes in nodes_list:
             rows = max(1, batch // (nodes * NODE_CORE_COUNT))
             dt, _ = described(layers, rows, nodes, NODE_CORE_COUNT, net["dtrain"], flops,
-                              update, add)
+                              update, add, op)
             mpi = 6 * rows * params / flops + update + (
                 2 * (nodes - 1) / nodes * grad / best.bandwidth +
                 2 * math.ceil(math.log2(nodes)) * best.alpha if nodes > 1 else 0.0)
@@ -553,7 +557,7 @@ def strong_rows(wires: dict[str, Wire], models: dict[str, tuple[tuple[int, ...],
 
 
 def as_json(rows: list[dict[str, Any]], wires: dict[str, Wire], latency: float,
-            bandwidth: float, add: float) -> dict[str, Any]:
+            bandwidth: float, add: float, op: float = 0.0) -> dict[str, Any]:
     """The predictions as ``{model: {nodes: {"dtrain_ms", "driver_ms", "mpi_allreduce_ms",
     ...}}}``, with the measured constants they came from under ``"constants"``."""
     out: dict[str, Any] = {}
@@ -568,7 +572,7 @@ def as_json(rows: list[dict[str, Any]], wires: dict[str, Wire], latency: float,
         "wires": {name: {"alpha_us": w.alpha * 1e6, "bandwidth_gb_s": w.bandwidth / 1e9,
                          "per_node_us": w.node * 1e6} for name, w in wires.items()},
         "network": {"latency_us": latency * 1e6, "bandwidth_gb_s": bandwidth / 1e9},
-        "add_ns_per_number": add * 1e9, "node_cores": NODE_CORE_COUNT,
+        "add_ns_per_number": add * 1e9, "sum_op_us": op * 1e6, "node_cores": NODE_CORE_COUNT,
         "measured": "this machine (python -m benchmarks.model --across)"}
     return out
 

@@ -18,7 +18,6 @@ cores the step time says little about a cluster, the driver's CPU a lot.
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import tempfile

@@ -1,6 +1,6 @@
-"""The engine's graph passes on one worker and between windows (a window on one worker fused
-into one task; the state handed over between windows): tested on structure (keys, pinning)
-and on values (the same bytes as without them).  A window across workers (cut into a task
+"""The engine's graph passes, chained by dtrain.taskgraph.passes.optimize, and each on its own:
+a window on one worker fused into one task; the state handed over between windows; tested on
+structure (keys, pinning) and on values (the same bytes as without them).  A window across workers (cut into a task
 per worker, its sums in segments): tests/test_span.py; the core processes a worker
 computes its shards on: tests/test_cores.py."""
 from __future__ import annotations
@@ -16,8 +16,44 @@ from dask.task_spec import DataNode, Task, TaskRef
 from dtrain.core import keys
 from dtrain.core.config import load_config
 from dtrain.maths.optim import TrainState
-from dtrain.taskgraph import fuse, handoff
+from dtrain.deploy import p2p
+from dtrain.taskgraph import fuse, handoff, passes
 from windows import RUN, inputs as _inputs, run as _run, window as _window
+
+
+# --- the pipeline --------------------------------------------------------------------------
+
+def test_the_pipeline_hands_over_then_fuses_a_window_on_one_worker():
+    p, win = _window(["graph.update=root"])
+    done = passes.optimize(win, passes.Options(RUN, 0, 14, take=True))
+    assert list(done.win.dsk) == [f"window-0-13-{RUN}", f"kept-14-{RUN}",
+                                  f"window-0-13-meta-{RUN}"]
+    chain = done.win.steps_fused
+    assert chain.nodes[0][0] == f"state-0-{RUN}" and chain.nodes[0][1] is handoff.take
+    assert (done.messages, done.nbytes, done.segmented, done.literal_bytes) == (0, 0, False, 0)
+
+
+def test_the_pipeline_cuts_a_window_across_workers_on_the_mesh_it_is_given():
+    p, win = _window(["graph.strategy=parameter-server"], workers=("w0", "w1", "w2"))
+    asked = []
+
+    def mesh(workers):
+        asked.append(workers)
+        return p2p.Mesh("m", tuple(workers), (p2p.Place("", 0),) * len(workers))
+
+    done = passes.optimize(win, passes.Options(RUN, 0, 14, mesh=mesh),
+                           {f"load-shard-{i}-{RUN}": w for i, w in
+                            enumerate(("w1", "w1", "w2", "w2"))})
+    assert len(asked) == 1 and set(asked[0]) == {"w0", "w1", "w2"}
+    assert done.win.pieces == tuple(f"window-0-13-w{r}-{RUN}" for r in range(3))
+    assert done.messages > 0 and done.nbytes > 0 and done.literal_bytes > 0
+    steps = passes.optimize(_window(["graph.strategy=parameter-server"],
+                                    workers=("w0", "w1", "w2"))[1],
+                            passes.Options(RUN, 0, 14, fuse_steps=False))
+    assert not steps.win.pieces and steps.win.meta is None      # every step's tasks, as built
+    with pytest.raises(ValueError, match="needs a mesh"):
+        passes.optimize(_window(["graph.strategy=parameter-server"],
+                                workers=("w0", "w1", "w2"))[1], passes.Options(RUN, 0, 14))
 
 
 # --- fusing a window on one worker ---------------------------------------------------------

@@ -216,7 +216,6 @@ def chain(ctx: Context, desc: Description) -> tuple[fuse.Chain, tuple, tuple]:
         nodes.append((state, handoff.fresh, (desc.start,)))
         kinds.append(keys.STATE)
     evals: list[str] = []
-    sender = dict(s.part_ranks)
     for t in range(desc.first, desc.last + 1):
         step = s.steps.step(t)
         pos = step.position

@@ -40,7 +40,7 @@ from dtrain.deploy.workers import StrandedTasks, forgotten, gather, present, rou
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
-from dtrain.taskgraph import describe, fuse, handoff, segments, span
+from dtrain.taskgraph import describe, fuse, handoff, passes, segments
 from dtrain.taskgraph.handoff import StateGone
 from dtrain.taskgraph.dataparallel import (TINY_FLOPS, DataParallel, add_step, fuse_choice,
                                            shard_rows)
@@ -654,31 +654,20 @@ class DaskEngine:
             return self._submitted(win, window, book)
         win = p.builder.window(steps, state, self.refs, heldout.refs(val), placement,
                                self.run_id)
-        if p.config.graph.reduce == "segments" and p.config.graph.fuse_steps and \
-                fuse.one_worker(win) is None:               # a window cut across workers
-            itemsize = np.dtype(p.net.dtype).itemsize
-            win = segments.split(win, self.run_id, itemsize)
-            messages, nbytes = segments.traffic(win, itemsize)
-            self.segmented_windows += messages > 0
-            self.predicted_transfers += messages
-            self.predicted_bytes += nbytes
-        located = {f.key: w for w, f in self.items} | heldout.located(val, placement.root)
-        moves = win.transfers(located)
-        self.predicted_bytes += sum(win.nbytes.get(k, 0) for k, _, _ in moves)
-        self.predicted_transfers += len(moves)
         made = handoff.Fresh(p.net, p.opt, p.config.model.seed) \
             if self.fresh and window.start == 0 and p.init is None else None   # a fresh run's
-        win = handoff.rewrite(win, self.run_id, window.start, window.stop, take, made,
-                              self._peer_wait() if follows is not None else 0.0,
-                              self.attempt)
-        self.literal_bytes += handoff.literal_size(win)
-        if p.config.graph.fuse_steps:               # a task per worker and window
-            if fuse.one_worker(win) is not None:
-                win = fuse.steps(win, window.start, window.stop - 1, self.run_id, trim)
-            elif win.dsk:
-                win = span.steps(win, window.start, window.stop - 1, self.run_id,
-                                 self._mesh(span.workers_of(win)), self._peer_wait(), trim,
-                                 follows)
+        opts = passes.Options(
+            self.run_id, window.start, window.stop, p.config.graph.fuse_steps,
+            p.config.graph.reduce == "segments", np.dtype(p.net.dtype).itemsize, take, made,
+            self._peer_wait() if follows is not None else 0.0, self.attempt, trim, follows,
+            self._peer_wait(), self._mesh)
+        done = passes.optimize(win, opts, {f.key: w for w, f in self.items} |
+                               heldout.located(val, placement.root))
+        self.segmented_windows += done.segmented
+        self.predicted_transfers += done.messages
+        self.predicted_bytes += done.nbytes
+        self.literal_bytes += done.literal_bytes
+        win = done.win
         return self._submitted(win, window, book)
 
     def _submitted(self, win: Window, window: range, book: Book) -> Launched:
