@@ -36,7 +36,8 @@ from dtrain.deploy import p2p, tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors, lost_gathers_quiet
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import StrandedTasks, forgotten, gather, present, round_trip, workers
+from dtrain.deploy.workers import (StrandedTasks, forgotten, free_memory, gather, present,
+                                   round_trip, workers)
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
@@ -49,7 +50,8 @@ from dtrain.taskgraph.window import Window
 from dtrain.training.checkpoint import Checkpoint, Checkpoints
 from dtrain.training import heldout
 from dtrain.training.course import (Book, Outcome, Start, Stop, chosen, moved_line,
-                                    moved_summary, stop_before, stop_here, windows)
+                                    moved_summary, rebalance_fit, stop_before, stop_here,
+                                    windows)
 from dtrain.training.plan import Plan
 from dtrain.training.stopping import Watch, needed_states
 
@@ -176,6 +178,8 @@ class DaskEngine:
         coll = plan.collection                      # partitions already on the cluster
         self.held: dict[Any, Future] = {f.key: f for f in coll.futures} if coll else {}
         self.moved: list[tuple[int, str, str, int]] = []   # balancing: (shard, from, to, bytes)
+        self.moves_why = ""                         # ... and why (or why nothing moved)
+        self.first_step = 0                         # the step this engine starts at
         self.mesh: p2p.Mesh | None = None           # windows that span workers: their peers
         self.meshes = 0                             # ... how many were opened
         self.spanned_windows = 0                    # windows run as a task per worker
@@ -278,10 +282,12 @@ class DaskEngine:
         (:func:`~dtrain.taskgraph.placement.balance`); what moves (first placement: into
         blocks; later: off workers that are gone) is logged in ``moved``."""
         coll = self.plan.collection
-        holders = coll.holders(self.client)
-        placement = self.plan.builder.place(present, holders, list(coll.stats.sizes))
-        nbytes = coll.nbytes(self.client) if any(
-            h != w for h, w in zip(holders, placement.leaves)) else []
+        holders, nbytes = coll.holders(self.client), coll.nbytes(self.client)
+        placement = self.plan.builder.place(
+            present, holders, list(coll.stats.sizes), nbytes=nbytes,
+            mode=self.plan.config.data.rebalance, free=free_memory(self.client),
+            fit=rebalance_fit(self.plan, self.first_step))
+        self.moves_why = self.moves_why or (placement.moves.why if placement.moves else "")
         self.moved += [(i, h, w, nbytes[i]) for i, (h, w) in
                        enumerate(zip(holders, placement.leaves)) if h != w and h is not None
                        and not (i < len(self.items) and self.items[i][0] == w)]
@@ -451,7 +457,7 @@ class DaskEngine:
                         "measured": moved["bytes"] + self.sent[1],
                         "transfers": moved["transfers"] + self.sent[0],
                         "predicted_transfers": self.predicted_transfers}, self.split(),
-                       moved_summary(self.moved),
+                       moved_summary(self.moved, self.moves_why),
                        {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
                         "fused_windows": self.fused_windows,
                         "spanned_windows": self.spanned_windows,
@@ -466,7 +472,7 @@ class DaskEngine:
         """What every run on the cluster starts with: the data placed and loaded (what
         moved, said), the held-out splits loaded beside it; a stop asked for meanwhile
         stops it there (:func:`~dtrain.training.course.stop_before`)."""
-        self.fresh = start.fresh
+        self.fresh, self.first_step = start.fresh, start.step
         placement = self.place()
         if self.moved:
             recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
