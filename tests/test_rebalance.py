@@ -139,3 +139,34 @@ def test_a_bad_rebalance_is_the_configs_one_line_error_from_the_cli():
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "data.rebalance" in lines[0] and "'never'" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_a_moved_partition_is_not_held_twice_once_the_fit_ends():
+    """A persisted dask.dataframe dealt out in turn, moved into blocks ("always") on a
+    cluster whose active memory manager is off: once the fit ends every partition is held
+    once, by the worker it was on.  (The engine drops the copies it made as the run ends,
+    ``internals.drop_copies``; a worker also drops a fetched copy once no task of its own
+    needs it, as the run's shards are released, so this checks what a user sees rather
+    than which of the two did it.)"""
+    import dask
+    import dask.dataframe as dd
+    import pandas as pd
+    from distributed import Client, LocalCluster, futures_of, wait
+
+    with dask.config.set({"distributed.scheduler.active-memory-manager.start": False}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as lc, \
+            Client(lc) as c:
+        workers = sorted(c.scheduler_info()["workers"])
+        rng = np.random.default_rng(0)
+        frame = pd.DataFrame(rng.standard_normal((4_000, 4)), columns=list("abcd"))
+        frame = frame.assign(label=(frame["a"] > 0).astype(int))
+        parts = [c.scatter(frame.iloc[i * 500:(i + 1) * 500], workers=[workers[i % 2]])
+                 for i in range(8)]
+        ddf = c.persist(dd.from_delayed(parts, meta=frame.iloc[:0], verify_meta=False))
+        wait(futures_of(ddf))
+        first = c.who_has(ddf)
+        clf = dtrain.MLPClassifier(hidden_layer_sizes=(4,), max_iter=1, random_state=0,
+                                   client=c, rebalance="always").fit(ddf, "label")
+        assert clf.summary_["data_moved"]["partitions"] == 4
+        assert c.who_has(ddf) == first, (first, c.who_has(ddf))

@@ -27,7 +27,7 @@ import numpy as np
 from dask.task_spec import TaskRef
 from distributed import Client, Future
 
-from dtrain.core import keys
+from dtrain.core import internals, keys
 from dtrain.core.arrays import gpu_problem
 from dtrain.core.broadcast import on_workers, once, register
 from dtrain.core.errors import UserError
@@ -354,6 +354,20 @@ class DaskEngine:
                 future.release()
             self.items.clear()
             raise
+        finally:
+            self._drop_moved()
+
+    def _drop_moved(self) -> None:
+        """A partition moved for the run is not held twice once it ends: the copy where it
+        went is dropped where its worker of origin (or another) still holds it."""
+        coll = self.plan.collection
+        if not self.moved or coll is None:
+            return
+        try:
+            self.client.run_on_scheduler(internals.drop_copies,
+                                         [(coll.keys[i], to) for i, _, to, _ in self.moved])
+        except Exception:       # a cluster going down as the run ends: nothing to drop
+            pass
 
     def _run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
              stop: Stop, watch: Watch) -> Outcome:
