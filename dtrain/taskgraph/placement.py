@@ -202,14 +202,25 @@ def row_blocks(rows: Sequence[int], parts: int) -> list[int]:
 # --- whether moving partitions pays (issue 50) --------------------------------------------------
 #
 # dtrain cannot import benchmarks/, so the measured figures the prediction uses live here.
-MESSAGE_SECONDS = 12e-6
-"""A message between two workers' window tasks, one way, whatever its size: half the 1 KiB
-round trip on the mesh over TCP, 0.024 ms (``python -m benchmarks.p2p``, the table in
-ARCHITECTURE.md "Across workers"; ``benchmarks.model``'s ``p2p_alpha``)."""
+MESSAGE_SECONDS = 0.3e-3
+"""What a value crossing workers adds to a step of a window across workers, whatever its
+size: the step time measured with partitions dealt out in turn less that in blocks, over
+the crossings it adds.  2.4 against 0.85 ms a step with 5 more crossings (0.31 ms each;
+8 partitions on 2 workers, ``python -m benchmarks.estimators``'s dask.dataframe fit,
+docs/performance.md, issue 36); 1.3-1.7 against 0.3-0.4 ms with 3 more, and 1.5-3.1
+against 0.7-1.4 ms at 160 steps (0.25-0.55 ms each; tests/test_rebalance.py's 8
+partitions, an (8,) net, 2026-11-29).  Far above the mesh's own 0.012 ms a message
+(``python -m benchmarks.p2p``: half a 1 KiB round trip between polling peers): in a step
+the reader is asleep in its read (woken, on these 2-core machines, after another process
+had the core), and a worker's partitions among another's are no longer one stacked
+forward-backward.  Priced at the mesh's figure, fits of about 10 to 300 steps stayed
+interleaved and ran up to 1.5 times slower than moved.  Dedicated cores would pay less
+per message; too high a figure costs a needless move, once, too low one every step."""
 MESSAGE_BYTES_PER_SECOND = 5.3e9
 """... and its bytes: the 3.2 MiB message over TCP, 1.28 ms there and back, less the
-above (the same table; ``p2p_bandwidth``).  TCP, not the faster Unix socket, so that
-crossings are never priced below what they cost between machines."""
+1 KiB one's (``python -m benchmarks.p2p``, the table in ARCHITECTURE.md "Across
+workers"; ``benchmarks.model``'s ``p2p_bandwidth``).  TCP, not the faster Unix socket,
+so that crossings are never priced below what they cost between machines."""
 FETCH_SECONDS = 1.96e-3
 """A partition moved by Dask, whatever its size: what a dependency from another worker adds
 to a task, ``fetch`` of ``python -m benchmarks.model``'s constants (2026-11-25,
