@@ -2,7 +2,9 @@
 
 Shards go to workers in contiguous blocks, so a reduce subtree over
 neighbouring shards stays on one worker; blocks are sized so the slowest
-worker finishes first when CPU and GPU workers mix.
+worker finishes first when CPU and GPU workers mix.  Partitions already on the
+cluster stay where they are unless moving them into such blocks pays for itself
+over the run (:func:`rebalance`, with the measured figures it predicts by).
 """
 from __future__ import annotations
 

@@ -278,9 +278,10 @@ class DaskEngine:
         return placement
 
     def _place_partitions(self, present: list[Worker]) -> Placement:
-        """Partitions stay on the workers holding them, but for balanced blocks
-        (:func:`~dtrain.taskgraph.placement.balance`); what moves (first placement: into
-        blocks; later: off workers that are gone) is logged in ``moved``."""
+        """Partitions stay on the workers holding them, but where moving them into blocks
+        pays (:func:`~dtrain.taskgraph.placement.rebalance`, ``data.rebalance``); what
+        moves (first placement: into blocks; later: off workers that are gone) is logged
+        in ``moved``, and why in ``moves_why``."""
         coll = self.plan.collection
         holders, nbytes = coll.holders(self.client), coll.nbytes(self.client)
         placement = self.plan.builder.place(
