@@ -358,7 +358,8 @@ def test_the_docs_list_every_scikit_learn_parameter():
         set(dtrain.MLPClassifier().get_params()) - set(_OURS)
 
 
-_OURS = ("client", "strategy", "sync_every", "fan_in", "dtype", "normalize", "shards", "out")
+_OURS = ("client", "strategy", "sync_every", "fan_in", "dtype", "normalize", "shards", "rebalance",
+         "out")
 
 
 def test_the_docs_list_every_fitted_attribute(client):

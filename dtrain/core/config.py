@@ -51,6 +51,7 @@ STRATEGIES_MODULE = "dtrain.taskgraph.strategies"
 
 # --- the schema ---------------------------------------------------------------------
 
+REBALANCE = ("auto", "never", "always")   # data.rebalance: partitions on the cluster, moved?
 DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "parquet", "synthetic",
             "collection")       # collection: a Dask collection handed in from Python
 VALUE_LOSSES = ("squared-error", "poisson")    # losses of real-valued targets (regression)
@@ -98,6 +99,12 @@ class DataConfig:
                           doc="a row with a missing (empty, NA, NaN) or infinite feature, or "
                           "without its label: error, one line naming its file, row and "
                           "column; drop, the row is left out (csv, parquet)")
+    rebalance: str = choice("auto", *REBALANCE,
+                            doc="partitions already on the cluster (Dask collections, "
+                            "parquet and globbed csv): auto, move some once into a block of "
+                            "consecutive partitions per worker only where the predicted "
+                            "saving over the run's steps exceeds the move's cost; never, "
+                            "each partition trains where it sits; always, move into blocks")
 
 
 @dataclass(frozen=True)

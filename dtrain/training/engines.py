@@ -27,7 +27,7 @@ import numpy as np
 from dask.task_spec import TaskRef
 from distributed import Client, Future
 
-from dtrain.core import keys
+from dtrain.core import internals, keys
 from dtrain.core.arrays import gpu_problem
 from dtrain.core.broadcast import on_workers, once, register
 from dtrain.core.errors import UserError
@@ -36,7 +36,8 @@ from dtrain.deploy import p2p, runtime, tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors, lost_gathers_quiet
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import StrandedTasks, forgotten, gather, present, round_trip, workers
+from dtrain.deploy.workers import (StrandedTasks, forgotten, free_memory, gather, present,
+                                   round_trip, workers)
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
@@ -50,7 +51,8 @@ from dtrain.taskgraph.window import Window
 from dtrain.training.checkpoint import Checkpoint, Checkpoints
 from dtrain.training import heldout
 from dtrain.training.course import (Book, Outcome, Start, Stop, chosen, moved_line,
-                                    moved_summary, stop_before, stop_here, windows)
+                                    moved_summary, rebalance_fit, stop_before, stop_here,
+                                    windows)
 from dtrain.training.plan import Plan
 from dtrain.training.stopping import Watch, needed_states
 
@@ -179,6 +181,8 @@ class DaskEngine:
         coll = plan.collection                      # partitions already on the cluster
         self.held: dict[Any, Future] = {f.key: f for f in coll.futures} if coll else {}
         self.moved: list[tuple[int, str, str, int]] = []   # balancing: (shard, from, to, bytes)
+        self.moves_why = ""                         # ... and why (or why nothing moved)
+        self.first_step = 0                         # the step this engine starts at
         self.mesh: p2p.Mesh | None = None           # windows that span workers: their peers
         self.meshes = 0                             # ... how many were opened
         self.spanned_windows = 0                    # windows run as a task per worker
@@ -280,14 +284,17 @@ class DaskEngine:
         return placement
 
     def _place_partitions(self, present: list[Worker]) -> Placement:
-        """Partitions stay on the workers holding them, but for balanced blocks
-        (:func:`~dtrain.taskgraph.placement.balance`); what moves (first placement: into
-        blocks; later: off workers that are gone) is logged in ``moved``."""
+        """Partitions stay on the workers holding them, but where moving them into blocks
+        pays (:func:`~dtrain.taskgraph.placement.rebalance`, ``data.rebalance``); what
+        moves (first placement: into blocks; later: off workers that are gone) is logged
+        in ``moved``, and why in ``moves_why``."""
         coll = self.plan.collection
-        holders = coll.holders(self.client)
-        placement = self.plan.builder.place(present, holders, list(coll.stats.sizes))
-        nbytes = coll.nbytes(self.client) if any(
-            h != w for h, w in zip(holders, placement.leaves)) else []
+        holders, nbytes = coll.holders(self.client), coll.nbytes(self.client)
+        placement = self.plan.builder.place(
+            present, holders, list(coll.stats.sizes), nbytes=nbytes,
+            mode=self.plan.config.data.rebalance, free=free_memory(self.client),
+            fit=rebalance_fit(self.plan, self.first_step))
+        self.moves_why = self.moves_why or (placement.moves.why if placement.moves else "")
         self.moved += [(i, h, w, nbytes[i]) for i, (h, w) in
                        enumerate(zip(holders, placement.leaves)) if h != w and h is not None
                        and not (i < len(self.items) and self.items[i][0] == w)]
@@ -354,6 +361,20 @@ class DaskEngine:
                 future.release()
             self.items.clear()
             raise
+        finally:
+            self._drop_moved()
+
+    def _drop_moved(self) -> None:
+        """A partition moved for the run is not held twice once it ends: the copy where it
+        went is dropped where its worker of origin (or another) still holds it."""
+        coll = self.plan.collection
+        if not self.moved or coll is None:
+            return
+        try:
+            self.client.run_on_scheduler(internals.drop_copies,
+                                         [(coll.keys[i], to) for i, _, to, _ in self.moved])
+        except Exception:       # a cluster going down as the run ends: nothing to drop
+            pass
 
     def _run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
              stop: Stop, watch: Watch) -> Outcome:
@@ -457,7 +478,7 @@ class DaskEngine:
                         "measured": moved["bytes"] + self.sent[1],
                         "transfers": moved["transfers"] + self.sent[0],
                         "predicted_transfers": self.predicted_transfers}, self.split(),
-                       moved_summary(self.moved),
+                       moved_summary(self.moved, self.moves_why),
                        {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
                         "fused_windows": self.fused_windows,
                         "spanned_windows": self.spanned_windows,
@@ -474,7 +495,7 @@ class DaskEngine:
         """What every run on the cluster starts with: the data placed and loaded (what
         moved, said), the held-out splits loaded beside it; a stop asked for meanwhile
         stops it there (:func:`~dtrain.training.course.stop_before`)."""
-        self.fresh = start.fresh
+        self.fresh, self.first_step = start.fresh, start.step
         placement = self.place()
         if self.moved:
             recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
