@@ -494,11 +494,12 @@ def test_the_estimator_benchmark_runs():
 
 
 def test_the_across_workers_table_and_goals_read_the_schedulers_count():
-    """Issue 36's table: dtrain's ratios to MPI and DDP in one run, and the scheduler's own
-    count of tasks per step, per worker; each goal checked where its cell ran."""
+    """Issue 36's table: dtrain's ratios to MPI and DDP in one run, the scheduler's own
+    count of tasks per step, per worker, and the head process's CPU per step; each goal
+    checked where its cell ran."""
     from benchmarks import across
     rows = [{"workload": wl, "workers": n, "contender": c, "epoch_s": e,
-             "sched_tasks_per_step": t}
+             "sched_tasks_per_step": t, "head_cpu_ms": 0.125 if t else None}
             for wl, n, c, e, t in [("P3", 2, "mpi-allreduce", 0.04, None),
                                    ("P3", 2, "torch-ddp", 0.2, None),
                                    ("P3", 2, "dtrain-allreduce", 0.05, 0.1),
@@ -508,7 +509,8 @@ def test_the_across_workers_table_and_goals_read_the_schedulers_count():
                                    ("iris", 2, "dtrain-allreduce", 0.02, 0.05)]]
     m = across.measures(rows, "P3", 2, "dtrain-allreduce")
     assert m == {"x MPI": pytest.approx(1.25), "x DDP": pytest.approx(0.25),
-                 "scheduler tasks / step / worker": pytest.approx(0.05)}
+                 "scheduler tasks / step / worker": pytest.approx(0.05),
+                 "head CPU ms / step": pytest.approx(0.125)}
     checks = {(c["workload"], c["workers"], c["what"]): c for c in across.goal_checks(rows)}
     assert checks["P3", 2, "x MPI"]["met"] and not checks["P3", 4, "x MPI"]["met"]
     assert checks["iris", 2, "x MPI"]["met"] and checks["iris", 2, "x MPI"]["goal"] == 3.0
@@ -517,5 +519,5 @@ def test_the_across_workers_table_and_goals_read_the_schedulers_count():
     results = {"rows": rows, "workloads": {"P3": {}, "iris": {}}}
     (title, header, body, _), (goal_title, _, goal_body, _) = across.tables(results)
     assert title.startswith("Across workers") and goal_title.startswith("Across workers")
-    assert body[0][:2] == ["P3", "2"] and "1.25 / 0.25 / 0.050" in body[0]
+    assert body[0][:2] == ["P3", "2"] and "1.25 / 0.25 / 0.050 / 0.125" in body[0]
     assert sum(line[-1] == "NO" for line in goal_body) == 2
