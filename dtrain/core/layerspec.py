@@ -242,3 +242,23 @@ def walk(layers: tuple, input_shape: tuple[int, ...] = ()) -> list[Step]:
             (isinstance(layers[0], int) and layers[0] < 1):
         raise ValueError("model.layers: sizes must be positive")
     return steps
+
+
+def weight_shapes(layers: tuple, input_shape: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+    """Each weighted layer's ``W`` shape, in order: ``(O, I)`` a dense layer's, ``(F, C, K,
+    K)`` a convolution's filters (each with biases ``(O,)`` or ``(F,)``): ``params.npz``'s
+    ``W1, b1, W2, ...``."""
+    if dense_only(layers):
+        return list(zip(layers[1:], layers[:-1]))
+    out: list[tuple[int, ...]] = []
+    for st in walk(layers, input_shape):
+        if isinstance(st.layer, int):
+            out.append((st.layer, st.shape_in[0]))
+        elif isinstance(st.layer, Conv):
+            out.append((st.layer.conv, st.shape_in[0], st.layer.kernel, st.layer.kernel))
+    return out
+
+
+def features(layers: tuple, input_shape: tuple[int, ...] = ()) -> int:
+    """Features of an input row: ``layers[0]``, or ``C H W`` of ``input_shape``."""
+    return layers[0] if isinstance(layers[0], int) else math.prod(input_shape)

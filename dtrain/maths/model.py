@@ -592,6 +592,15 @@ class Network:
         return out
 
 
+def noise(epoch: int, parts) -> tuple:
+    """Dropout's keys for a batch of shards' rows laid end to end: ``parts`` lists each
+    shard's ``(index, first row, last row)`` of this epoch's order, in the batch's order;
+    gives :meth:`Network.loss_and_grad`'s ``noise``, ``(((epoch, first row, index),
+    rows), ...)``: the step and the shard, so a shard's mask does not depend on where it
+    runs or what it is computed beside."""
+    return tuple(((epoch, lo, index), hi - lo) for index, lo, hi in parts)
+
+
 @dataclass(frozen=True)
 class Layout:
     """A flat parameter vector that is not a whole network (a model-parallel slice):

@@ -375,7 +375,8 @@ def model_spec(plan: Plan, outcome: Outcome, watch: Watch) -> ModelSpec:
                       "label_column": d.label or None, "init_from": m.init_from or None,
                       "epochs": len(outcome.metrics), "train_samples": plan.train_samples,
                       **watch.summary(), "dtrain": __version__},
-                     tuple(map(str, plan.info.labels)) if values else ())
+                     tuple(map(str, plan.info.labels)) if values else (),
+                     tuple(m.input_shape))
 
 
 def _summary(plan: Plan, outcome: Outcome, watch: Watch, phases: dict[str, float]
