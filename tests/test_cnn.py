@@ -70,7 +70,8 @@ def test_a_convolutional_run_resumes_to_the_bytes_of_an_uninterrupted_one(client
 @pytest.mark.slow
 def test_mnist_cnn_as_it_ships_reaches_0975(mnist_dir, tmp_path):
     """``python -m dtrain --config configs/mnist-cnn.toml --set data.path=...``: LeNet-5 on
-    the MNIST 10k files, test accuracy >= 0.975; ``evaluate`` says the same."""
+    the MNIST 10k files, test accuracy >= 0.975; its ONNX export, run by onnxruntime on
+    MNIST images, gives ``predict_proba``'s probabilities within 1e-4."""
     out = tmp_path / "run"
     proc = run_cli("--config", "configs/mnist-cnn.toml", "--set", f"data.path={mnist_dir}",
                    "--out", str(out), "--dashboard-address", "", timeout=600)
@@ -79,6 +80,18 @@ def test_mnist_cnn_as_it_ships_reaches_0975(mnist_dir, tmp_path):
     assert summary["test_accuracy"] >= 0.975, summary["test_accuracy"]
     model = dtrain.load(out)
     assert model.net.walk[-1].layer == 10
+    ort = pytest.importorskip("onnxruntime")
+    from dtrain.data.readers import image_rows, read_idx
+    from dtrain.inference.export import to_onnx
+    from dtrain.inference.saved import read_run
+    x = image_rows(read_idx(mnist_dir / "t10k-images-idx3-ubyte.gz"))[:2000]   # (N, 784)
+    graph = to_onnx(*read_run(out), dtype="float32")
+    session = ort.InferenceSession(graph.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    probabilities, label = session.run(["probabilities", "label"],
+                                       {"input": x.astype(np.float32)})
+    assert np.abs(probabilities - model.predict_proba(x)).max() <= 1e-4
+    assert (label == model.predict(x)).mean() > 0.999
 
 
 @pytest.mark.slow
