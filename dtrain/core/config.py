@@ -94,8 +94,12 @@ class DataConfig:
     image_size: tuple[int, ...] = opt(
         (), "[] (native size) or [height, width] of positive integers",
         lambda v: len(v) == 0 or (len(v) == 2 and min(v) >= 1),
-        "image-folder (required), mnist: every image is resized to this size")
-    grayscale: bool = free(True, "image-folder: convert images to one channel")
+        "image-folder (required, unless model.input_shape gives it), mnist: every image is "
+        "resized to this size; empty with a convolutional net's model.input_shape: its "
+        "height and width")
+    grayscale: bool = free(True, "image-folder: convert images to one channel (else three, "
+                           "each a (height, width) plane in turn); with model.input_shape "
+                           "and no data.image_size: its channels decide")
     missing: str = choice("error", "error", "drop",
                           doc="a row with a missing (empty, NA, NaN) or infinite feature, or "
                           "without its label: error, one line naming its file, row and "
@@ -391,11 +395,28 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
     cfg = Config(**{name: build(cls, name, data.get(name, {}), source)
                      for name, cls in SECTIONS.items()})
     _check_consistency(cfg, source)
+    cfg = _images_as_the_net_takes_them(cfg)
     if cfg.data.target == "auto":
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, target=_auto_target(cfg)))
     if cfg.model.dtype == "auto":
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=_auto_dtype(cfg)))
     return cfg
+
+
+def _images_as_the_net_takes_them(cfg: Config) -> Config:
+    """Images resized to a convolutional net's ``model.input_shape`` where
+    ``data.image_size`` is not given: its (height, width), and for an image folder its
+    channels (1: grey, 3: colour)."""
+    shape, d = cfg.model.input_shape, cfg.data
+    if len(shape) != 3 or d.image_size or d.dataset not in ("mnist", "image-folder"):
+        return cfg
+    size = tuple(shape[1:])
+    if d.dataset == "mnist":
+        if size == (28, 28):
+            return cfg                              # MNIST's own size: nothing to resize
+        return dataclasses.replace(cfg, data=dataclasses.replace(d, image_size=size))
+    return dataclasses.replace(cfg, data=dataclasses.replace(d, image_size=size,
+                                                             grayscale=shape[0] == 1))
 
 
 def _auto_target(cfg: Config) -> str:
@@ -464,9 +485,11 @@ def _check_consistency(cfg: Config, source: str) -> None:
         raise ConfigError(f"model.init = 'scikit-learn' in {source} draws dense layers only; "
                           f"a net with {layerspec.show(next(v for v in cfg.model.layers if not isinstance(v, int)))} "
                           f"takes model.init = 'auto'")
-    if cfg.data.dataset == "image-folder" and not cfg.data.image_size:
+    if cfg.data.dataset == "image-folder" and not cfg.data.image_size \
+            and len(cfg.model.input_shape) != 3:
         raise ConfigError(f"data.image_size is empty in {source}: image-folder needs "
-                          f"[height, width] to resize every image to")
+                          f"[height, width] to resize every image to (or, for a "
+                          f"convolutional net, model.input_shape)")
 
 
 def epochs_decide(train: TrainConfig, optim: OptimConfig) -> bool:

@@ -368,6 +368,8 @@ def model_spec(plan: Plan, outcome: Outcome, watch: Watch) -> ModelSpec:
     m, d = plan.config.model, plan.config.data
     images = {"image_size": list(d.image_size), "grayscale": d.grayscale} \
         if d.dataset in ("mnist", "image-folder") else {}
+    if d.dataset == "image-folder":
+        images["channels_first"] = True         # colour rows (C, H, W): data.readers.read_image
     values = plan.net.regression                # a regression names targets, not classes
     return ModelSpec(tuple(m.layers), m.activation, m.loss, m.dtype, outcome.normalization,
                      () if values else plan.info.labels, plan.info.names,
