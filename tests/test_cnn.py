@@ -162,3 +162,22 @@ def test_a_convolutional_net_trains_on_a_folder_of_colour_pngs(client, tmp_path)
     predicted = [line.split(",")[0] for line in lines[1:]]        # folders in name order
     right = sum(p == t for p, t in zip(predicted, ["bottom"] * 24 + ["top"] * 24))
     assert right >= 44, predicted
+
+
+# --- what a user sees: the step picture and the live page show the layers ---------------
+
+def test_the_step_picture_and_the_live_page_show_the_layers():
+    from dtrain.core import layerspec
+    from dtrain.observe.livepage import LivePage
+    from dtrain.observe.runlog import RunLog
+    from dtrain.training.pictures import step_picture
+    cfg = dtrain.load_config(REPO / "configs" / "mnist-cnn.toml")
+    line = layerspec.describe(cfg.model.layers, cfg.model.input_shape)
+    assert line == ("1x28x28 > conv 6@5x5 pad 2 > max-pool 2 > conv 16@5x5 > max-pool 2 > "
+                    "flatten 400 > 120 > 84 > 10")
+    assert f"(layers {line})" in step_picture(cfg).title
+    log = RunLog("r")
+    log.on_event({"kind": "start", "run": "r", "dataset": "mnist", "strategy": "allreduce",
+                  "epochs": 12, "steps_per_epoch": 125, "train_samples": 8000, "layers": line})
+    assert f"layers {line}" in LivePage._header(log)
+    assert layerspec.describe((784, 128, 10)) == "784-128-10"

@@ -262,3 +262,28 @@ def weight_shapes(layers: tuple, input_shape: tuple[int, ...] = ()) -> list[tupl
 def features(layers: tuple, input_shape: tuple[int, ...] = ()) -> int:
     """Features of an input row: ``layers[0]``, or ``C H W`` of ``input_shape``."""
     return layers[0] if isinstance(layers[0], int) else math.prod(input_shape)
+
+
+def describe(layers: tuple, input_shape: tuple[int, ...] = ()) -> str:
+    """The layers in a line, for pictures and pages: ``784-128-10`` for a dense net;
+    ``1x28x28 > conv 6@5x5 pad 2 > max-pool 2 > ... > flatten 400 > 120 > 84 > 10``."""
+    if dense_only(layers) and not input_shape:
+        return "-".join(map(str, layers))
+    parts = ["x".join(map(str, input_shape)) if not isinstance(layers[0], int)
+             else str(layers[0])]
+    for st in walk(layers, input_shape):
+        v = st.layer
+        if isinstance(v, int):
+            parts.append(str(v))
+        elif isinstance(v, Conv):
+            parts.append(f"conv {v.conv}@{v.kernel}x{v.kernel}"
+                         + (f" stride {v.stride}" if v.stride != 1 else "")
+                         + (f" pad {v.padding}" if v.padding else ""))
+        elif isinstance(v, Pool):
+            parts.append(f"{v.pool}-pool {v.size}" + (f" stride {v.stride}"
+                                                     if v.stride not in (0, v.size) else ""))
+        elif isinstance(v, Flatten):
+            parts.append(f"flatten {st.shape_out[0]}")
+        else:
+            parts.append(f"dropout {v.dropout:g}")
+    return " > ".join(parts)
