@@ -11,6 +11,7 @@ from distributed import Client, LocalCluster
 
 import dtrain
 from conftest import REPO, run_cli
+from dtrain.core.layerspec import parse
 
 # 8x8 digits through a convolution, max pooling and dropout: seconds, every layer kind
 DIGITS_CONV = ["data.dataset=digits", "model.input_shape=[1, 8, 8]",
@@ -181,3 +182,60 @@ def test_the_step_picture_and_the_live_page_show_the_layers():
                   "epochs": 12, "steps_per_epoch": 125, "train_samples": 8000, "layers": line})
     assert f"layers {line}" in LivePage._header(log)
     assert layerspec.describe((784, 128, 10)) == "784-128-10"
+
+
+# --- GPUs: CuPy runs the same maths --------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-4), ("float64", 1e-10)])
+def test_gpu_and_cpu_gradients_of_lenet_agree_to_rounding(dtype, tolerance):
+    """The same buffer from CuPy as from NumPy, dropout included (its masks are drawn on
+    the host from the key, so they are the same bytes)."""
+    from dtrain.core import arrays, layerspec
+    from dtrain.maths.model import Network
+    cp = arrays.cupy()
+    if cp is None:
+        pytest.skip("no CUDA GPU: " + arrays.gpu_problem())
+    layers = tuple(layerspec.parse(v) for v in (
+        {"conv": 6, "kernel": 5, "padding": 2}, {"pool": "max", "size": 2},
+        {"conv": 16, "kernel": 5}, {"pool": "avg", "size": 2}, "flatten", 400,
+        {"dropout": 0.3}, 120, 84, 10))
+    net = Network(layers, "relu", "cross-entropy", dtype, input_shape=(1, 28, 28))
+    rng = np.random.default_rng(0)
+    params, x, y = net.init(0), rng.standard_normal((32, 784)).astype(dtype), \
+        rng.integers(0, 10, 32)
+    noise = (((0, 0, 0), 20), ((0, 0, 1), 12))
+    cpu = net.loss_and_grad(params, x, y, noise=noise)
+    gpu = cp.asnumpy(net.loss_and_grad(cp.asarray(params), cp.asarray(x), cp.asarray(y),
+                                       noise=noise))
+    assert np.abs(gpu - cpu).max() / np.abs(cpu).max() < tolerance
+
+
+@pytest.mark.gpu
+def test_a_convolutional_run_on_a_gpu_agrees_with_the_cpu_to_float32_rounding(tmp_path):
+    from dtrain.core import arrays
+    if arrays.cupy() is None:
+        pytest.skip("no CUDA GPU: " + arrays.gpu_problem())
+    sets = [*DIGITS_CONV, "model.dtype=float32", "cluster.workers=1"]
+    gpu = dtrain.train(dtrain.load_config(None, sets + ["cluster.device=gpu"]), echo=None,
+                       out=tmp_path / "gpu")
+    cpu = dtrain.train(dtrain.load_config(None, sets), echo=None, out=tmp_path / "cpu")
+    for name, value in cpu.params.items():
+        np.testing.assert_allclose(gpu.params[name], value, rtol=1e-3, atol=1e-4)
+    assert gpu.summary["work_split"]["0"]["device"] == "gpu"
+
+
+def test_a_csv_of_images_is_checked_against_input_shape(tmp_path):
+    """CSV rows of C x H x W numbers: the file's columns against model.input_shape, before
+    any worker reads them."""
+    from dtrain.core.config import DataConfig
+    from dtrain.core.errors import DataError
+    from dtrain.training.collections import check_files
+    path = tmp_path / "images.csv"
+    path.write_text("\n".join(",".join(["0.5"] * 16 + [str(i % 2)]) for i in range(6)) + "\n")
+    cfg = DataConfig(dataset="csv", path=str(path))
+    layers = (parse({"conv": 2, "kernel": 3}), parse("flatten"), 8, 2)
+    check_files(cfg, layers, (1, 4, 4))
+    with pytest.raises(DataError, match=r"model.input_shape = \[1, 4, 5\] holds 20 features "
+                                        r"but .*images.csv has 16 feature columns"):
+        check_files(cfg, layers, (1, 4, 5))

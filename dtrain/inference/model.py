@@ -88,7 +88,9 @@ class Model:
     def __repr__(self) -> str:
         names = f"targets={list(self.spec.targets)}" if self.regression \
             else f"classes={self.classes_.tolist()}"
-        return (f"dtrain.Model(layers={[layerspec.to_value(v) for v in self.spec.layers]}, "
+        layers = list(self.spec.layers) if layerspec.dense_only(self.spec.layers) \
+            else repr(layerspec.describe(self.spec.layers, self.spec.input_shape))
+        return (f"dtrain.Model(layers={layers}, "
                 f"activation="
                 f"{self.spec.activation!r}, {names})")
 
