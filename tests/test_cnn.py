@@ -239,3 +239,20 @@ def test_a_csv_of_images_is_checked_against_input_shape(tmp_path):
     with pytest.raises(DataError, match=r"model.input_shape = \[1, 4, 5\] holds 20 features "
                                         r"but .*images.csv has 16 feature columns"):
         check_files(cfg, layers, (1, 4, 5))
+
+
+def test_init_from_a_convolutional_run_starts_from_its_parameters(client, tmp_path):
+    """--init-from (model.init_from): the run's filters and weights as the start, its
+    input shape checked."""
+    _run(client, tmp_path, "first", "train.epochs=1")
+    cfg = dtrain.load_config(None, [*DIGITS_CONV, "train.epochs=1",
+                                    f"model.init_from={tmp_path / 'first'}"])
+    from dtrain.training.plan import plan
+    p = plan(cfg)
+    with np.load(tmp_path / "first" / "params.npz") as f:
+        assert p.init[:f["W1"].size].tobytes() == f["W1"].ravel().tobytes()
+    other = dtrain.load_config(None, [*DIGITS_CONV[:1], "model.input_shape=[1, 4, 16]",
+                                      *DIGITS_CONV[2:], f"model.init_from={tmp_path / 'first'}"])
+    with pytest.raises(dtrain.UserError, match=r"its network takes images \[1, 8, 8\] but "
+                                               r"model.input_shape = \[1, 4, 16\]"):
+        plan(other)

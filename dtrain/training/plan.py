@@ -273,6 +273,11 @@ def _start_from(config: Config) -> tuple[Normalization, np.ndarray]:
         raise UserError(f"--init-from {source}: its network is {list(spec.layers)} but "
                         f"model.layers = {list(layers)} ({where}); use the same layers, or "
                         f"train from scratch without --init-from")
+    if tuple(config.model.input_shape) != spec.input_shape and not layerspec.dense_only(layers):
+        raise UserError(f"--init-from {source}: its network takes images "
+                        f"{list(spec.input_shape)} but model.input_shape = "
+                        f"{list(config.model.input_shape)}; use the same input shape, or train "
+                        f"from scratch without --init-from")
     flat = np.concatenate([params[f"{k}{n}"].ravel()
                            for n in range(1, len(spec.weight_shapes) + 1)
                            for k in "Wb"])                                     # (P,)
