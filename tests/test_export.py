@@ -291,3 +291,18 @@ def test_a_convolutional_net_exports_and_onnxruntime_gives_its_probabilities(nam
     assert {"Conv", "Flatten", "Reshape"} <= ops and ops & {"MaxPool", "AveragePool"}
     with pytest.raises(UserError, match="float32 only: onnxruntime has no float64 Conv"):
         to_onnx(spec, net.named(flat), dtype="float64")
+
+
+def test_dense_layers_with_dropout_export_without_it():
+    """Dropout is nothing at inference: a dense net with dropout is its Gemms, float64 too."""
+    from dtrain.core import layerspec
+    from dtrain.inference.model import Model
+    layers = (5, layerspec.Dropout(0.5), 7, 3)
+    spec = ModelSpec(layers, "tanh", "cross-entropy", "float64", Normalization(), (0, 1, 2))
+    net = Network(layers, "tanh", "cross-entropy", "float64")
+    flat = net.init(0) + np.random.default_rng(0).normal(size=net.size)
+    x = np.random.default_rng(1).normal(size=(20, 5))
+    graph = to_onnx(spec, net.named(flat), dtype="float64")
+    probabilities, _ = _run(graph, x, "float64")
+    assert np.abs(probabilities - Model(spec, net.named(flat)).predict_proba(x)).max() < 1e-12
+    assert [n.op_type for n in graph.graph.node][:3] == ["Gemm", "Tanh", "Gemm"]

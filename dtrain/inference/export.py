@@ -249,14 +249,16 @@ def _nodes_and_constants(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarra
 
 def _image_layers(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarray], dtype: np.dtype,
                   x: str) -> tuple[list[Any], list[Any]]:
-    """A convolutional net's nodes from the normalized rows ``x`` (N, D) to ``logits`` (a
-    regression: its output), and their initializers."""
+    """The nodes of a net with layer tables (a convolutional net, or dense layers with
+    dropout) from the normalized rows ``x`` (N, D) to ``logits`` (a regression: its
+    output), and their initializers."""
     h, const = onnx.helper, onnx.numpy_helper.from_array
     steps = layerspec.walk(spec.layers, spec.input_shape)
-    C, H, W = spec.input_shape
-    inits = [const(np.array([-1, C, H, W], np.int64), "image_shape")]
-    nodes = [h.make_node("Reshape", [x, "image_shape"], ["images"], name="images")]  # (N, C, H, W)
-    x, n = "images", 0
+    nodes, inits, n = [], [], 0
+    if not isinstance(spec.layers[0], int):              # images: rows to (N, C, H, W)
+        inits.append(const(np.array([-1, *spec.input_shape], np.int64), "image_shape"))
+        nodes.append(h.make_node("Reshape", [x, "image_shape"], ["images"], name="images"))
+        x = "images"
     last = max(k for k, st in enumerate(steps) if isinstance(st.layer, int))
     for k, st in enumerate(steps):
         layer = st.layer
