@@ -11,8 +11,8 @@ whose memory is ``(C, N, H, W)``, the GEMM's natural output, which every functio
 reads through its strides, so no layer copies to change the layout back.
 
 A convolution is im2col and one GEMM: the input's ``K x K`` windows as a strided view
-(no copy), copied once into a matrix of ``N L`` rows and ``C K K`` columns, times the
-filters.  Its backward is two GEMMs (filters' gradient, columns' gradient) and col2im, a
+(no copy), copied once into a matrix of ``C K K`` rows and ``N L`` columns, which the
+filters ``(F, C K K)`` multiply.  Its backward is two GEMMs (filters' gradient, columns' gradient) and col2im, a
 loop over the ``K K`` kernel offsets (never over the batch), each a strided add.  Every
 sum runs in a fixed order over a batch's own rows, so a shard's gradient is the same
 bytes wherever it is computed.
