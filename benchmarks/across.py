@@ -51,7 +51,8 @@ def measures(rows: list[dict[str, Any]], workload: str, workers: int, name: str
     tasks = row.get("sched_tasks_per_step")
     return {"x MPI": _ratio(epoch, (at.get((workload, workers, MPI)) or {}).get("epoch_s")),
             "x DDP": _ratio(epoch, (at.get((workload, workers, DDP)) or {}).get("epoch_s")),
-            "scheduler tasks / step / worker": None if tasks is None else tasks / workers}
+            "scheduler tasks / step / worker": None if tasks is None else tasks / workers,
+            "head CPU ms / step": row.get("head_cpu_ms")}
 
 
 def goal_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -82,11 +83,12 @@ def tables(results: dict[str, Any]) -> list[Table]:
         for name in (c for c in shown if c in DTRAIN):
             m = measures(rows, wl, n, name)
             line.append(f"{_f(m['x MPI'], '.2f')} / {_f(m['x DDP'], '.2f')} / "
-                        f"{_f(m['scheduler tasks / step / worker'], '.3f')}")
+                        f"{_f(m['scheduler tasks / step / worker'], '.3f')} / "
+                        f"{_f(m['head CPU ms / step'], '.3f')}")
         body.append(line)
     header = ["workload", "workers", *(f"{c} s" for c in shown),
-              *(f"{c}: x MPI / x DDP / sched. tasks per step and worker" for c in shown
-                if c in DTRAIN)]
+              *(f"{c}: x MPI / x DDP / sched. tasks per step and worker / head CPU ms per "
+                f"step" for c in shown if c in DTRAIN)]
     out: list[Table] = [(
         "Across workers (issue 36): median epoch seconds, dtrain's ratios and scheduler tasks",
         header, body,
@@ -98,7 +100,9 @@ def tables(results: dict[str, Any]) -> list[Table]:
         "dtrain-mpi-allreduce: the same under mpiexec with the cluster on TLS (-tcp: the "
         "worker-to-worker sockets on TLS too); dask-floor: the per-step graph with no maths "
         "through the scheduler. Scheduler tasks: counted by the scheduler over the whole run "
-        "(loading, evaluation and windows), per training step and worker.")]
+        "(loading, evaluation and windows), per training step and worker. Head CPU: the "
+        "driver's process (with a LocalCluster's scheduler, or the head rank's) between its "
+        "first and last epoch rows, per step (summary.json head_cpu_ms_per_step).")]
     checks = goal_checks(rows)
     if checks:
         out.append(("Across workers: the goals (issue 36)",

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from benchmarks import costmodel
-from benchmarks.model import _epochs, _hop, compute_rates, measured_step
+from benchmarks.measured import _epochs, _hop, compute_rates, measured_step
 
 
 ACROSS_MODELS = {"P3": ((784, 128, 10), 16), "P2": ((784, 1024, 10), 64)}   # rows per core
@@ -59,8 +59,25 @@ def _tasks_per_step(cfg: Any, steps: int = 16) -> float:
     return len(fuse.steps(win, 0, steps - 1, "m").steps_fused.nodes) / steps
 
 
+def add_seconds(n: int = 1 << 20) -> float:
+    """Seconds NumPy takes to add one float32 number into another (``a += b`` over ``n``),
+    on this machine: what a sum of gradients costs per number."""
+    import numpy as np
+
+    a, b = np.ones(n, np.float32), np.ones(n, np.float32)
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        a += b
+        best = min(best, time.perf_counter() - start)
+    return best / n
+
+
 def main(args: Any) -> int:
-    """``--across``: the wires measured here, the model checked here, predictions at scale."""
+    """``--across``: the wires measured here, the model checked here, predictions at scale
+    (and, with ``--json``, the model's file)."""
+    import json
+
     from benchmarks import p2p
     from benchmarks.run import DEFAULT_DATA
     from benchmarks.workloads import load_workloads
@@ -69,6 +86,7 @@ def main(args: Any) -> int:
     measured = p2p.on_cluster(False, repeat, kinds=("unix", "tcp"))
     mpi = p2p.mpi(repeat)
     node = node_seconds()
+    add = add_seconds()
     wires = {"dtrain": costmodel.Wire(*p2p.wire(measured["tcp"]), node)}
     local = costmodel.Wire(*p2p.wire(measured["unix"]), node)
     if mpi is not None:
@@ -77,6 +95,8 @@ def main(args: Any) -> int:
                     *([("MPI", wires["mpi"])] if mpi is not None else [])]:
         print(f"wire {name}: {w.alpha * 1e6:.1f} us + bytes at {w.bandwidth / 1e9:.2f} GB/s; "
               f"{w.node * 1e6:.1f} us per task in a chain")
+    print(f"a sum: {add * 1e9:.2f} ns a float32 number; an action of a step's sum's program: "
+          f"{node * 1e6:.1f} us (a chain's no-op task)")
     if mpi is None:
         print("no mpiexec/mpi4py here: the MPI columns are left out")
     # the model against dtrain here: a worker process per "node", the cores shared
@@ -119,8 +139,8 @@ def main(args: Any) -> int:
                 fitted[name] = node + max(got - bare, 0.0) / _tasks_per_step(cfg)
                 continue
             wire = dataclasses.replace(local, node=fitted[name])
-            pred = costmodel.across(layers, rows, workers, 1, {"here": wire},
-                                    rate["flops"] * share, rate["update"] / share)["here"]
+            pred, _ = costmodel.described(layers, rows, workers, 1, wire, rate["flops"] * share,
+                                          rate["update"] / share, add / share, node / share)
             print(f"| {name} | {workers} | {fitted[name] * 1e6:.1f} | {pred * 1e3:.2f} | "
                   f"{got * 1e3:.2f} | {got / pred:.2f} |", flush=True)
     if "P3" in fitted:                     # the chain's own cost of a P3-sized step, at scale
@@ -133,8 +153,9 @@ def main(args: Any) -> int:
                  for m, (layers, r) in ACROSS_MODELS.items()}
     models = {m: (layers, r, rates[m]["flops"], rates[m]["update"])
               for m, (layers, r) in ACROSS_MODELS.items()}
-    rows = costmodel.across_rows(wires, models, args.net_latency * 1e-6,
-                                 args.net_bandwidth * 1e9)
+    latency, bandwidth = args.net_latency * 1e-6, args.net_bandwidth * 1e9
+    nodes = costmodel.NODES_JSON if args.json else costmodel.NODES
+    rows = costmodel.across_rows(wires, models, latency, bandwidth, add, nodes, node)
     print()
     print(f"Predictions, not measurements: {costmodel.NODE_CORE_COUNT}-core nodes, a worker per "
           f"node, a shard per core, fan-in 2, replicated updates; a network of "
@@ -146,4 +167,9 @@ def main(args: Any) -> int:
     print()
     print(costmodel.markdown_across(rows, ("dtrain", "mpi") if mpi is not None
                                     else ("dtrain", "dtrain")))
+    if args.json:
+        found = costmodel.as_json(rows, wires, latency, bandwidth, add, node)
+        found["strong"] = costmodel.strong_rows(wires, models, latency, bandwidth, add, op=node)
+        args.json.write_text(json.dumps(found, indent=1) + "\n")
+        print(f"\nwrote {args.json}")
     return 0

@@ -55,12 +55,9 @@ nodes with a cluster network's figures (``--net-bandwidth``, ``--net-fetch``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -69,12 +66,9 @@ import numpy as np
 
 from benchmarks import costmodel
 from benchmarks.costmodel import CHECK_MODELS
+from benchmarks.measured import _epochs, _hop, compute_rates, measured_run, measured_step
 
 DEFAULT_WORKLOADS = "iris,P3,P2,P1"
-
-
-def _hop(x: Any) -> Any:
-    return x
 
 
 def _payload(nbytes: int) -> np.ndarray:
@@ -99,29 +93,6 @@ def chain_seconds(client: Any, workers: list[str], n: int, nbytes: int) -> float
     return best / n
 
 
-def compute_rates(cfg: Any, rows: int, repeat: int = 5) -> dict[str, float]:
-    """Forward-backward FLOP/s on ``rows`` rows and seconds per update of ``cfg``'s network,
-    timed in this process (run it on a worker with ``client.run``)."""
-    from dtrain.maths.optim import update
-    from dtrain.training.plan import plan
-
-    p = plan(cfg)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((rows, p.net.features)).astype(p.net.dtype)    # (b, D)
-    y = rng.integers(0, p.net.outputs, rows)                                 # (b,)
-    state = p.opt.init_state(p.net.init(0))
-    fb, upd = [], []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        grad = p.net.loss_and_grad(p.opt.params(state), x, y)
-        t1 = time.perf_counter()
-        update(p.opt, p.schedule[0], True, state, grad)
-        fb.append(t1 - t0)
-        upd.append(time.perf_counter() - t1)
-    return {"flops": p.net.flops(rows) / statistics.median(fb),
-            "update": statistics.median(upd)}
-
-
 def tasks_per_step(workers: int, k: int = 2) -> int:
     """forward-backward tasks, reduce tasks below the root, and the update."""
     depth = math.ceil(math.log(workers, k) - 1e-9) if workers > 1 else 0
@@ -144,22 +115,6 @@ def predict(c: dict[str, float], workers: int, batch: int, params: int, state_by
         tree = depth * (c["hop"] + c["fetch"] + (k - 1) * grad_bytes / c["bandwidth"])
         path = bcast + fb + tree + update_s
     return max(path, tasks_per_step(workers, k) * c["task"])
-
-
-def measured_run(cfg: Any, client: Any) -> tuple[float, dict[str, Any]]:
-    """Median seconds per step of a dtrain run (epochs after the first), and its summary."""
-    import dtrain
-
-    with tempfile.TemporaryDirectory() as d:
-        result = dtrain.train(cfg, client=client, out=Path(d) / "run", echo=None)
-        rows = [json.loads(line) for line in open(Path(d) / "run" / "metrics.jsonl")]
-    rows = [r for r in rows if r.get("seconds")][1:] or rows
-    return statistics.median(r["seconds"] / r["steps"] for r in rows), result.summary
-
-
-def measured_step(cfg: Any, client: Any) -> float:
-    """Median seconds per step of a dtrain run (epochs after the first)."""
-    return measured_run(cfg, client)[0]
 
 
 def constants(client: Any) -> dict[str, float]:
@@ -250,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--across", action="store_true",
                     help="issue 36: windows that span workers, worker-to-worker messages "
                          "(measured), predicted at 16, 64 and 256 nodes beside MPI")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="--across: also write the predictions (16 to 1,024 nodes, strong "
+                         "scaling) and the measured constants to this JSON file")
     ap.add_argument("--net-latency", type=float, default=2.0,
                     help="--across: microseconds a message across the network adds "
                          "(default 2: InfiniBand)")
@@ -408,12 +366,6 @@ def layout_check(c: dict[str, float], models: list[str], widths: list[int],
                              f"{got / pred['seconds']:.2f} |")
                 print(lines[-1], file=sys.stderr, flush=True)
     return "\n".join(lines)
-
-
-def _epochs(cfg: Any, epochs: int) -> Any:
-    """``cfg`` for ``epochs`` epochs, with the update on the tree's root: the graph the model
-    describes (replicated updates drop its broadcast term; see benchmarks/README.md)."""
-    return cfg.replace(train={"epochs": epochs}, graph={"update": "root"})
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def aggregate(runs: list[dict[str, Any]], n_cores: int) -> list[dict[str, Any]]:
             "final_train_loss": ok[-1]["train_loss"][-1] if ok and ok[-1]["train_loss"] else None,
             **{key: _median([r[key] for r in ok if r.get(key) is not None])
                for key in ("overhead_ms", "tasks_per_step", "transfers_per_step",
-                           "sched_tasks_per_step")},
+                           "sched_tasks_per_step", "head_cpu_ms")},
         })
     index = {(r["workload"], r["workers"], r["contender"]): r for r in rows}
     for r in rows:

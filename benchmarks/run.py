@@ -71,6 +71,7 @@ class Run:
     overhead_ms: float | None = None            # dtrain: ms per step beyond its critical compute
     tasks_per_step: float | None = None         # dtrain and dask-chain: from their graphs
     sched_tasks_per_step: float | None = None   # dtrain: as its scheduler counted them
+    head_cpu_ms: float | None = None            # dtrain: its head process's CPU per step
     transfers_per_step: float | None = None     # dtrain: values crossing workers, from its graphs
     wall_seconds: float = 0.0
 
@@ -221,6 +222,7 @@ def read_run(run: Run, run_dir: Path) -> None:
         run.overhead_ms = None if overhead is None else overhead * 1000
         run.tasks_per_step = facts.get("tasks_per_step")
         run.sched_tasks_per_step = facts.get("scheduler_tasks_per_step")
+        run.head_cpu_ms = facts.get("head_cpu_ms_per_step")
         run.transfers_per_step = facts.get("transfers_per_step")
         measured = facts.get("comm_bytes_measured_per_step")
         if measured is not None:

@@ -4,9 +4,9 @@ NaN and infinite values, missing labels and a CSV without its label column: one 
 the file or array, the row and the column, exit code 2 on the command line (a ValueError in
 Python), before any cluster starts where the data is read up front and before any output is
 written; ``data.missing = "drop"`` and a scikit-learn imputer handle them where asked.
-Every test here fails on the code before issue 26 (then: exit 0 with NaN losses, rows
-predicted as the first class, petal width trained as 22 classes, the label column read in a
-missing feature's place)."""
+What each test keeps from happening silently: exit 0 with NaN losses, rows predicted as the
+first class, petal width trained as 22 classes, the label column read in a missing
+feature's place."""
 from __future__ import annotations
 
 import json

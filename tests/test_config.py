@@ -113,7 +113,7 @@ def test_fuse_shards_takes_auto_and_the_old_booleans(tmp_path):
     with pytest.raises(ConfigError, match="graph.fuse_shards = 'maybe' .* one of 'auto'"):
         load_config(None, ["graph.fuse_shards=maybe"])
     with pytest.raises(ConfigError, match="data.dataset = True .* expected a string"):
-        load_config({"data": {"dataset": True}})     # other string keys: as before
+        load_config({"data": {"dataset": True}})     # other string keys take no bool
 
 
 def test_cluster_shape_keys_default_to_the_layout():

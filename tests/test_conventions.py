@@ -3,8 +3,7 @@
 A scheduler named by a scheduler file or by Dask's ``scheduler-address`` config, dtrain's
 plugins gone from a user's scheduler after a run, quiet signals from the first instant,
 the exit codes in one table, ``--workers 0``, run directories named after the data, the
-serial strategy's summary, and a stop by a signal that ``except Exception`` cannot swallow.
-Every test here fails on the code before issue 26."""
+serial strategy's summary, and a stop by a signal that ``except Exception`` cannot swallow."""
 from __future__ import annotations
 
 import json

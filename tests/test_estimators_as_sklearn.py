@@ -1,4 +1,4 @@
-"""The estimators beside scikit-learn's MLPs (issue 37): each documented behaviour run on
+"""The estimators beside scikit-learn's MLPs: each documented behaviour run on
 both with the same arguments and data, most of them scikit-learn's own tests
 (``sklearn/neural_network/tests/test_mlp.py``) run on dtrain's estimators too.
 
@@ -62,8 +62,8 @@ def sklearn_stop(losses: list[float], patience: float, tol: float) -> int | None
 @pytest.mark.parametrize("activation", ["relu", *(pytest.param(a, marks=pytest.mark.slow)
                                                   for a in ("identity", "logistic", "tanh"))])
 def test_lbfgs_classifies_digits_as_scikit_learns(activation, client):
-    """scikit-learn's test_lbfgs_classification: 150 digits, both above 0.95; on main
-    dtrain refused solver='lbfgs'."""
+    """scikit-learn's test_lbfgs_classification: solver='lbfgs' on 150 digits, both above
+    0.95."""
     x, y = _digits()
     params = {"solver": "lbfgs", "hidden_layer_sizes": 50, "max_iter": 150, "shuffle": True,
               "random_state": 1, "activation": activation}
@@ -187,7 +187,7 @@ def test_lbfgs_from_the_command_line(client, tmp_path):
 
 def test_adaptive_stops_where_the_rate_falls_to_zero(client):
     """scikit-learn's test_adaptive_learning_rate: the fit stops once the rate would fall at
-    or below 1e-6 (on main dtrain ran all 3,000 epochs at rate 0)."""
+    or below 1e-6, rather than running out max_iter at rate 0."""
     x, y = [[3, 2], [1, 6]], [1, 0]
     params = {"tol": 0.5, "max_iter": 3000, "solver": "sgd", "learning_rate": "adaptive",
               "random_state": 0}
@@ -208,7 +208,7 @@ def test_adaptive_stops_where_the_rate_falls_to_zero(client):
 def test_regressor_early_stopping_records_and_stops_on_r2(client):
     """scikit-learn's test_preserve_feature_names data: 10 rows of a constant target,
     early_stopping with validation_fraction=0.2: both stop after n_iter_no_change + 2
-    epochs of R^2 0 (on main: None and all 200 epochs, with a ConvergenceWarning)."""
+    epochs of R^2 0, with validation_scores_ recorded and no ConvergenceWarning."""
     rng = np.random.RandomState(0)
     x = pd.DataFrame(data=rng.randn(10, 2), columns=["colname_a", "colname_b"])
     y = pd.Series(data=np.full(10, 1), name="colname_y")
@@ -227,7 +227,7 @@ def test_regressor_early_stopping_records_and_stops_on_r2(client):
 def test_regressor_early_stopping_as_scikit_learns_test(client):
     """scikit-learn's test_early_stopping and test_mlp_warm_start_with_early_stopping, for
     the regressor: R^2 scores, the best of them, and a warm start's second fit adds its
-    own (on main it failed reading them)."""
+    own."""
     x, y = _digits(100, binary=True)
     est = dtrain.MLPRegressor(tol=0.2, max_iter=3000, solver="sgd", early_stopping=True,
                               random_state=0, client=client).fit(x, y)
@@ -249,7 +249,7 @@ def test_regressor_early_stopping_as_scikit_learns_test(client):
 @pytest.mark.parametrize("early_stopping", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_n_iter_no_change_inf_never_stops(early_stopping, client):
     """scikit-learn's test_n_iter_no_change_inf (fewer epochs): a tolerance no epoch meets
-    and n_iter_no_change=np.inf run to max_iter (on main: 'must be an integer >= 1')."""
+    and n_iter_no_change=np.inf (accepted, not an integer) run to max_iter."""
     x, y = _digits(100, binary=True)
     params = {"tol": 1e9, "max_iter": 40, "solver": "sgd", "n_iter_no_change": np.inf,
               "early_stopping": early_stopping, "random_state": 0}
@@ -264,7 +264,8 @@ def test_n_iter_no_change_inf_never_stops(early_stopping, client):
                                                               marks=pytest.mark.slow)])
 @pytest.mark.parametrize("estimators", BOTH)
 def test_parameters_and_predictions_keep_the_input_dtype(estimators, dtype, client):
-    """scikit-learn's test_mlp_param_dtypes (on main float32 X gave float64 coefs_)."""
+    """scikit-learn's test_mlp_param_dtypes: coefs_, intercepts_ and a regressor's
+    predictions in X's dtype."""
     x, y = _digits()
     x = x.astype(dtype)
     params = {"alpha": 1e-5, "hidden_layer_sizes": (5, 3), "random_state": 1, "max_iter": 50,
@@ -295,7 +296,7 @@ def _fails_alike(theirs, ours, x, y, match: str) -> str:
 
 
 def test_huge_inputs_raise_scikit_learns_value_error(client):
-    """scikit-learn's test_nonfinite_params (on main: dtrain.Diverged)."""
+    """scikit-learn's test_nonfinite_params: scikit-learn's ValueError, not dtrain.Diverged."""
     rng = np.random.RandomState(0)
     x = np.finfo(np.float64).max * rng.uniform(size=(10, 2))
     y = rng.standard_normal(size=10)
@@ -306,7 +307,8 @@ def test_huge_inputs_raise_scikit_learns_value_error(client):
 
 def test_a_validation_set_too_small_is_a_value_error_naming_the_parameter(client):
     """scikit-learn's test_minimum_input_sample_size and test_early_stopping_stratified
-    (on main: dtrain.UserError in config words, train.patience and data.split)."""
+    a ValueError that names the estimator's parameter, not the config keys behind it
+    (train.patience, data.split)."""
     from sklearn.datasets import make_regression
 
     x, y = make_regression(n_samples=2, n_features=5, random_state=0)
@@ -326,8 +328,8 @@ def test_a_validation_set_too_small_is_a_value_error_naming_the_parameter(client
 
 def test_a_diverging_fit_with_early_stopping_keeps_the_best_parameters(client):
     """scikit-learn's test_mlp_diverging_loss: no error, the last validation score NaN; dtrain
-    ends the fit there, warns, and keeps the best epoch's (finite) parameters (on main:
-    dtrain.Diverged)."""
+    ends the fit there, warns, and keeps the best epoch's (finite) parameters rather than
+    raising dtrain.Diverged."""
     x, y = _iris()
     params = {"hidden_layer_sizes": 100, "activation": "identity", "solver": "sgd",
               "alpha": 0.0001, "learning_rate": "constant", "learning_rate_init": 1,
@@ -351,7 +353,7 @@ def test_a_diverging_fit_with_early_stopping_keeps_the_best_parameters(client):
 
 def test_verbose_prints_scikit_learns_lines(client, capsys):
     """scikit-learn's test_verbose_sgd, and lines a script parses as it parses
-    scikit-learn's (on main: dtrain's epoch table)."""
+    scikit-learn's, in place of dtrain's epoch table."""
     x, y = [[3, 2], [1, 6]], [1, 0]
     pattern = re.compile(r"Iteration (\d+), loss = (\d+\.\d{8})")
     for make in (sk.MLPClassifier, lambda **p: dtrain.MLPClassifier(client=client, **p)):
@@ -373,7 +375,7 @@ def test_verbose_prints_scikit_learns_lines(client, capsys):
 
 def test_one_class_is_refused_in_one_line_saying_what_scikit_learn_does(client):
     """scikit-learn fits a constant classifier; dtrain refuses, saying so, and the
-    parameter tables say so too (on main: a bare 'needs at least 2 classes')."""
+    parameter tables say so too."""
     x, y = load_iris(return_X_y=True)                  # the first 50 rows are setosa, 0
     assert (_quiet(sk.MLPClassifier(max_iter=5).fit, x[:10], y[:10]).predict(x) == 0).all()
     with pytest.raises(ValueError, match=r"y holds 1 class \(0\).*scikit-learn's "
@@ -387,8 +389,8 @@ def test_one_class_is_refused_in_one_line_saying_what_scikit_learn_does(client):
 
 def test_poisson_regression_is_the_poisson_glm(client, tmp_path):
     """scikit-learn's test_mlp_vs_poisson_glm_equivalent: one identity hidden unit, lbfgs,
-    Poisson loss: the GLM's predictions (on main: 'poisson' refused); the model's exp
-    output goes through dtrain.load and the ONNX export."""
+    Poisson loss: the GLM's predictions; the model's exp output goes through dtrain.load and
+    the ONNX export."""
     import onnxruntime as ort
     from sklearn.linear_model import PoissonRegressor
 
@@ -443,9 +445,8 @@ def test_the_training_loss_stops_a_fit_by_scikit_learns_rule(n_iter_no_change, c
 
 @pytest.mark.slow
 def test_the_default_fit_on_digits_stops_as_scikit_learns(client):
-    """The issue's case: MLPClassifier(random_state=0) on digits stops at 130 epochs in
-    scikit-learn; on main dtrain ran all 200 with a ConvergenceWarning.  Now it stops by
-    the same rule, unwarned."""
+    """MLPClassifier(random_state=0) on digits stops at 130 epochs in scikit-learn; dtrain's
+    stops by the same rule, before max_iter and without a ConvergenceWarning."""
     x, y = _digits()
     theirs = sk.MLPClassifier(random_state=0).fit(x, y)
     with warnings.catch_warnings():

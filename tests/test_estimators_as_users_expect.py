@@ -38,9 +38,8 @@ def _check_data() -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("epochs", [20, pytest.param(200, marks=pytest.mark.slow)])
 def test_the_regressor_learns_as_well_as_scikit_learns(epochs, client):
     """Item 1: R^2 on the estimator check's data at 20 and 200 epochs, beside scikit-learn's
-    MLPRegressor with the same seed (on main: -0.12 where scikit-learn has 0.68; 0.866
-    where it has 0.928).  scikit-learn's initial weights, Adam and half the squared error
-    make the same path, up to the shards' summing order."""
+    MLPRegressor with the same seed.  scikit-learn's initial weights, Adam and half the
+    squared error make the same path, up to the shards' summing order."""
     from sklearn.neural_network import MLPRegressor
 
     x, y = _check_data()
@@ -54,7 +53,7 @@ def test_the_regressor_learns_as_well_as_scikit_learns(epochs, client):
 def test_sample_weights_are_repeated_rows(client):
     """Item 2: integer weights train as the rows repeated that many times (a weight 0 as the
     row left out): the normalization, the loss, the gradient and alpha's term; in fit and
-    partial_fit (a TypeError on main)."""
+    partial_fit."""
     x, y = _iris()
     w = np.random.default_rng(3).integers(0, 4, len(y))
     full = {"batch_size": 1000, "max_iter": 5, "solver": "adam", "learning_rate_init": 0.01}
@@ -96,7 +95,7 @@ def test_bad_sample_weights_say_what_is_wrong(weights, message, client):
 
 def test_the_parameters_a_grid_search_names(client):
     """Item 3: learning_rate, power_t, nesterovs_momentum, max_fun and the regressor's loss
-    are parameters (GridSearchCV over them failed on main) and reach the run's config."""
+    are parameters (so GridSearchCV can search them) and reach the run's config."""
     from dtrain.estimators import settings
 
     x, y = _iris()
@@ -151,8 +150,8 @@ def test_fitted_attributes_as_scikit_learn_names_them(client):
 
 
 def test_three_rows_fit(client):
-    """Item 5: the default shard count follows the data (on main: "X has 3 samples for
-    shards = 4")."""
+    """Item 5: the default shard count follows the data: three rows fit, where four shards
+    would not."""
     x, y = _iris()
     clf = dtrain.MLPClassifier(client=client, max_iter=5).fit(x[[0, 60, 120]], y[[0, 60, 120]])
     assert clf.summary_["shards"] == 1 and clf.predict(x[:2]).shape == (2,)   # a tiny step
@@ -359,7 +358,8 @@ def test_the_docs_list_every_scikit_learn_parameter():
         set(dtrain.MLPClassifier().get_params()) - set(_OURS)
 
 
-_OURS = ("client", "strategy", "sync_every", "fan_in", "dtype", "normalize", "shards", "out")
+_OURS = ("client", "strategy", "sync_every", "fan_in", "dtype", "normalize", "shards", "rebalance",
+         "out")
 
 
 def test_the_docs_list_every_fitted_attribute(client):

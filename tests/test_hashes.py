@@ -1,9 +1,8 @@
 """The bytes are locked: ``params.npz`` of a fixed set of runs has the SHA-256 in
 ``params_sha256.json``, on 1 and 3 workers (2 and 3 for the parameter server).
 
-The list was recorded before the package was re-laid out (issue 20) and every change since
-has kept it, but for issue 38 (below).  A change that means to alter the bits (new maths, a
-new default) rewrites it with ``python tests/test_hashes.py --write`` and says why in its
+A change keeps these bytes unless it means to alter them (new maths, a new default); such a
+change rewrites the list with ``python tests/test_hashes.py --write`` and says why in its
 commit.
 
 Two libraries pick their kernels by CPU, and the kernels round differently, so the lock is
@@ -21,11 +20,11 @@ process fails unless the pinning took (:func:`check_pinned`):
   ``exp`` differently; not pinned, as no AVX2 CPU lacks FMA).  Float32 ``exp``, ``log``
   and ``tanh`` of both targets agree.
 
-Issue 38: NumPy 2.4 renamed its targets and ignored the old names (an ImportWarning, silent
-by default), so AVX-512 machines kept their own float64 ``exp`` and ``log``, and an
-AVX2-only AMD EPYC gave other bytes for every float64 run with a softmax.  The lock was
-re-pinned to what AVX2 machines compute: every float32 run and the relu/MSE float64 one
-(no ``exp`` or ``log``) kept their bytes.
+Why the names follow the NumPy installed: NumPy ignores target names it does not know (an
+ImportWarning, silent by default), and a pinning that did not take would leave AVX-512
+machines their own float64 ``exp`` and ``log``, so that an AVX2-only machine (an AMD EPYC)
+gives other bytes for every float64 run with a softmax.  The lock is what AVX2 machines compute; the float32 runs and
+the relu/MSE float64 one (no ``exp`` or ``log``) are the same either way.
 
 Checked: natively on an AMD EPYC with AVX-512 (Zen 4; Debian 12's glibc 2.36, NumPy 2.4.6,
 its OpenBLAS 0.3.31), and on AVX2-only CPUs emulated in user mode (qemu 7.2:

@@ -151,3 +151,25 @@ def test_a_task_stranded_by_its_only_worker_runs_on_the_next_one():
             async with Worker(s.address, nthreads=1):
                 assert await asyncio.wait_for(x, 10) == 2
     _run(check())
+
+
+def test_a_copy_a_run_made_is_dropped_and_the_last_copy_never():
+    """(11) The scheduler's request_remove_replicas and its tasks' who_has: the copy on the
+    worker named goes, the worker of origin keeps its own, and a key held once stays."""
+    async def check():
+        async with Scheduler(port=0, dashboard=False) as s, \
+                Worker(s.address, nthreads=1) as a, Worker(s.address, nthreads=1) as b, \
+                Client(s.address, asynchronous=True) as c:
+            x = await c.scatter(b"x" * 1000, workers=[a.address])
+            alone = await c.scatter(b"y" * 10, workers=[a.address])
+            await c.replicate([x], workers=[a.address, b.address])
+            assert len(s.tasks[x.key].who_has) == 2
+            asked = await c.run_on_scheduler(internals.drop_copies,
+                                             [(x.key, b.address), (alone.key, a.address)])
+            assert asked == 1
+            deadline = time.monotonic() + 10
+            while x.key in b.data and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert x.key not in b.data and x.key in a.data and alone.key in a.data
+            assert {ws.address for ws in s.tasks[x.key].who_has} == {a.address}
+    _run(check())

@@ -52,6 +52,8 @@ SLOW = pytest.mark.slow
                  id="4-ranks-flat-no-tls", marks=SLOW),
     pytest.param(3, ["cluster.layout=flat", "cluster.threads_per_worker=2"], 2, 2,
                  id="3-ranks-2x2", marks=SLOW),
+    pytest.param(4, ["cluster.layout=flat", "cluster.p2p=mpi", "model.layers=[4, 4096, 3]"],
+                 3, 1, id="4-ranks-flat-over-mpi", marks=SLOW),
     pytest.param(3, ["graph.strategy=parameter-server"], 2,
                  max(1, layout.machine_cores() // 2), id="3-ranks-parameter-server",
                  marks=SLOW)])
@@ -75,7 +77,8 @@ def test_mpi_run_equals_the_localcluster_run(client, tmp_path, ranks, extra, wor
     # where the cluster has it (a Unix socket between the processes of one machine)
     assert (summary["spanned_windows"] > 0) == (workers > 1)
     if workers > 1:
-        via = "unix" if "cluster.p2p=tcp" not in extra else protocol
+        via = "mpi" if "cluster.p2p=mpi" in extra else \
+            "unix" if "cluster.p2p=tcp" not in extra else protocol
         assert summary["worker_to_worker"] == [via], summary
     assert f"scheduler: {protocol}://" in job.stdout and f"{ranks - 1} worker rank(s)" in job.stdout
     said = [line for line in job.stdout.splitlines() if line.startswith("layout: ")]

@@ -186,7 +186,7 @@ def test_nesterov_needs_momentum():
     with pytest.raises(dtrain.UserError, match="optim.nesterov = true .* needs optim.name = "
                                                "'momentum'"):
         dtrain.load_config(None, ["optim.nesterov=true", "optim.name=adam"])
-    assert dtrain.load_config().optim.nesterov is False       # classical: the bytes as before
+    assert dtrain.load_config().optim.nesterov is False       # classical: the locked bytes
 
 
 def test_invscaling_is_scikit_learns_rate_per_epoch():

@@ -1,6 +1,6 @@
-"""The engine's graph passes on one worker and between windows (a window on one worker fused
-into one task; the state handed over between windows): tested on structure (keys, pinning)
-and on values (the same bytes as without them).  A window across workers (cut into a task
+"""The engine's graph passes, chained by dtrain.taskgraph.passes.optimize, and each on its own:
+a window on one worker fused into one task; the state handed over between windows; tested on
+structure (keys, pinning) and on values (the same bytes as without them).  A window across workers (cut into a task
 per worker, its sums in segments): tests/test_span.py; the core processes a worker
 computes its shards on: tests/test_cores.py."""
 from __future__ import annotations
@@ -16,8 +16,44 @@ from dask.task_spec import DataNode, Task, TaskRef
 from dtrain.core import keys
 from dtrain.core.config import load_config
 from dtrain.maths.optim import TrainState
-from dtrain.taskgraph import fuse, handoff
+from dtrain.deploy import p2p
+from dtrain.taskgraph import fuse, handoff, passes
 from windows import RUN, inputs as _inputs, run as _run, window as _window
+
+
+# --- the pipeline --------------------------------------------------------------------------
+
+def test_the_pipeline_hands_over_then_fuses_a_window_on_one_worker():
+    p, win = _window(["graph.update=root"])
+    done = passes.optimize(win, passes.Options(RUN, 0, 14, take=True))
+    assert list(done.win.dsk) == [f"window-0-13-{RUN}", f"kept-14-{RUN}",
+                                  f"window-0-13-meta-{RUN}"]
+    chain = done.win.steps_fused
+    assert chain.nodes[0][0] == f"state-0-{RUN}" and chain.nodes[0][1] is handoff.take
+    assert (done.messages, done.nbytes, done.segmented, done.literal_bytes) == (0, 0, False, 0)
+
+
+def test_the_pipeline_cuts_a_window_across_workers_on_the_mesh_it_is_given():
+    p, win = _window(["graph.strategy=parameter-server"], workers=("w0", "w1", "w2"))
+    asked = []
+
+    def mesh(workers):
+        asked.append(workers)
+        return p2p.Mesh("m", tuple(workers), (p2p.Place("", 0),) * len(workers))
+
+    done = passes.optimize(win, passes.Options(RUN, 0, 14, mesh=mesh),
+                           {f"load-shard-{i}-{RUN}": w for i, w in
+                            enumerate(("w1", "w1", "w2", "w2"))})
+    assert len(asked) == 1 and set(asked[0]) == {"w0", "w1", "w2"}
+    assert done.win.pieces == tuple(f"window-0-13-w{r}-{RUN}" for r in range(3))
+    assert done.messages > 0 and done.nbytes > 0 and done.literal_bytes > 0
+    steps = passes.optimize(_window(["graph.strategy=parameter-server"],
+                                    workers=("w0", "w1", "w2"))[1],
+                            passes.Options(RUN, 0, 14, fuse_steps=False))
+    assert not steps.win.pieces and steps.win.meta is None      # every step's tasks, as built
+    with pytest.raises(ValueError, match="needs a mesh"):
+        passes.optimize(_window(["graph.strategy=parameter-server"],
+                                workers=("w0", "w1", "w2"))[1], passes.Options(RUN, 0, 14))
 
 
 # --- fusing a window on one worker ---------------------------------------------------------
@@ -56,7 +92,7 @@ def test_a_packed_chain_stays_bytes_but_in_a_worker_process(monkeypatch):
     distributed unpickles any task, not later on the window's critical path."""
     _, win = _window(["graph.update=root"])
     packed = fuse.steps(win, 0, 13, RUN).dsk[f"window-0-13-{RUN}"].args[0]
-    monkeypatch.setattr(fuse, "_open_here", False)      # (an in-process worker set it)
+    monkeypatch.setattr(fuse._runs(), "opens_chains", False)   # (an in-process worker set it)
     assert type(pickle.loads(pickle.dumps(packed))) is fuse.Packed
     fuse.OpenChains().setup(None)
     assert type(pickle.loads(pickle.dumps(packed))) is fuse.Chain
@@ -134,8 +170,8 @@ def test_a_take_waits_as_long_as_the_window_before_runs_here():
     threads, or of one whose window left the pool), waits for its state past its own wait
     while that window runs, and no longer once only itself runs."""
     run, state = "take-waits", _window(steps=range(1))[0].initial_state()
-    fuse._runs.enter(run)                       # the window that takes ...
-    fuse._runs.enter(run)                       # ... and the one before, keeping in 0.8 s
+    fuse._runs().enter(run)                       # the window that takes ...
+    fuse._runs().enter(run)                       # ... and the one before, keeping in 0.8 s
     try:
         threading.Timer(0.8, handoff.keep, args=(handoff.Handed(run, 7), state)).start()
         start = time.monotonic()
@@ -143,14 +179,14 @@ def test_a_take_waits_as_long_as_the_window_before_runs_here():
         assert 0.7 < time.monotonic() - start < 5
         assert taken.vector.tobytes() == state.vector.tobytes()
     finally:
-        fuse._runs.leave(run)
+        fuse._runs().leave(run)
     start = time.monotonic()
     try:
         with pytest.raises(handoff.StateGone):     # none runs before it: the wait holds
             handoff.take(handoff.Handed(run, 14, wait=0.2))
         assert time.monotonic() - start < 2
     finally:
-        fuse._runs.leave(run)
+        fuse._runs().leave(run)
         handoff.drop(run)
 
 
@@ -208,7 +244,7 @@ def test_a_state_gone_from_its_worker_is_sent_again_with_the_same_bytes(client, 
     assert lost.summary["state_bytes_in_graphs"] > 0           # sent again, from the driver
     assert (tmp_path / "a" / "params.npz").read_bytes() == \
         (tmp_path / "b" / "params.npz").read_bytes()
-    assert not any(client.run(lambda: bool(handoff._kept.states)).values())   # run over: none
+    assert not any(client.run(lambda: bool(handoff._kept().states)).values())   # run over: none
 
 
 def test_the_next_window_starts_from_the_end_of_the_one_still_running(client, tmp_path):

@@ -74,7 +74,8 @@ def test_bit_identical_whatever_the_worker_count(client, tmp_path):
 def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(tmp_path):
     """graph.reduce = segments on 3 worker processes (a net wide enough to cut): the tree's
     params.npz and epochs, its windows' sums reduced in segments, and the bytes it sends
-    what its graphs say."""
+    what its graphs say; the default's described windows (their sum by Rabenseifner's
+    halving here) send no more."""
     wide = ["model.layers=[4, 2048, 3]"]
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
@@ -90,7 +91,8 @@ def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(tmp_path):
                  for n in ("tree", "segments"))
     assert tree["segmented_windows"] == 0 and cut["segmented_windows"] == cut["spanned_windows"] > 0
     assert_moved_as_predicted(cut)
-    assert cut["comm_bytes_measured_per_step"] < tree["comm_bytes_measured_per_step"]
+    assert tree["described_windows"] > 0 and tree["step_sum"] == "halving"
+    assert tree["comm_bytes_measured_per_step"] <= cut["comm_bytes_measured_per_step"]
 
 
 @pytest.mark.slow
@@ -275,8 +277,8 @@ def test_mnist_reaches_92_percent(client, mnist_dir):
 def test_every_epoch_takes_time_and_the_epochs_fit_in_the_run(client, tmp_path, shards):
     """Windows of 10 steps, epochs of 27, the next window launched ahead: on one worker (1
     shard) and across both (4), every epoch's seconds and rate are positive and together
-    no longer than the run (a fused window once came back without its end time: epochs of
-    -1.8e9 s and negative rates)."""
+    no longer than the run (a fused window that came back without its end time would give
+    epochs of -1.8e9 s and negative rates)."""
     import time
 
     cfg = dtrain.load_config(None, ["train.batch_size=4", "train.epochs=30", "graph.window=10",

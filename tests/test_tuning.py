@@ -158,3 +158,19 @@ def test_low_latency_falls_back_when_distributed_changes():
     assert internals.set_batch_interval(s, 0.0) is False and s.interval == "5ms"
     s.interval = 0.005
     assert internals.set_batch_interval(s, 0.0) is True and s.interval == 0.0
+
+
+def test_a_runs_nannies_wake_the_driver_seldom(tmp_path):
+    """On a LocalCluster the nannies live in the driver's process: once a run registered
+    its plugins, each nanny's tick, memory check and system monitor run at QUIET_NANNY_MS,
+    not distributed's 20, 100 and 500 ms (and the worker still has its nanny)."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        before = {n: cb.callback_time for nanny in lc.workers.values()
+                  for n, cb in nanny.periodic_callbacks.items()}
+        dtrain.train(dtrain.load_config(None, ["train.epochs=1"]), client=c,
+                     out=tmp_path / "r", echo=None)
+        after = [{n: nanny.periodic_callbacks[n].callback_time for n in tuning.QUIET_NANNY_MS}
+                 for nanny in lc.workers.values()]
+    assert before["tick"] == 20 and before["memory_monitor"] == 100
+    assert after == [tuning.QUIET_NANNY_MS] * 2

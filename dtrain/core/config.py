@@ -53,6 +53,7 @@ STRATEGIES_MODULE = "dtrain.taskgraph.strategies"
 
 # --- the schema ---------------------------------------------------------------------
 
+REBALANCE = ("auto", "never", "always")   # data.rebalance: partitions on the cluster, moved?
 DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "parquet", "synthetic",
             "collection")       # collection: a Dask collection handed in from Python
 VALUE_LOSSES = ("squared-error", "poisson")    # losses of real-valued targets (regression)
@@ -104,6 +105,12 @@ class DataConfig:
                           doc="a row with a missing (empty, NA, NaN) or infinite feature, or "
                           "without its label: error, one line naming its file, row and "
                           "column; drop, the row is left out (csv, parquet)")
+    rebalance: str = choice("auto", *REBALANCE,
+                            doc="partitions already on the cluster (Dask collections, "
+                            "parquet and globbed csv): auto, move some once into a block of "
+                            "consecutive partitions per worker only where the predicted "
+                            "saving over the run's steps exceeds the move's cost; never, "
+                            "each partition trains where it sits; always, move into blocks")
 
 
 def _layers_fit(layers: tuple) -> bool:
@@ -304,12 +311,15 @@ class ClusterConfig:
                           "'': 127.0.0.1 for a LocalCluster, every interface under MPI and "
                           "for batch jobs")
     jobqueue_file: str = free("", "dask-jobqueue YAML ('' = the jobqueue.yaml shipped with dtrain)")
-    p2p: str = choice("auto", "auto", "tcp",
+    p2p: str = choice("auto", "auto", "mesh", "tcp", "mpi",
                       doc="how the tasks of a window that spans workers send each other a "
-                      "step's values (dtrain.deploy.p2p): auto, a Unix socket between workers "
-                      "on one machine and TCP between machines (with the cluster's TLS); "
-                      "tcp, TCP between any two workers (what crossing machines costs, on "
-                      "one)")
+                      "step's values (dtrain.deploy.p2p): auto and mesh, a Unix socket "
+                      "between workers on one machine and TCP between machines (with the "
+                      "cluster's TLS); tcp, TCP between any two workers (what crossing "
+                      "machines costs, on one); mpi, MPI point-to-point where the workers are "
+                      "ranks of dtrain's own MPI job (--scheduler-rank; else an error): for "
+                      "a fabric where MPI outruns TCP (on one machine the mesh measured "
+                      "faster)")
 
 
 @dataclass(frozen=True)

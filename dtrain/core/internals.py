@@ -44,6 +44,10 @@ distributed, so a change underneath fails a test rather than going unseen.
     GIL from the window's task thread; the config keys that set them are read only
     when a worker starts, and dtrain tunes workers it did not start
     (:func:`slow_callback`).
+11. The scheduler's ``request_remove_replicas`` (what its active memory manager uses) and
+    its tasks' ``who_has``: a partition a run moved between workers is held on both once
+    the run ends, and distributed's public ``replicate`` drops a random copy, where the
+    one to drop is the one the run made (:func:`drop_copies`).
 """
 from __future__ import annotations
 
@@ -323,3 +327,27 @@ def slow_callback(server: Any, name: str, ms: float) -> bool:
         return False
     server.periodic_callbacks[name].callback_time = max(period, float(ms))
     return True
+
+
+# (11) ------------------------------------------------------------------------------------
+
+
+def drop_copies(copies: list[tuple[Any, str]], dask_scheduler: Any = None) -> int:
+    """On the scheduler (``client.run_on_scheduler``): each ``(key, worker)`` of ``copies``,
+    the worker's replica of the key dropped where another worker holds the key too (never
+    the last copy); how many were asked (0 where the scheduler has changed).  Fire and
+    forget, as the active memory manager's: a worker still using one keeps it."""
+    request = getattr(dask_scheduler, "request_remove_replicas", None)
+    tasks, workers = getattr(dask_scheduler, "tasks", None), getattr(dask_scheduler,
+                                                                      "workers", None)
+    if not callable(request) or not isinstance(tasks, dict) or workers is None:
+        return 0
+    by_worker: dict[str, list[Any]] = {}
+    for key, address in copies:
+        ts, ws = tasks.get(key), workers.get(address)
+        held = getattr(ts, "who_has", None) or ()
+        if ws is not None and ws in held and len(held) > 1:
+            by_worker.setdefault(address, []).append(key)
+    for address, keys in by_worker.items():
+        request(address, keys, stimulus_id=f"dtrain-moved-{time.time()}")
+    return sum(map(len, by_worker.values()))

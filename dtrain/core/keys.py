@@ -50,6 +50,7 @@ PART_STATS, MERGE_STATS = "partition-stats", "merge-stats"    # a Dask collectio
 FORWARD, BACKWARD, INPUT_GRAD = "forward", "backward", "input-grad"
 COMBINE, BACK_COMBINE, LOSS = "combine", "back-combine", "loss"
 ALLREDUCE = "allreduce"     # a step's sums reduced in segments, worker to worker
+CONTEXT = "context"         # a worker's share of a run on a mesh, for the windows it builds
 
 # Okabe-Ito colours (safe for colour-blind readers); evaluation and loading share a colour
 # with their kind.  Order matters: longer names first, so "evaluate-test" wins over "evaluate".
@@ -76,6 +77,7 @@ COLORS: dict[str, str] = {
     NORMALIZATION: "#CC79A7",
     PART_STATS: "#CC79A7",
     MERGE_STATS: "#CC79A7",
+    CONTEXT: "#CC79A7",
     STATE: "#999999",               # grey: the literal state that starts a window
     KEPT: "#999999",                # (and the state kept for the next window)
 }

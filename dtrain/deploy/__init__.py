@@ -11,7 +11,8 @@ dashboard link (:mod:`~dtrain.deploy.options`), latency and allocator tuning
 (:mod:`~dtrain.deploy.tuning`), the log filters (:mod:`~dtrain.deploy.logs`), the
 removal of dtrain's plugins from a scheduler that outlives the run
 (:mod:`~dtrain.deploy.plugins`), and the messages between the workers of a window that
-spans them (:mod:`~dtrain.deploy.p2p`: buffers, ranks, a run id).
+spans them (:mod:`~dtrain.deploy.p2p`: buffers, ranks, a run id), and a worker
+process's state between tasks, held by a worker plugin (:mod:`~dtrain.deploy.runtime`).
 It knows nothing of what is trained: a run is handed in as a callable.
 
 May import: :mod:`dtrain.core`.

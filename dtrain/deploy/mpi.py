@@ -52,6 +52,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from dtrain.core import internals
 from dtrain.core.config import ClusterConfig, Config
 from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, Stopped, UserError, exit_code
+from dtrain.deploy import mpiwire
 from dtrain.deploy.devices import GPU
 from dtrain.deploy.layout import Role, assign, describe, one_blas_thread, pin_cpus, rank_place
 from dtrain.deploy.logs import CLOSING_OP, CutByClose, quiet_logs
@@ -122,6 +123,7 @@ def main(rank_text: str, prepare: Prepare) -> int:
     head = _head_rank(rank_text, size, quiet=rank != 0)
     if head is None:
         return 2
+    mpiwire.install(comm)       # (collective: every rank, before anything can fail apart)
     is_head = rank == head
     is_worker = not is_head
     if is_worker:

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtrain.core import broadcast, internals
+from dtrain.deploy import mpiwire, runtime
 from dtrain.deploy.wire import (Broken, In, Out, PeerLost, Quiet, Refused, check, encode,
                                 prove, shut, transport, tune)
 
@@ -78,6 +79,7 @@ class Place:
     port: int
     path: str = ""
     machine: str = ""
+    mpi: int = -1           # its world rank, where its messages may go over MPI (mpiwire)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,11 @@ class Mesh:
     def rank(self, worker: str) -> int:
         """The rank of Dask worker ``worker``."""
         return self.workers.index(worker)
+
+    @property
+    def over_mpi(self) -> bool:
+        """Whether its windows' messages go over MPI (every participant a rank with a wire)."""
+        return all(p.mpi >= 0 for p in self.places)
 
 
 def _machine() -> str:
@@ -116,8 +123,10 @@ class Node:
     """
 
     def __init__(self, run: str, secret: bytes, rank: int, host: str,
-                 server: ssl.SSLContext | None, client: ssl.SSLContext | None, local: bool):
-        self.run, self.secret, self.rank = run, secret, rank
+                 server: ssl.SSLContext | None, client: ssl.SSLContext | None, local: bool,
+                 wire: mpiwire.Wire | None = None):
+        self.run, self.secret, self.rank, self.wire = run, secret, rank, wire
+        self.peers: tuple[int, ...] = ()    # over MPI: the other participants' world ranks
         self.server, self.client = server, client
         self.ins: dict[int, In] = {}
         self.outs: dict[int, Out] = {}
@@ -141,7 +150,8 @@ class Node:
                 shutil.rmtree(self.folder, ignore_errors=True)
                 self.folder = path = ""
         tcp_host, port = self.listeners[0].getsockname()[:2]
-        self.place = Place(tcp_host, port, path, _machine() if path else "")
+        self.place = Place(tcp_host, port, path, _machine() if path else "",
+                           wire.rank if wire is not None else -1)
         for listener in self.listeners:
             threading.Thread(target=self._accept, args=(listener,), daemon=True,
                              name="dtrain-p2p-listen").start()
@@ -202,14 +212,21 @@ class Node:
         sock.settimeout(None)
         return Out(sock, peer, isinstance(sock, ssl.SSLSocket))
 
-    def link(self, mesh: Mesh, to: Iterable[int], frm: Iterable[int], timeout: float) -> Link:
+    def link(self, mesh: Mesh, to: Iterable[int], frm: Iterable[int], timeout: float
+             ) -> Link | mpiwire.Link:
         """The connections of one window: to the ranks ``to`` it sends to (opened here once
         per mesh) and from the ranks ``frm`` it reads (waited for up to ``timeout`` seconds,
-        which also bounds each read's wait).  :meth:`done` says when the window is over."""
+        which also bounds each read's wait); over MPI where every participant's messages
+        may go there (:mod:`~dtrain.deploy.mpiwire`).  :meth:`done` says when the window is
+        over."""
         self.check()
         with self.changed:
             self.windows += 1
             self.used = time.monotonic()
+        if self.wire is not None and all(p.mpi >= 0 for p in mesh.places):
+            self.peers = tuple(p.mpi for r, p in enumerate(mesh.places) if r != self.rank)
+            return mpiwire.Link(self.wire, mesh.run, [p.mpi for p in mesh.places],
+                                mesh.workers, timeout)
         try:
             for peer in sorted(set(to) - set(self.outs)):
                 self.outs[peer] = self._connect(mesh, peer)
@@ -268,9 +285,12 @@ class Node:
         """Shut every connection down (its peers' reads end at once) and stop listening: the
         mesh is over for this participant."""
         with self.changed:
-            if self.broken is None:
+            first = self.broken is None
+            if first:
                 self.broken = why
             self.changed.notify_all()
+        if first and self.wire is not None and self.peers and why != "closed":
+            self.wire.abort(self.run, self.peers, why)  # over MPI no socket closes: say so
         for listener in self.listeners:
             shut(listener)
         if self.folder:
@@ -292,6 +312,10 @@ class Link:
     def __init__(self, node: Node, mesh: Mesh, timeout: float):
         self.node, self.mesh, self.timeout = node, mesh, timeout
         self.messages = self.bytes = 0          # sent (the values' bytes, as Dask counts them)
+
+    def finish(self) -> None:
+        """The window's messages are all sent (a socket's sender threads finish on their
+        own)."""
 
     def via(self) -> tuple[str, ...]:
         """How this participant's messages went: "unix", "tcp" and/or "tls"."""
@@ -317,15 +341,32 @@ class Link:
             raise PeerLost(f"{exc} (worker {worker})", silent=worker) from None
 
 
-# --- this process's meshes, and the driver's side ------------------------------------------
+# --- this process's meshes (its runtime's part), and the driver's side -----------------------
 
-_nodes: dict[str, Node] = {}
-_nodes_lock = threading.Lock()
+class Nodes:
+    """This process's parts of meshes, by mesh id (its part of the worker's
+    :class:`~dtrain.deploy.runtime.Runtime`), and the thread that closes idle ones."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.lock = threading.Lock()
+        self.reaper: threading.Thread | None = None
+
+    def close(self) -> None:
+        """Close every mesh part here (the worker closes)."""
+        with self.lock:
+            found, self.nodes = list(self.nodes.values()), {}
+        for n in found:
+            n.close()
+
+
+def _nodes() -> Nodes:
+    return runtime.here().part("p2p", Nodes)
 
 
 def node(run: str, rank: int) -> Node:
     """This process's part of mesh ``run`` as rank ``rank`` (raises :class:`Misplaced`)."""
-    found = _nodes.get(run)
+    found = _nodes().nodes.get(run)
     if found is None or found.rank != rank:
         raise Misplaced(f"this worker is not rank {rank} of mesh {run} (its worker left, or "
                         f"the mesh was closed)")
@@ -333,34 +374,40 @@ def node(run: str, rank: int) -> Node:
 
 
 def listen(run: str, secret: bytes, rank: int, host: str, server: ssl.SSLContext | None,
-           client: ssl.SSLContext | None, local: bool = True) -> Place:
+           client: ssl.SSLContext | None, local: bool = True, mpi: bool = False) -> Place:
     """Open this process's listeners of mesh ``run`` as rank ``rank``: TCP on ``host``
     (``server``/``client``: its TLS contexts, None for plain TCP) and, with ``local``, a
-    Unix socket for peers on this machine; returns where it listens."""
-    made = Node(run, secret, rank, host, server, client, local)
-    with _nodes_lock:
-        _nodes[run] = made
-        if not any(t.name == "dtrain-p2p-reaper" for t in threading.enumerate()):
-            threading.Thread(target=_reap, daemon=True, name="dtrain-p2p-reaper").start()
+    Unix socket for peers on this machine; with ``mpi``, its world rank where its MPI job
+    installed a wire (:mod:`~dtrain.deploy.mpiwire`); returns where it listens."""
+    made = Node(run, secret, rank, host, server, client, local,
+                mpiwire.here() if mpi else None)
+    here = _nodes()
+    with here.lock:
+        here.nodes[run] = made
+        if here.reaper is None or not here.reaper.is_alive():
+            here.reaper = threading.Thread(target=_reap, args=(here,), daemon=True,
+                                           name="dtrain-p2p-reaper")
+            here.reaper.start()
     return made.place
 
 
-def _reap() -> None:
+def _reap(here: Nodes) -> None:
     """Close meshes no window used for :data:`IDLE_S` (a driver that died cannot close
     them): nothing listens long after its run."""
     while True:
         time.sleep(min(IDLE_S / 10, 1.0))
         now = time.monotonic()
-        with _nodes_lock:
-            idle = [run for run, n in _nodes.items() if n.idle(now)]
+        with here.lock:
+            idle = [run for run, n in here.nodes.items() if n.idle(now)]
         for run in idle:
             close(run)
 
 
 def close(run: str) -> bool:
     """Close this process's part of mesh ``run``; True if it had one."""
-    with _nodes_lock:
-        found = _nodes.pop(run, None)
+    here = _nodes()
+    with here.lock:
+        found = here.nodes.pop(run, None)
     if found is not None:
         found.close()
     return found is not None
@@ -368,8 +415,9 @@ def close(run: str) -> bool:
 
 def open_nodes() -> list[str]:
     """The meshes this process takes part in (tests: nothing listens after a run)."""
-    with _nodes_lock:
-        return list(_nodes)
+    here = _nodes()
+    with here.lock:
+        return list(here.nodes)
 
 
 def new_run() -> tuple[str, bytes]:
@@ -378,7 +426,7 @@ def new_run() -> tuple[str, bytes]:
 
 
 def _listen_here(run: str, secret: bytes, ranks: dict[str, int], local: bool,
-                 dask_worker: Any = None) -> Place:
+                 mpi: bool = False, dask_worker: Any = None) -> Place:
     """On a worker, through ``client.run``: its listener of mesh ``run`` on its own host,
     with its TLS where its address says it uses TLS."""
     from distributed.comm import get_address_host
@@ -391,22 +439,24 @@ def _listen_here(run: str, secret: bytes, ranks: dict[str, int], local: bool,
             raise Misplaced(f"worker {address} uses TLS but its certificate is not readable")
         server = security.get_listen_args("worker")["ssl_context"]
         client = security.get_connection_args("worker")["ssl_context"]
-    return listen(run, secret, ranks[address], get_address_host(address), server, client, local)
+    return listen(run, secret, ranks[address], get_address_host(address), server, client, local,
+                  mpi)
 
 
 def _close_here(run: str) -> bool:
     return close(run)
 
 
-def open_mesh(client: Any, workers: Sequence[str], timeout: float, local: bool = True
-              ) -> Mesh:
+def open_mesh(client: Any, workers: Sequence[str], timeout: float, local: bool = True,
+              mpi: bool = False) -> Mesh:
     """A new mesh over ``workers`` (Dask worker addresses, in rank order): a fresh run id
     and secret, and listeners on each; ``local``: peers on one machine talk over Unix
-    sockets (else TCP, as across machines).  Raises :class:`PeerLost` if a worker cannot
-    listen, or (``silent``) does not answer within ``timeout`` seconds."""
+    sockets (else TCP, as across machines); ``mpi``: over MPI where every worker is a rank
+    of dtrain's MPI job (:attr:`Mesh.over_mpi`).  Raises :class:`PeerLost` if a worker
+    cannot listen, or (``silent``) does not answer within ``timeout`` seconds."""
     run, secret = new_run()
     ranks = {w: r for r, w in enumerate(workers)}
-    answers = broadcast.answers(client, _listen_here, run, secret, ranks, local,
+    answers = broadcast.answers(client, _listen_here, run, secret, ranks, local, mpi,
                                 workers=workers, timeout=timeout)
     mesh = Mesh(run, tuple(workers), tuple(a if isinstance(a, Place) else Place("", 0)
                                            for a in answers.values()))

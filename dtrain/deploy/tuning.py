@@ -18,6 +18,11 @@ thread to be given a core again: on a machine whose cores are all busy
 periods and 2.8 ms with the profiler at 100 ms and the tick at 250 ms
 (:data:`QUIET_MS`).  The profile is still there, at 10 samples a second; the
 tick still says when the loop was blocked (after 3 s).
+
+On a LocalCluster the nannies live in the driver's process, beside the scheduler, and
+each wakes on its own too: its tick every 20 ms, its memory check every 100 ms, its
+system monitor (``psutil``) every 500 ms.  At 16 worker processes that was most of the
+driver's CPU in steady state, growing with the workers (:data:`QUIET_NANNY_MS`).
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from concurrent.futures import Executor
 from concurrent.futures import Future as ConcurrentFuture
 
 import dask
-from distributed import Client, SchedulerPlugin, WorkerPlugin
+from distributed import Client, NannyPlugin, SchedulerPlugin, WorkerPlugin
 
 from dtrain.core import internals
 from dtrain.core.allocator import ALLOCATOR_ENV, keep_freed_memory
@@ -36,6 +41,8 @@ from dtrain.core.broadcast import on_workers, register
 INLINE = "dtrain-inline"     # the executor that runs a task in the worker's event loop
 QUIET_MS = {"profile": 100.0, "tick": 250.0}    # a worker's periodic callbacks slowed to
                                                 # these periods (distributed's: 10, 20 ms)
+QUIET_NANNY_MS = {"tick": 250.0, "memory_monitor": 1000.0, "monitor": 10000.0}  # a nanny's
+                                                # (distributed's: 20, 100, 500 ms)
 
 
 class _Inline(Executor):
@@ -91,6 +98,18 @@ class LowLatencyWorker(WorkerPlugin):
         for name, ms in QUIET_MS.items():
             internals.slow_callback(worker, name, ms)
         keep_freed_memory()
+
+
+class QuietNanny(NannyPlugin):
+    """A nanny's periodic callbacks at :data:`QUIET_NANNY_MS`: a worker process is still
+    watched, but a driver beside 32 nannies is not woken 2,000 times a second."""
+
+    name = "dtrain-quiet-nanny"
+    idempotent = True
+
+    def setup(self, nanny) -> None:
+        for name, ms in QUIET_NANNY_MS.items():
+            internals.slow_callback(nanny, name, ms)
 
 
 class LowLatencyScheduler(SchedulerPlugin):

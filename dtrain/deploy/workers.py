@@ -124,6 +124,18 @@ def workers(client: Client) -> dict[str, dict]:
     return {a: info[a] for a in sorted(info, key=lambda a: _natural(info[a].get("name", a)))}
 
 
+def free_memory(client: Client) -> dict[str, float]:
+    """``{address: bytes}`` each worker may still take before its memory limit, as the
+    scheduler last heard (the limit less the process's memory); a worker without a limit is
+    left out (no bound known)."""
+    out = {}
+    for a, i in workers(client).items():
+        limit, used = i.get("memory_limit") or 0, (i.get("metrics") or {}).get("memory") or 0
+        if limit:
+            out[a] = float(max(0, limit - used))
+    return out
+
+
 def _nothing() -> None:
     return None
 

@@ -42,9 +42,11 @@ from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
+from sklearn.utils._param_validation import StrOptions
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
+from dtrain.core.config import REBALANCE
 from dtrain.core.errors import ConfigError, Diverged, UserError
 from dtrain.data import partitions
 from dtrain.data.partitions import PartSpec
@@ -60,6 +62,9 @@ class _MLP(BaseEstimator):
 
     _classifier = True
     _val_score = "val_accuracy"         # an epoch row's validation score (higher is better)
+    # checked by scikit-learn's own validation (InvalidParameterError); the rest by
+    # settings.check_params, whose errors say more than a constraint can
+    _parameter_constraints: dict = {"rebalance": [StrOptions(set(REBALANCE))]}
 
     def __init__(self, hidden_layer_sizes: Any = (100,), activation: str = "relu", *,
                  solver: str = "adam", alpha: float = 0.0001, batch_size: int | str = "auto",
@@ -72,7 +77,8 @@ class _MLP(BaseEstimator):
                  epsilon: float = 1e-8, n_iter_no_change: int = 10, max_fun: int = 15000,
                  client: Any = None, strategy: str = "auto", sync_every: int | str = "epoch",
                  fan_in: int = 2, dtype: str = "auto", normalize: str = "auto",
-                 shards: int | str = "auto", out: str | Path | None = None):
+                 shards: int | str = "auto", rebalance: str = "auto",
+                 out: str | Path | None = None):
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
         self.solver = solver
@@ -103,6 +109,7 @@ class _MLP(BaseEstimator):
         self.dtype = dtype
         self.normalize = normalize
         self.shards = shards
+        self.rebalance = rebalance
         self.out = out
 
     # --- scikit-learn's protocol -----------------------------------------------------------
@@ -168,6 +175,7 @@ class _MLP(BaseEstimator):
 
     def _fit_here(self, X: Any, y: Any, signals: StopSignals, *, incremental: bool,
                   classes: Any, sample_weight: Any) -> _MLP:
+        self._validate_params()
         settings.check_params(self)
         if incremental and self.early_stopping:
             raise ValueError("partial_fit does not support early_stopping=True")
@@ -449,7 +457,8 @@ class MLPRegressor(RegressorMixin, _MLP):
                  epsilon: float = 1e-8, n_iter_no_change: int = 10, max_fun: int = 15000,
                  client: Any = None, strategy: str = "auto", sync_every: int | str = "epoch",
                  fan_in: int = 2, dtype: str = "auto", normalize: str = "auto",
-                 shards: int | str = "auto", out: str | Path | None = None):
+                 shards: int | str = "auto", rebalance: str = "auto",
+                 out: str | Path | None = None):
         self.loss = loss
         super().__init__(
             hidden_layer_sizes, activation, solver=solver, alpha=alpha, batch_size=batch_size,
@@ -460,7 +469,7 @@ class MLPRegressor(RegressorMixin, _MLP):
             validation_fraction=validation_fraction, beta_1=beta_1, beta_2=beta_2,
             epsilon=epsilon, n_iter_no_change=n_iter_no_change, max_fun=max_fun,
             client=client, strategy=strategy, sync_every=sync_every, fan_in=fan_in, dtype=dtype,
-            normalize=normalize, shards=shards, out=out)
+            normalize=normalize, shards=shards, rebalance=rebalance, out=out)
 
     def _output(self, classes: np.ndarray, data: TrainingData) -> tuple[str, int]:
         return settings.LOSSES[self.loss], data.targets

@@ -121,6 +121,14 @@ PARAMS_DOC = """
         "auto": one per 20 MFLOP of a step's forward-backward (lbfgs: of an evaluation over
         every row), 1 to 16 (a small step stays one pass over its minibatch), at most one
         per row; it depends on the data and the network, not on the machine.
+    rebalance : {"auto", "never", "always"}, default="auto"
+        Dask inputs: whether partitions move between workers before the fit, so that each
+        worker holds a block of consecutive partitions (fewer of the reduce tree's sums
+        cross between workers each step).  "auto" moves them only where the saving
+        predicted over the fit's steps exceeds the move's cost, and no more than a
+        receiving worker's free memory; "never" trains every partition where it sits;
+        "always" moves into blocks.  The fitted parameters are the same bytes whichever;
+        ``summary_["data_moved"]`` says what moved and why, or why nothing did.
     out : str, Path or None, default=None
         A run directory: each fit writes a normal dtrain run there (``dtrain.load(out)``).
 """
@@ -348,6 +356,7 @@ def config(est: Any, shape: Shape, loss: str, *, incremental: bool, init_from: s
         "data": {"dataset": "collection", "label": shape.label,
                  "split": list(split(est, incremental)), "normalize": normalize(est),
                  "shards": shape.partitions, "shuffle": bool(est.shuffle), "seed": seed_value,
+                 "rebalance": est.rebalance,
                  **({"target": "value"} if shape.values else {})},
         "model": {"layers": [shape.features, *hidden(est.hidden_layer_sizes), shape.outputs],
                   "activation": ACTIVATIONS[est.activation], "loss": loss,

@@ -8,6 +8,8 @@ follows the step events while a cluster is up.
 """
 from __future__ import annotations
 
+import time
+
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
@@ -71,6 +73,7 @@ class Recorder:
         self.timeline: dict[str, Any] | None = None
         self.saved: tuple[int, Path] | None = None     # the last checkpoint: step, file
         self.phases: dict[str, float] = {}             # seconds of the run's fixed costs
+        self.cpu: list[tuple[int, float]] = []  # (epoch, this process's CPU seconds) per row
         self.tracker = Tracker(config, self.path, resume_epochs is not None, self.say)
 
     def __enter__(self) -> Recorder:
@@ -129,6 +132,7 @@ class Recorder:
             self.say(f"live page: {link[:-len('status')]}dtrain")
 
     def epoch(self, row: dict[str, Any]) -> None:
+        self.cpu.append((row.get("epoch", 0), time.process_time()))
         if self.run_dir is not None:
             self.run_dir.add_epoch(row)
         self.tracker.epoch(row)

@@ -14,7 +14,10 @@ workers (:mod:`~dtrain.taskgraph.tasks`); a window's container
 worker as one task (:mod:`~dtrain.taskgraph.fuse`), one that spans workers as
 a task per worker whose crossings are messages (:mod:`~dtrain.taskgraph.span`,
 over :mod:`dtrain.deploy.p2p`), the state handed over between windows
-(:mod:`~dtrain.taskgraph.handoff`).  Builders are pure: they return graphs,
+(:mod:`~dtrain.taskgraph.handoff`).  A window of the allreduce strategies across
+workers is described on the driver (:mod:`~dtrain.taskgraph.describe`) and built
+by each worker (:mod:`~dtrain.taskgraph.expand`), its steps' sums carried by
+:mod:`~dtrain.taskgraph.collective`.  Builders are pure: they return graphs,
 they never talk to a cluster.
 
 May import: :mod:`dtrain.core`, :mod:`dtrain.maths`, :mod:`dtrain.data`, :mod:`dtrain.deploy`.

@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import methodcaller
+from typing import Any
 
 from dask.task_spec import DataNode, Task, TaskRef
 
@@ -426,11 +427,14 @@ class DataParallel:
         return 2 if self.server else 1
 
     def place(self, workers: Sequence[Worker | str],
-              holders: Sequence[str] | None = None, rows: Sequence[int] = ()) -> Placement:
+              holders: Sequence[str | None] | None = None, rows: Sequence[int] = (),
+              **moves: Any) -> Placement:
         """Shards in contiguous blocks over ``workers``; partitions already on the cluster
-        (``holders``, with their training ``rows``) where they are, but for balancing."""
+        (``holders``, with their training ``rows``) where they are, but where
+        :func:`~dtrain.taskgraph.placement.rebalance` moves them (``moves``: its
+        ``nbytes``, ``mode``, ``fit``, ``free``)."""
         if holders is not None:
-            return place_partitions(workers, holders, rows, self.server)
+            return place_partitions(workers, holders, rows, self.server, **moves)
         return place(workers, len(self.sources), self.server)
 
     def data(self, placement: Placement) -> list[DataItem]:

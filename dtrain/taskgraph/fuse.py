@@ -36,6 +36,7 @@ from distributed import WorkerPlugin
 
 from dtrain.core import keys
 from dtrain.core.errors import RunEnded
+from dtrain.deploy import runtime
 from dtrain.taskgraph.window import Window
 
 META = "meta"       # the part that names a fused window's timings key
@@ -88,12 +89,9 @@ class Packed:
         return pickle.loads(self.data)
 
 
-_open_here = False      # this process is a Dask worker's: chains are opened as they arrive
-
-
 def _arrived(data: bytes) -> Packed | Chain:
     """A :class:`Packed` chain unpickled: opened in a worker process, bytes elsewhere."""
-    if _open_here:
+    if _runs().opens_chains:
         from distributed.protocol import pickle
         return pickle.loads(data)
     return Packed(data)
@@ -107,8 +105,7 @@ class OpenChains(WorkerPlugin):
     idempotent = True
 
     def setup(self, worker: Any) -> None:
-        global _open_here
-        _open_here = True
+        _runs().opens_chains = True
 
 
 @dataclass(frozen=True)
@@ -135,6 +132,7 @@ class _Runs:
         self.running: Counter[str] = Counter()
         self.ended: set[str] = set()
         self.changed = threading.Condition()
+        self.opens_chains = False   # a Dask worker's process: chains opened as they arrive
 
     def enter(self, run: str) -> None:
         with self.changed:
@@ -159,20 +157,25 @@ class _Runs:
             return not self.running[run]
 
 
-_runs = _Runs()
+def _runs() -> _Runs:
+    """The runs of this process: its runtime's part."""
+    return runtime.here().part("runs", _Runs)
+
+
 CHECK_EVERY = 64            # tasks between a window's looks at whether its run ended
 
 
 def running(run: str) -> int:
     """How many windows of ``run`` run in this process now."""
-    with _runs.changed:
-        return _runs.running[run]
+    runs = _runs()
+    with runs.changed:
+        return runs.running[run]
 
 
 def end(run: str, wait: float = 2.0) -> bool:
     """The run ended: its windows in this process stop at their next look (they raise
     :class:`~dtrain.core.errors.RunEnded`); True once none runs (within ``wait`` s)."""
-    return _runs.end(run, wait)
+    return _runs().end(run, wait)
 
 
 def leave_pool() -> None:
@@ -206,23 +209,23 @@ def run_chain(chain: Chain | Packed, *inputs: Any) -> Ran:
     """Run a fused window's tasks in order, in this thread; see :class:`Chain`."""
     if isinstance(chain, Packed):
         chain = chain.open()
-    if chain.run in _runs.ended:
+    runs = _runs()
+    if chain.run in runs.ended:
         raise RunEnded(f"run {chain.run} ended")
-    _runs.enter(chain.run)
+    runs.enter(chain.run)
     try:
-        return _run_chain(chain, inputs)
+        return _run_chain(chain, inputs, runs.ended)
     finally:
-        _runs.leave(chain.run)
+        runs.leave(chain.run)
 
 
-def _run_chain(chain: Chain, inputs: tuple[Any, ...]) -> Ran:
+def _run_chain(chain: Chain, inputs: tuple[Any, ...], ended: set[str]) -> Ran:
     cache: dict[str, Any] = dict(zip(chain.inputs, inputs))
     left = dict(chain.uses)
     wanted = set(chain.outputs)
     seconds: Counter[str] = Counter()
     done: dict[str, float] = {}
     clock = time.perf_counter
-    ended = _runs.ended
     for at, ((key, fn, args), kind) in enumerate(zip(chain.nodes, chain.kinds)):
         if not at % CHECK_EVERY and chain.run in ended:
             raise RunEnded(f"run {chain.run} ended")

@@ -38,6 +38,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 from dtrain.core import keys
 from dtrain.core.arrays import to_host
 from dtrain.core.errors import RunEnded
+from dtrain.deploy import runtime
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, TrainState
 from dtrain.taskgraph import fuse
@@ -128,26 +129,35 @@ class _Kept:
             return self.states.pop(run, None) is not None
 
 
-_kept = _Kept()
+    def close(self) -> None:
+        """The worker closes: every state it kept goes."""
+        with self.changed:
+            self.states.clear()
+            self.changed.notify_all()
+
+
+def _kept() -> _Kept:
+    """The states this process keeps: its runtime's part."""
+    return runtime.here().part("kept", _Kept)
 
 
 def keep(handed: Handed, state: TrainState) -> TrainState:
     """``kept-<step>``: keep ``state`` here for the next window, and return it in host memory
     for the driver."""
-    _kept.put(handed, state)
+    _kept().put(handed, state)
     return state.with_vector(to_host(state.vector))
 
 
 def take(handed: Handed) -> TrainState:
     """``state-<step>``: the state the last window kept here (raises :class:`StateGone`)."""
-    return _kept.get(handed)
+    return _kept().get(handed)
 
 
 def end(run: str) -> bool:
     """The run ended: its windows here stop (:func:`dtrain.taskgraph.fuse.end`: one launched
     ahead of the end may run or wait for its state), and this process forgets its state;
     True if it had one."""
-    _kept.end(run)
+    _kept().end(run)
     fuse.end(run)
     return drop(run)
 
@@ -158,12 +168,12 @@ def give_up(run: str, attempt: int) -> None:
     that comes later does not wait, and a keep of one keeps nothing.  Those are windows Dask
     runs again after a lost worker, whose states were kept on that worker: without this they
     would hold the new worker's threads for their whole wait."""
-    _kept.give_up(run, attempt)
+    _kept().give_up(run, attempt)
 
 
 def drop(run: str) -> bool:
     """Forget the state this process keeps for ``run`` (the run ended); True if it had one."""
-    return _kept.drop(run)
+    return _kept().drop(run)
 
 
 @dataclass(frozen=True)

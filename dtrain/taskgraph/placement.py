@@ -2,12 +2,14 @@
 
 Shards go to workers in contiguous blocks, so a reduce subtree over
 neighbouring shards stays on one worker; blocks are sized so the slowest
-worker finishes first when CPU and GPU workers mix.
+worker finishes first when CPU and GPU workers mix.  Partitions already on the
+cluster stay where they are unless moving them into such blocks pays for itself
+over the run (:func:`rebalance`, with the measured figures it predicts by).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -81,6 +83,7 @@ class Placement:
     leaves: tuple[str, ...]
     root: str
     gpus: frozenset[str] = frozenset()
+    moves: Moves | None = field(default=None, compare=False)   # partitions: what moved, why
 
     @property
     def workers(self) -> list[str]:
@@ -198,14 +201,168 @@ def row_blocks(rows: Sequence[int], parts: int) -> list[int]:
     return edges + [n]
 
 
-def place_partitions(workers: Sequence[Worker | str], holders: Sequence[str],
-                     rows: Sequence[int], server: bool = False) -> Placement:
+# --- whether moving partitions pays (issue 50) --------------------------------------------------
+#
+# dtrain cannot import benchmarks/, so the measured figures the prediction uses live here.
+MESSAGE_SECONDS = 0.3e-3
+"""What a value crossing workers adds to a step of a window across workers, whatever its
+size: the step time measured with partitions dealt out in turn less that in blocks, over
+the crossings it adds.  2.4 against 0.85 ms a step with 5 more crossings (0.31 ms each;
+8 partitions on 2 workers, ``python -m benchmarks.estimators``'s dask.dataframe fit,
+docs/performance.md, issue 36); 1.3-1.7 against 0.3-0.4 ms with 3 more, and 1.5-3.1
+against 0.7-1.4 ms at 160 steps (0.25-0.55 ms each; tests/test_rebalance.py's 8
+partitions, an (8,) net, 2026-11-29).  Far above the mesh's own 0.012 ms a message
+(``python -m benchmarks.p2p``: half a 1 KiB round trip between polling peers): in a step
+the reader is asleep in its read (woken, on these 2-core machines, after another process
+had the core), and a worker's partitions among another's are no longer one stacked
+forward-backward.  Priced at the mesh's figure, fits of about 10 to 300 steps stayed
+interleaved and ran up to 1.5 times slower than moved.  Dedicated cores would pay less
+per message; too high a figure costs a needless move, once, too low one every step."""
+MESSAGE_BYTES_PER_SECOND = 5.3e9
+"""... and its bytes: the 3.2 MiB message over TCP, 1.28 ms there and back, less the
+1 KiB one's (``python -m benchmarks.p2p``, the table in ARCHITECTURE.md "Across
+workers"; ``benchmarks.model``'s ``p2p_bandwidth``).  TCP, not the faster Unix socket,
+so that crossings are never priced below what they cost between machines."""
+FETCH_SECONDS = 1.96e-3
+"""A partition moved by Dask, whatever its size: what a dependency from another worker adds
+to a task, ``fetch`` of ``python -m benchmarks.model``'s constants (2026-11-25,
+benchmarks/README.md)."""
+FETCH_BYTES_PER_SECOND = 2.99e9
+"""... and its bytes: Dask's bandwidth between two worker processes there (an 8 MiB
+payload)."""
+FLOPS_PER_THREAD = 2e9
+"""A forward-backward's rate on one BLAS thread for the small nets this decision is close
+for (``benchmarks.model`` measured 0.2-230 GFLOP/s per network and batch; the rate of
+``dataparallel.TINY_FLOPS``'s ~1 ms for 2 MFLOP)."""
+
+@dataclass(frozen=True)
+class Fit:
+    """What a fit will do, as the decision to move partitions sees it: ``steps`` left to
+    run, ``batch`` rows a step, ``params`` in the net, ``grad_bytes`` in a leaf's gradient
+    (what crosses per reduce message), the reduce tree's ``fan_in``."""
+
+    steps: int
+    batch: int
+    params: int
+    grad_bytes: int
+    fan_in: int = 2
+
+
+@dataclass(frozen=True)
+class Moves:
+    """The answer of :func:`rebalance`: each partition's worker (``leaves``), the
+    partitions that move, and why; the predicted seconds the blocks would save over the
+    fit's steps and those the move would cost (``None`` where nothing was predicted)."""
+
+    leaves: tuple[str, ...]
+    moved: tuple[int, ...]
+    why: str
+    saving_seconds: float | None = None
+    move_seconds: float | None = None
+
+
+def crossings(leaves: Sequence[str], fan_in: int) -> int:
+    """Values that cross workers each step when leaf ``i`` sits on ``leaves[i]``: the
+    fixed-order tree of ``fan_in`` sums each group where its first child is, and the root's
+    sum is read on every worker holding leaves (replicated updates).  A worker's
+    consecutive leaves cost nothing; one worker's leaves among another's, a message per
+    pair and step."""
+    level, n = list(leaves), 0
+    while len(level) > 1:
+        groups = [level[j:j + fan_in] for j in range(0, len(level), fan_in)]
+        n += sum(w != g[0] for g in groups for w in g[1:])
+        level = [g[0] for g in groups]
+    return n + len(set(leaves)) - 1
+
+
+def step_seconds(leaves: Sequence[str], rows: Sequence[int], fit: Fit,
+                 threads: dict[str, int]) -> float:
+    """Predicted seconds a step spends on ``leaves``' placement: its crossings (each
+    :data:`MESSAGE_SECONDS` plus the gradient's bytes) and the busiest worker's share of
+    the batch (``6 * params`` FLOP a row at :data:`FLOPS_PER_THREAD` per thread)."""
+    total = max(1, sum(rows))
+    load: dict[str, int] = {}
+    for w, r in zip(leaves, rows):
+        load[w] = load.get(w, 0) + r
+    compute = max(fit.batch * r / total * 6 * fit.params / (FLOPS_PER_THREAD *
+                                                               max(1, threads.get(w, 1)))
+                  for w, r in load.items()) if load else 0.0
+    return crossings(leaves, fit.fan_in) * (MESSAGE_SECONDS + fit.grad_bytes /
+                                             MESSAGE_BYTES_PER_SECOND) + compute
+
+
+def move_seconds(moved: Sequence[int], nbytes: Sequence[int]) -> float:
+    """Predicted seconds to move partitions ``moved`` (of ``nbytes`` each) once, by Dask."""
+    return sum(FETCH_SECONDS + nbytes[i] / FETCH_BYTES_PER_SECOND for i in moved)
+
+
+def rebalance(holders: Sequence[str | None], rows: Sequence[int], nbytes: Sequence[int],
+              workers: Sequence[Worker | str], mode: str = "always", fit: Fit | None = None,
+              free: dict[str, float] | None = None) -> Moves:
+    """Where each partition's shard lives: where it sits, or moved once into blocks
+    (:func:`balance`), as ``mode`` says (``data.rebalance``, the estimators' ``rebalance``).
+
+    ``"never"`` leaves every partition where it is; ``"always"`` takes :func:`balance`'s
+    blocks; ``"auto"`` takes them only where the move pays for itself over the ``fit``: the
+    steps' predicted seconds in place (:func:`step_seconds`: crossings and the busiest
+    worker's rows) against the blocks' plus the move (:func:`move_seconds`), and only
+    where no receiving worker gets more bytes than its ``free`` memory.  Whatever the mode,
+    a partition whose holder is not among ``workers`` (gone, or a parameter server's head)
+    goes where the blocks put it: it is not held where it could train.  The bytes a run
+    computes do not depend on the answer: the reduce tree is fixed in partition order."""
+    workers = [w if isinstance(w, Worker) else Worker(w) for w in workers]
+    names = [w.address for w in workers]
+    blocks_ = balance([h or "" for h in holders], rows, names)
+    stay = tuple(h if h in names else b for h, b in zip(holders, blocks_))
+
+    def moves(leaves: Sequence[str]) -> tuple[int, ...]:
+        return tuple(i for i, (h, w) in enumerate(zip(holders, leaves)) if h is not None
+                     and h != w)
+
+    forced = moves(stay)
+    if mode == "never" or stay == blocks_:
+        why = "rebalance = 'never': every partition trains where it sits"             if mode == "never" else "the partitions already sit in blocks of consecutive "             "partitions of about equal rows"
+        if forced:
+            why += f"; {len(forced)} held off the training workers moved to one"
+        return Moves(stay, forced, why)
+    if mode == "always" or fit is None:
+        return Moves(blocks_, moves(blocks_), "rebalance = 'always': each worker a block of "
+                     "consecutive partitions of about equal rows")
+    threads = {w.address: w.threads for w in workers}
+    saving = fit.steps * (step_seconds(stay, rows, fit, threads) -
+                          step_seconds(blocks_, rows, fit, threads))
+    cost = move_seconds(moves(blocks_), nbytes) - move_seconds(forced, nbytes)
+    said = (f"over {fit.steps:,} steps in blocks a predicted {saving:.3g} s saved, against "
+            f"{cost:.3g} s to move {len(moves(blocks_)) - len(forced)} partition(s)")
+    incoming: dict[str, int] = {}
+    for i in moves(blocks_):
+        incoming[blocks_[i]] = incoming.get(blocks_[i], 0) + nbytes[i]
+    short = sorted(w for w, b in incoming.items() if free and b > free.get(w, float("inf")))
+    if saving > cost and not short:
+        return Moves(blocks_, moves(blocks_), f"rebalance = 'auto': moving pays: {said}",
+                     saving, cost)
+    why = f"rebalance = 'auto': moving does not pay: {said}" if not short else \
+        (f"rebalance = 'auto': moving would pay ({said}) but {', '.join(short)} has too "
+         f"little free memory for what would move to it")
+    if forced:
+        why += f"; {len(forced)} held off the training workers moved to one"
+    return Moves(stay, forced, why, saving, cost)
+
+
+def place_partitions(workers: Sequence[Worker | str], holders: Sequence[str | None],
+                     rows: Sequence[int], server: bool = False, nbytes: Sequence[int] = (),
+                     mode: str = "always", fit: Fit | None = None,
+                     free: dict[str, float] | None = None) -> Placement:
     """:func:`place` for shards that are partitions already on workers (``holders``):
-    each stays where it is, unless :func:`balance` moves it (into blocks, or to balance).
-    With a ``server`` the first worker only reduces and updates, so its partitions go to
-    the others."""
+    each stays where it is, unless :func:`rebalance` moves it (``mode``: into blocks
+    always, never, or where the ``fit`` pays for the move of ``nbytes`` within the
+    receivers' ``free`` memory); the answer is the placement's ``moves``.  With a
+    ``server`` the first worker only reduces and updates, so its partitions go to the
+    others."""
     workers = [w if isinstance(w, Worker) else Worker(w) for w in workers]
     head, trainers = (workers[0], workers[1:]) if server else (None, workers)
-    leaves = balance(holders, rows, [w.address for w in trainers])
+    moves = rebalance(holders, rows, list(nbytes) or [0] * len(holders), trainers, mode, fit,
+                      free)
+    leaves = moves.leaves
     return Placement(leaves, head.address if head else leaves[0],
-                     frozenset(w.address for w in workers if w.gpu))
+                     frozenset(w.address for w in workers if w.gpu), moves)

@@ -44,7 +44,7 @@ from dask.task_spec import Task, TaskRef
 
 from dtrain.core import keys
 from dtrain.core.arrays import array_module, like, on_gpu, to_host
-from dtrain.deploy import p2p
+from dtrain.deploy import p2p, runtime
 from dtrain.taskgraph.fuse import (CRITICAL, META, Packed, Ran, chain_of, in_order, leave_pool,
                                    pick, plain, run_chain)
 from dtrain.taskgraph.tasks import reduce
@@ -79,17 +79,25 @@ class Piece:
     follows: int | None = None      # ... after the window of this first step, if given
 
 
-_here = threading.local()       # the running piece's link (a chain's message nodes use it)
+def _local() -> threading.local:
+    """Each thread's running piece's link (a chain's message nodes use it): a part of this
+    process's runtime."""
+    return runtime.here().part("links", threading.local)
+
+
+def current() -> p2p.Link:
+    """The running window's connections (in a chain's message nodes)."""
+    return _local().link
 
 
 def recv(rank: int, tag: str) -> Any:
     """A message node: the value of ``tag``, made by rank ``rank``."""
-    return _here.link.recv(rank, tag)
+    return _local().link.recv(rank, tag)
 
 
 def send(ranks: tuple[int, ...], tag: str, value: Any) -> Any:
     """A message node: send ``value`` as ``tag`` to ``ranks``; it stays here as it was."""
-    _here.link.send(ranks, tag, value)
+    _local().link.send(ranks, tag, value)
     return value
 
 
@@ -124,7 +132,7 @@ def allreduce(task: Allreduce, *mine: Any) -> Any:
     reader, this worker's segment summed over ``tree`` and sent to every other reader,
     and the whole sum put back together from the segments (the bytes of the tree's sum,
     number for number).  Every send goes out before the first read."""
-    link, me, of = _here.link, task.readers[task.index], len(task.readers)
+    link, me, of = current(), task.readers[task.index], len(task.readers)
     rank = link.mesh.rank
     held = [i for i, h in enumerate(task.holders) if h == me]
     bufs = dict(zip(held, mine))
@@ -169,21 +177,23 @@ def run_on(node: p2p.Node, piece: Piece, *inputs: Any) -> Ran:
         if piece.follows is not None:
             node.turn(piece.follows, piece.timeout)
         to = (*piece.to, *([piece.report] if piece.report is not None else ()))
-        _here.link = link = node.link(piece.mesh, to, (*piece.frm, *piece.collect),
-                                      piece.timeout)
+        _local().link = link = node.link(piece.mesh, to, (*piece.frm, *piece.collect),
+                                         piece.timeout)
         try:
             ran = run_chain(piece.chain, *inputs)
             ran = dataclasses.replace(ran, sent=(link.messages, link.bytes), via=link.via())
             if piece.report is not None:
                 link.send([piece.report], REPORT, dataclasses.replace(ran, values=()))
-            return merged(ran, [link.recv(r, REPORT) for r in piece.collect])
+            out = merged(ran, [link.recv(r, REPORT) for r in piece.collect])
+            link.finish()
+            return out
         finally:
             node.done(piece.first)
     except BaseException as exc:
         node.abort(f"rank {piece.rank}'s window task failed: {type(exc).__name__}: {exc}")
         raise
     finally:
-        _here.link = None
+        _local().link = None
 
 
 def merged(mine: Ran, others: list[Ran]) -> Ran:

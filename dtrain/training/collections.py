@@ -3,8 +3,8 @@
 :func:`from_arrays`, :func:`from_frame` and :func:`from_files` make a
 :class:`Collection`: every partition computed (or already held) on the
 cluster, one future each, in partition order, where the scheduler put it (the
-engine then moves some once, into blocks of consecutive partitions per worker:
-:func:`dtrain.taskgraph.placement.balance`).  Files are read by the workers
+engine then moves some once, into blocks of consecutive partitions per worker, where that
+pays: :func:`dtrain.taskgraph.placement.rebalance`).  Files are read by the workers
 each in a block of its own, as the engine wants them, so that none has to move.
 Nothing is gathered to the driver or concatenated anywhere; unknown chunk sizes are learnt once, by
 :func:`describe`, which runs :func:`dtrain.data.partitions.part_stats` on each

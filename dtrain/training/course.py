@@ -14,6 +14,7 @@ from dtrain.core.errors import Stopped
 from dtrain.core.modelfile import Normalization
 from dtrain.maths.optim import TrainState
 from dtrain.observe.recorder import Recorder
+from dtrain.taskgraph.placement import Fit
 from dtrain.training.checkpoint import Checkpoint, Checkpoints
 from dtrain.training.plan import Plan
 from dtrain.training.stopping import Watch, watched
@@ -146,15 +147,28 @@ def windows(plan: Plan, start: int,
         first = stop
 
 
-def moved_summary(moved: list[tuple[int, str, str, int]]) -> dict[str, Any]:
-    """``summary.json``'s account of the partitions that moved between workers."""
-    if not moved:
+def moved_summary(moved: list[tuple[int, str, str, int]], why: str = "") -> dict[str, Any]:
+    """``summary.json``'s account of the partitions that moved between workers, and
+    ``why`` (:attr:`~dtrain.taskgraph.placement.Moves.why`: what moved and why, or why
+    nothing did); nothing for a run whose data was not on the cluster."""
+    if not moved and not why:
         return {}
     return {"partitions": len(moved), "bytes": sum(b for *_, b in moved),
-            "why": "balance: each worker a block of consecutive partitions of about equal "
-                   "rows (a worker held partitions among another's, more than its share of "
-                   "the rows, or left)",
+            "why": why or "balance: each worker a block of consecutive partitions of about "
+                   "equal rows (a worker held partitions among another's, more than its "
+                   "share of the rows, or left)",
             "moves": [{"partition": i, "from": a, "to": b, "bytes": n} for i, a, b, n in moved]}
+
+
+def rebalance_fit(plan: Plan, first: int) -> Fit:
+    """What the run from step ``first`` will do, as the decision to move partitions sees
+    it (:func:`~dtrain.taskgraph.placement.rebalance`)."""
+    rows = plan.collection.stats.sizes if plan.collection and plan.collection.stats else ()
+    batch = min(plan.config.train.batch_size, sum(rows)) if rows else \
+        plan.config.train.batch_size
+    grad = plan.recipe.leaf_bytes or plan.net.size * 8
+    return Fit(max(0, len(plan.schedule) - first), batch, plan.net.size, grad,
+               plan.recipe.fan_in)
 
 
 def moved_line(moved: list[tuple[int, str, str, int]], sizes: tuple[int, ...]) -> str:

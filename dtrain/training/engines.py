@@ -27,29 +27,32 @@ import numpy as np
 from dask.task_spec import TaskRef
 from distributed import Client, Future
 
-from dtrain.core import keys
+from dtrain.core import internals, keys
 from dtrain.core.arrays import gpu_problem
 from dtrain.core.broadcast import on_workers, once, register
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
-from dtrain.deploy import p2p, tuning
+from dtrain.deploy import p2p, runtime, tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
 from dtrain.deploy.logs import QuietUserErrors, lost_gathers_quiet
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
-from dtrain.deploy.workers import StrandedTasks, forgotten, gather, present, round_trip, workers
+from dtrain.deploy.workers import (StrandedTasks, forgotten, free_memory, gather, present,
+                                   round_trip, workers)
 from dtrain.maths.optim import TrainState
 from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
-from dtrain.taskgraph import fuse, handoff, segments, span
+from dtrain.taskgraph import describe, fuse, handoff, passes, segments
 from dtrain.taskgraph.handoff import StateGone
-from dtrain.taskgraph.dataparallel import TINY_FLOPS, fuse_choice, shard_rows
+from dtrain.taskgraph.dataparallel import (TINY_FLOPS, DataParallel, add_step, fuse_choice,
+                                           shard_rows)
 from dtrain.taskgraph.placement import Placement, Worker, choices
 from dtrain.taskgraph.tasks import calibrate
 from dtrain.taskgraph.window import Window
 from dtrain.training.checkpoint import Checkpoint, Checkpoints
 from dtrain.training import heldout
 from dtrain.training.course import (Book, Outcome, Start, Stop, chosen, moved_line,
-                                    moved_summary, stop_before, stop_here, windows)
+                                    moved_summary, rebalance_fit, stop_before, stop_here,
+                                    windows)
 from dtrain.training.plan import Plan
 from dtrain.training.stopping import Watch, needed_states
 
@@ -146,8 +149,10 @@ class DaskEngine:
         self.plan, self.client = plan, client
         self.run_id = plan.run
         # a worker lost meanwhile: its successor gets them too; a kept cluster: once
-        for plugin in (QuietUserErrors(), WorkersIgnoreInterrupts(), metrics.StepTimer(),
-                       metrics.TransferCounter(), StrandedTasks(), fuse.OpenChains()):
+        for plugin in (runtime.RuntimePlugin(), QuietUserErrors(), WorkersIgnoreInterrupts(),
+                       metrics.StepTimer(),
+                       metrics.TransferCounter(), StrandedTasks(), fuse.OpenChains(),
+                       tuning.QuietNanny()):
             once(client, plugin.name, functools.partial(register, client, plugin))
         self.low_latency = plan.config.cluster.low_latency and \
             once(client, "low-latency", functools.partial(tuning.low_latency, client))
@@ -176,10 +181,15 @@ class DaskEngine:
         coll = plan.collection                      # partitions already on the cluster
         self.held: dict[Any, Future] = {f.key: f for f in coll.futures} if coll else {}
         self.moved: list[tuple[int, str, str, int]] = []   # balancing: (shard, from, to, bytes)
+        self.moves_why = ""                         # ... and why (or why nothing moved)
+        self.first_step = 0                         # the step this engine starts at
         self.mesh: p2p.Mesh | None = None           # windows that span workers: their peers
         self.meshes = 0                             # ... how many were opened
         self.spanned_windows = 0                    # windows run as a task per worker
         self.segmented_windows = 0                  # ... their sums reduced in segments
+        self.described_windows = 0                  # ... described, each worker building its own
+        self.contexts: tuple[p2p.Mesh, describe.Layout, list[Future]] | None = None
+        self.step_sum: str | None = None            # ... the schedule of their steps' sums
         self.sent = [0, 0]                          # ... their messages and bytes
         self.via: set[str] = set()                  # ... and how they went (deploy.p2p)
         self.reruns: list[str] = []                 # windows run again, and why
@@ -274,14 +284,17 @@ class DaskEngine:
         return placement
 
     def _place_partitions(self, present: list[Worker]) -> Placement:
-        """Partitions stay on the workers holding them, but for balanced blocks
-        (:func:`~dtrain.taskgraph.placement.balance`); what moves (first placement: into
-        blocks; later: off workers that are gone) is logged in ``moved``."""
+        """Partitions stay on the workers holding them, but where moving them into blocks
+        pays (:func:`~dtrain.taskgraph.placement.rebalance`, ``data.rebalance``); what
+        moves (first placement: into blocks; later: off workers that are gone) is logged
+        in ``moved``, and why in ``moves_why``."""
         coll = self.plan.collection
-        holders = coll.holders(self.client)
-        placement = self.plan.builder.place(present, holders, list(coll.stats.sizes))
-        nbytes = coll.nbytes(self.client) if any(
-            h != w for h, w in zip(holders, placement.leaves)) else []
+        holders, nbytes = coll.holders(self.client), coll.nbytes(self.client)
+        placement = self.plan.builder.place(
+            present, holders, list(coll.stats.sizes), nbytes=nbytes,
+            mode=self.plan.config.data.rebalance, free=free_memory(self.client),
+            fit=rebalance_fit(self.plan, self.first_step))
+        self.moves_why = self.moves_why or (placement.moves.why if placement.moves else "")
         self.moved += [(i, h, w, nbytes[i]) for i, (h, w) in
                        enumerate(zip(holders, placement.leaves)) if h != w and h is not None
                        and not (i < len(self.items) and self.items[i][0] == w)]
@@ -348,6 +361,20 @@ class DaskEngine:
                 future.release()
             self.items.clear()
             raise
+        finally:
+            self._drop_moved()
+
+    def _drop_moved(self) -> None:
+        """A partition moved for the run is not held twice once it ends: the copy where it
+        went is dropped where its worker of origin (or another) still holds it."""
+        coll = self.plan.collection
+        if not self.moved or coll is None:
+            return
+        try:
+            self.client.run_on_scheduler(internals.drop_copies,
+                                         [(coll.keys[i], to) for i, _, to, _ in self.moved])
+        except Exception:       # a cluster going down as the run ends: nothing to drop
+            pass
 
     def _run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
              stop: Stop, watch: Watch) -> Outcome:
@@ -451,11 +478,13 @@ class DaskEngine:
                         "measured": moved["bytes"] + self.sent[1],
                         "transfers": moved["transfers"] + self.sent[0],
                         "predicted_transfers": self.predicted_transfers}, self.split(),
-                       moved_summary(self.moved),
+                       moved_summary(self.moved, self.moves_why),
                        {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
                         "fused_windows": self.fused_windows,
                         "spanned_windows": self.spanned_windows,
                         "segmented_windows": self.segmented_windows, "meshes": self.meshes,
+                        "described_windows": self.described_windows,
+                        "step_sum": self.step_sum,
                         "via": sorted(self.via),
                         "reruns": self.reruns,
                         "state_bytes_in_graphs": self.literal_bytes, "choice": self.choice,
@@ -466,7 +495,7 @@ class DaskEngine:
         """What every run on the cluster starts with: the data placed and loaded (what
         moved, said), the held-out splits loaded beside it; a stop asked for meanwhile
         stops it there (:func:`~dtrain.training.course.stop_before`)."""
-        self.fresh = start.fresh
+        self.fresh, self.first_step = start.fresh, start.step
         placement = self.place()
         if self.moved:
             recorder.say(moved_line(self.moved, self.plan.collection.stats.sizes))
@@ -485,6 +514,7 @@ class DaskEngine:
             pass
 
     def _close_mesh(self) -> None:
+        self.contexts = None                # (their futures released: the tasks forgotten)
         if self.mesh is not None:
             p2p.close_mesh(self.client, self.mesh, self.plan.config.cluster.timeout)
             self.mesh = None
@@ -496,7 +526,13 @@ class DaskEngine:
             self._close_mesh()
             cfg = self.plan.config.cluster
             self.mesh = p2p.open_mesh(self.client, participants, cfg.timeout,
-                                      local=cfg.p2p == "auto")
+                                      local=cfg.p2p in ("auto", "mesh"),
+                                      mpi=cfg.p2p == "mpi")
+            if cfg.p2p == "mpi" and not self.mesh.over_mpi:
+                self._close_mesh()
+                raise UserError("cluster.p2p = 'mpi' needs workers that are ranks of dtrain's "
+                                "own MPI job (mpirun ... python -m dtrain --scheduler-rank 0, "
+                                "mpi4py with MPI_THREAD_MULTIPLE); use 'auto' elsewhere")
             self.meshes += 1
         return self.mesh
 
@@ -632,33 +668,31 @@ class DaskEngine:
                           placement: Placement, book: Book, take: bool, trim: Any,
                           follows: int | None) -> Launched:
         p = self.plan
+        if p.config.graph.fuse_steps and p.config.graph.reduce == "tree" and \
+                isinstance(p.builder, DataParallel) and describe.describable(
+                    p.recipe, placement, p.builder.server, p.builder.unit is not add_step):
+            win = self._described(steps, window, state, val, placement, take, trim, follows)
+            return self._submitted(win, window, book)
         win = p.builder.window(steps, state, self.refs, heldout.refs(val), placement,
                                self.run_id)
-        if p.config.graph.reduce == "segments" and p.config.graph.fuse_steps and \
-                fuse.one_worker(win) is None:               # a window cut across workers
-            itemsize = np.dtype(p.net.dtype).itemsize
-            win = segments.split(win, self.run_id, itemsize)
-            messages, nbytes = segments.traffic(win, itemsize)
-            self.segmented_windows += messages > 0
-            self.predicted_transfers += messages
-            self.predicted_bytes += nbytes
-        located = {f.key: w for w, f in self.items} | heldout.located(val, placement.root)
-        moves = win.transfers(located)
-        self.predicted_bytes += sum(win.nbytes.get(k, 0) for k, _, _ in moves)
-        self.predicted_transfers += len(moves)
         made = handoff.Fresh(p.net, p.opt, p.config.model.seed) \
             if self.fresh and window.start == 0 and p.init is None else None   # a fresh run's
-        win = handoff.rewrite(win, self.run_id, window.start, window.stop, take, made,
-                              self._peer_wait() if follows is not None else 0.0,
-                              self.attempt)
-        self.literal_bytes += handoff.literal_size(win)
-        if p.config.graph.fuse_steps:               # a task per worker and window
-            if fuse.one_worker(win) is not None:
-                win = fuse.steps(win, window.start, window.stop - 1, self.run_id, trim)
-            elif win.dsk:
-                win = span.steps(win, window.start, window.stop - 1, self.run_id,
-                                 self._mesh(span.workers_of(win)), self._peer_wait(), trim,
-                                 follows)
+        opts = passes.Options(
+            self.run_id, window.start, window.stop, p.config.graph.fuse_steps,
+            p.config.graph.reduce == "segments", np.dtype(p.net.dtype).itemsize, take, made,
+            self._peer_wait() if follows is not None else 0.0, self.attempt, trim, follows,
+            self._peer_wait(), self._mesh)
+        done = passes.optimize(win, opts, {f.key: w for w, f in self.items} |
+                               heldout.located(val, placement.root))
+        self.segmented_windows += done.segmented
+        self.predicted_transfers += done.messages
+        self.predicted_bytes += done.nbytes
+        self.literal_bytes += done.literal_bytes
+        win = done.win
+        return self._submitted(win, window, book)
+
+    def _submitted(self, win: Window, window: range, book: Book) -> Launched:
+        """Submit a window built and rewritten; its futures, as a :class:`Launched`."""
         self.step_tasks += win.step_tasks()
         self.fused = win.fused or self.fused
         futures = self._submit(win)
@@ -672,6 +706,59 @@ class DaskEngine:
             fut.add_done_callback(lambda f, e=epoch: book.arrived.setdefault(
                 e, time.perf_counter()))
         return out
+
+    def _described(self, steps: list, window: range, state: TrainState, val: Any,
+                   placement: Placement, take: bool, trim: Any, follows: int | None
+                   ) -> Window:
+        """A window described to each worker, which builds its chain itself
+        (:mod:`~dtrain.taskgraph.describe`): the state it starts from is the one each worker
+        kept (``take``), made from the seed there (a fresh run's first window), or sent."""
+        p, run = self.plan, self.run_id
+        lay, contexts = self._contexts(placement, val)
+        first, last = window.start, window.stop - 1
+        start: Any = state
+        if take:
+            start = handoff.Handed(run, first, self._peer_wait() if follows is not None
+                                   else 0.0, self.attempt)
+        elif self.fresh and first == 0 and p.init is None:
+            start = handoff.Fresh(p.net, p.opt, p.config.model.seed)
+        else:
+            self.literal_bytes += p.recipe.state_bytes
+        evals = {s.epoch: self._key(keys.EVALUATE, s.epoch + 1) for s in steps if s.last}
+        messages, numbers = lay.traffic(p.net.buffer_size)
+        self.predicted_transfers += messages * len(steps)
+        self.predicted_bytes += numbers * np.dtype(p.net.dtype).itemsize * len(steps)
+        self.described_windows += 1
+        return describe.window(first, last, run, lay, contexts, start,
+                               handoff.Handed(run, window.stop, attempt=self.attempt),
+                               self._peer_wait(), follows, trim, evals, p.recipe.state_bytes,
+                               describe.fused_note(lay))
+
+    def _contexts(self, placement: Placement, val: Any) -> tuple[describe.Layout, list[str]]:
+        """The described windows' layout on ``placement`` and each worker's context task
+        (made once per mesh, beside the worker's shards: :func:`describe.context_tasks`)."""
+        workers = list(dict.fromkeys(placement.leaves))
+        mesh = self._mesh(workers)
+        if self.contexts is not None and self.contexts[0] is mesh:
+            return self.contexts[1], [f.key for f in self.contexts[2]]
+        p = self.plan
+        hosts = {w.rsplit(":", 1)[0] for w in mesh.workers}
+        lay = describe.layout(p.recipe, placement, len(hosts) == 1 and
+                              p.config.cluster.p2p != "tcp", mesh.workers)
+        made = describe.setups(p.recipe, p.schedule, placement, lay, mesh,
+                               heldout.refs(val))
+        futures = {f.key: f for _, f in self.items} | heldout.futures(val)
+        tasks = describe.context_tasks(made, self.refs,
+                                       lambda r: self._key(keys.CONTEXT, self.meshes, r))
+        got = []
+        for w, task in tasks:
+            args = [futures[a.key] if isinstance(a, TaskRef) else a for a in task.args]
+            # (loosely, as every task of a window: a worker lost, the context is made again
+            # elsewhere and the window there fails Misplaced, to be run again on a new mesh)
+            got.append(self.client.submit(task.func, *args, key=task.key, workers=[w],
+                                          allow_other_workers=True, pure=False))
+        self.contexts, self.step_sum = (mesh, lay, got), lay.schedule
+        return lay, [f.key for f in got]
 
     def _count_fused(self, win: Window, ran: fuse.Ran, book: Book, ended: float,
                      before: float | None = None) -> None:

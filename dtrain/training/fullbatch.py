@@ -82,7 +82,7 @@ class FullBatchEngine(DaskEngine):
                        {"predicted": self.predicted_bytes, "measured": moved["bytes"],
                         "transfers": moved["transfers"],
                         "predicted_transfers": self.predicted_transfers}, self.split(),
-                       moved_summary(self.moved),
+                       moved_summary(self.moved, self.moves_why),
                        {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
                         "fused_windows": int(one)},
                        {"name": "lbfgs", "iterations": last, "evaluations": found.evaluations,

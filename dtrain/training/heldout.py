@@ -102,6 +102,13 @@ def refs(parts: Any) -> HeldOut:
     return TaskRef(parts.key) if parts is not None else None
 
 
+def futures(parts: Any) -> dict[Any, Future]:
+    """Held-out data's futures by key."""
+    if isinstance(parts, list):
+        return {f.key: f for f, _ in parts}
+    return {parts.key: parts} if parts is not None else {}
+
+
 def located(parts: Any, root: str) -> dict[Any, str]:
     """Where held-out data sits: on the root, or each part beside its partition."""
     if isinstance(parts, list):

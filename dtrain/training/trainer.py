@@ -267,6 +267,7 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
                 from None
         params = the_plan.net.named(the_plan.opt.params(outcome.state))
         summary = _summary(the_plan, outcome, watch, recorder.phases)
+        summary["head_cpu_ms_per_step"] = _head_cpu(the_plan, recorder.cpu)
         spec = model_spec(the_plan, outcome, watch)
         recorder.finish(params, summary, spec, keep_checkpoint=watch.stopped is None)
         if signals.requested:
@@ -428,6 +429,17 @@ def _summary(plan: Plan, outcome: Outcome, watch: Watch, phases: dict[str, float
     }
 
 
+def _head_cpu(plan: Plan, marks: list[tuple[int, float]]) -> float | None:
+    """This process's CPU (the driver's, and a LocalCluster's or the head rank's scheduler
+    beside it) per training step in steady state, in milliseconds: between the first and the
+    last epoch rows recorded (rows come as windows end), over the steps between their
+    epochs; None where they are one window's."""
+    if len(marks) < 2 or marks[-1][0] <= marks[0][0]:
+        return None
+    (first, start), (last, end) = marks[0], marks[-1]
+    return (end - start) * 1e3 / ((last - first) * plan.schedule.steps_per_epoch)
+
+
 def _regression(plan: Plan, outcome: Outcome) -> dict[str, Any]:
     """A regression's test figures (each the mean over targets), computed on the worker with
     the test loss; nothing for a classifier."""
@@ -460,6 +472,8 @@ def _graph(outcome: Outcome) -> dict[str, Any]:
             "fused_windows": g.get("fused_windows", 0),
             "spanned_windows": g.get("spanned_windows", 0),
             "segmented_windows": g.get("segmented_windows", 0),
+            "described_windows": g.get("described_windows", 0),
+            "step_sum": g.get("step_sum"),
             "worker_to_worker": g.get("via", []),
             "scheduler_tasks_per_step": outcome.compute["scheduler_tasks"] / steps
             if "scheduler_tasks" in outcome.compute else None,
