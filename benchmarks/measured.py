@@ -25,8 +25,8 @@ def compute_rates(cfg: Any, rows: int, repeat: int = 5) -> dict[str, float]:
 
     p = plan(cfg)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((rows, p.net.layers[0])).astype(p.net.dtype)   # (b, D)
-    y = rng.integers(0, p.net.layers[-1], rows)                              # (b,)
+    x = rng.standard_normal((rows, p.net.features)).astype(p.net.dtype)    # (b, D)
+    y = rng.integers(0, p.net.outputs, rows)                                 # (b,)
     state = p.opt.init_state(p.net.init(0))
     fb, upd = [], []
     for _ in range(repeat):

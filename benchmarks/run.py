@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from dtrain.core import layerspec
 from dtrain.core.errors import UserError
 from dtrain.training.plan import plan
 
@@ -168,7 +169,7 @@ def run_one(wl: Workload, workers: int, contender: Contender, repeat: int, args,
         return run
     run.steps_per_epoch, run.train_samples = the_plan.schedule.steps_per_epoch, the_plan.train_samples
     run.train_mb = the_plan.train_samples * the_plan.info.features * 4 / 2**20
-    run.network = "-".join(map(str, cfg.model.layers))
+    run.network = layerspec.describe(cfg.model.layers, cfg.model.input_shape)
     run.batch_size = min(cfg.train.batch_size, the_plan.train_samples)
     run_dir = run_path(args.out, run)
     run_dir.mkdir(parents=True)

@@ -31,13 +31,17 @@ from benchmarks.contenders import torch_unsupported
 
 
 def build_model(the_plan):
-    """``Linear`` layers with dtrain's activation between them, holding dtrain's initial parameters."""
+    """``Linear`` layers with dtrain's activation between them, holding dtrain's initial
+    parameters; a convolutional net's ``Conv2d``, pooling, ``Flatten`` and ``Dropout``
+    layers too, taking the same flat rows (an ``Unflatten`` to (C, H, W) first)."""
     import torch
     from torch import nn
 
     activations = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "relu": nn.ReLU}
     net = the_plan.net
     init = net.unflatten(the_plan.opt.params(the_plan.initial_state()))
+    if not net.dense:
+        return _image_model(torch, nn, net, init, activations[net.activation])
     layers: list[nn.Module] = []
     for n, (W, b) in enumerate(init):
         linear = nn.Linear(W.shape[1], W.shape[0], dtype=torch.float32)
@@ -47,6 +51,35 @@ def build_model(the_plan):
         layers.append(linear)
         if n < len(init) - 1:
             layers.append(activations[net.activation]())
+    return nn.Sequential(*layers)
+
+
+def _image_model(torch, nn, net, init, activation):
+    """``build_model`` of a net with layer specs, in the order of its ops."""
+    from dtrain.core.layerspec import Pool
+
+    layers: list[nn.Module] = [nn.Unflatten(1, net.walk[0].shape_in)]
+    for kind, st, p in net.ops:
+        layer = st.layer
+        if kind in ("dense", "conv"):
+            W, b = (np.ascontiguousarray(a, dtype=np.float32) for a in init[p])
+            module = nn.Linear(W.shape[1], W.shape[0]) if kind == "dense" else \
+                nn.Conv2d(W.shape[1], W.shape[0], W.shape[2], stride=layer.stride,
+                          padding=layer.padding)
+            with torch.no_grad():
+                module.weight.copy_(torch.from_numpy(W))
+                module.bias.copy_(torch.from_numpy(b))
+            layers.append(module)
+        elif kind == "act":
+            layers.append(activation())
+        elif kind == "pool":
+            cls = nn.MaxPool2d if isinstance(layer, Pool) and layer.pool == "max" \
+                else nn.AvgPool2d
+            layers.append(cls(layer.size, layer.step))
+        elif kind == "flatten":
+            layers.append(nn.Flatten())
+        else:
+            layers.append(nn.Dropout(layer.dropout))
     return nn.Sequential(*layers)
 
 
@@ -94,6 +127,9 @@ def train_rank(rank: int, world: int, run_dir: Path, port: int) -> None:
             out.finish({f"{'Wb'[i % 2]}{i // 2 + 1}": a for i, a in enumerate(params)},
                        {"strategy": "torch-ddp", "workers": world, "steps": len(p.schedule)})
         (run_dir / f"rss-{rank}.json").write_text(json.dumps(peak_rss_mb()))
+        dist.barrier()     # every rank done before any tears gloo down: a rank that left
+        #                    first sometimes died in teardown ("terminate called without an
+        #                    active exception") while rank 0 still wrote its files
     finally:
         dist.destroy_process_group()
 

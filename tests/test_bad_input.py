@@ -47,6 +47,17 @@ def _images(tmp: Path, broken: bool = False, empty: bool = False) -> list[str]:
             "--set", "data.image_size=[4, 4]", "--set", "model.layers=[16, 3]"]
 
 
+_CONV = ["--set", "model.layers=[{conv = 2, kernel = 3}, {pool = 'max', size = 2}, 'flatten', "
+         "72, 3]", "--set", "model.input_shape=[1, 14, 14]"]
+
+
+def _images_of_another_shape(tmp: Path) -> list[str]:
+    """A convolutional net for 14x14 grey images, on colour ones of 14x14."""
+    make_images(tmp)
+    return ["--set", "data.dataset=image-folder", "--set", f"data.path={tmp}",
+            "--set", "data.image_size=[14, 14]", "--set", "data.grayscale=false", *_CONV]
+
+
 def _csv(tmp: Path, text: str) -> list[str]:
     (tmp / "data.csv").write_text(text)
     return ["--set", "data.dataset=csv", "--set", f"data.path={tmp / 'data.csv'}"]
@@ -192,6 +203,23 @@ TABLE = [
     ("model-parallel, no hidden layer", lambda t: ["--set", "graph.strategy=model-parallel",
                                                    "--set", "model.layers=[4, 3]"],
      "splits hidden layers, but model.layers = [4, 3] has none"),
+    ("a kernel larger than its input", lambda t: [
+        "--set", "model.layers=[{conv = 2, kernel = 5}, 'flatten', 2, 3]",
+        "--set", "model.input_shape=[1, 2, 2]"],
+     "model.layers[0] = {{conv = 2, kernel = 5, stride = 1, padding = 0}}: its 5x5 kernel is "
+     "larger than its 2x2 input"),
+    ("images of another shape than model.input_shape", _images_of_another_shape,
+     "model.input_shape = [1, 14, 14] but the images in {t} are [3, 14, 14] (channels, height, "
+     "width: data.image_size, data.grayscale); set model.input_shape = [3, 14, 14]"),
+    ("dense sizes on images", lambda t: ["--set", "model.layers=[{conv = 2, kernel = 1}, 8, 3]",
+                                         "--set", "model.input_shape=[1, 2, 2]"],
+     "model.layers[1] = 8 is a dense size but its input is 2x2x2 images: put 'flatten' "
+     "before it"),
+    ("model-parallel, a convolution", lambda t: [
+        "--set", "graph.strategy=model-parallel", *_CONV[:2], "--set",
+        "model.input_shape=[1, 2, 2]", "--set", "model.layers=[{conv = 2, kernel = 1}, "
+        "'flatten', 8, 3]"],
+     "graph.strategy = 'model-parallel' splits dense layers only"),
     ("more slices than units", lambda t: ["--set", "graph.strategy=model-parallel",
                                           "--set", "graph.slices=20"],
      "graph.slices = 20 but the narrowest split layer has 16 units"),

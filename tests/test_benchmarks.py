@@ -32,14 +32,15 @@ def test_every_workload_is_a_valid_dtrain_run(quick, shared_data):
     real data (features and classes match the files, the sizes are the issue's)."""
     workloads = load_workloads(quick)
     assert list(workloads) == ["P1", "P2", "P3", "P4", "fullbatch", "weak", "in784",
-                               "in3248", "in12544", "iris"]
+                               "in3248", "in12544", "lenet", "iris"]
     sizes = {}
     for wl in workloads.values():
         for n in (1, 4):
             cfg = wl.config_for(n, "allreduce", n, shared_data)
             p = plan(cfg)
             assert cfg.data.shards == n and cfg.model.dtype == "float32"
-            assert cfg.model.activation == "sigmoid" and cfg.optim.name == "sgd"
+            assert cfg.model.activation == ("relu" if wl.name == "lenet" else "sigmoid")
+            assert cfg.optim.name == "sgd"
             sizes[wl.name, n] = (p.train_samples, min(cfg.train.batch_size, p.train_samples),
                                  tuple(cfg.model.layers))
     big = workloads["in12544"]
@@ -57,6 +58,9 @@ def test_every_workload_is_a_valid_dtrain_run(quick, shared_data):
         assert [sizes[f"in{d}", 1][2] for d in (784, 3248, 12544)] == [(784, 10), (3248, 10),
                                                                        (12544, 10)]
         assert sizes["iris", 1][1:] == (4, (4, 30, 20, 3))
+        assert sizes["lenet", 4][:2] == (10000, 64)           # issue 52: LeNet-5, batch 64
+        assert plan(workloads["lenet"].config_for(1, "allreduce", 1, shared_data)).net.shapes \
+            == [(6, 1, 5, 5), (16, 6, 5, 5), (120, 400), (84, 120), (10, 84)]
 
 
 def test_every_dtrain_strategy_has_a_contender_with_its_own_config(shared_data):
@@ -396,6 +400,7 @@ def _module(name: str, *args: str, timeout: float = 600) -> subprocess.Completed
     ("oneworker", ["--epochs", "1"], "--epochs must be at least 2"),
     ("oneworker", ["--only", "P9"], "invalid choice: 'P9'"),
     ("oneworker", ["--only", "P3-1", "--data-dir", "/nowhere"], "no MNIST under /nowhere/mnist"),
+    ("lenet_step", ["--batch", "0"], "'0' is not a whole number >= 1"),
 ])
 def test_the_side_benchmarks_say_bad_arguments_in_one_line(name, args, says):
     proc = _module(name, *args, timeout=60)

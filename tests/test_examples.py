@@ -69,6 +69,19 @@ def test_predict_and_export(tmp_path):
 
 
 @pytest.mark.slow
+def test_mnist_cnn(tmp_path, mnist_dir):
+    """LeNet-5 for 2 epochs (the page shows that run): its lines are the page's, and the
+    ONNX export's probabilities are within 1e-4 of dtrain's."""
+    pytest.importorskip("onnxruntime", reason="pip install -e '.[onnx]'")
+    lines = _run("mnist_cnn.py", str(mnist_dir), "2", cwd=tmp_path).stdout.splitlines()
+    shown = _shown("mnist_cnn.py")
+    assert lines[:-1] == shown[:-1]
+    match = re.fullmatch(r"onnx: runs/mnist-cnn-example/model.onnx, labels agree: True, "
+                         r"largest probability difference (\S+)", lines[-1])
+    assert match and float(match.group(1)) <= 1e-4, lines[-1]
+
+
+@pytest.mark.slow
 def test_cpu_and_gpu(tmp_path):
     lines = _run("cpu_and_gpu.py", cwd=tmp_path).stdout.splitlines()
     if gpu_count():

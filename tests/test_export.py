@@ -244,3 +244,65 @@ def test_a_regressor_exports_its_values_as_variable(dtype, activation, norm, tar
     meta = {p.key: p.value for p in model.metadata_props}
     assert json.loads(meta["targets"]) == [f"target {j}" for j in range(targets)]
     assert "classes" not in meta and meta["output"] == "identity"
+
+
+# --- convolutional nets: Conv, MaxPool/AveragePool, Flatten ------------------------------
+
+CONV_NETS = {
+    "lenet": ((1, 28, 28), ({"conv": 6, "kernel": 5, "padding": 2}, {"pool": "max", "size": 2},
+                            {"conv": 16, "kernel": 5}, {"pool": "max", "size": 2}, "flatten",
+                            400, 120, 84, 10)),
+    "colour-strided-avg": ((3, 9, 7), ({"conv": 4, "kernel": 3, "stride": 2, "padding": 1},
+                                       {"pool": "avg", "size": 2, "stride": 1},
+                                       {"dropout": 0.5}, "flatten", 48, 5, 3)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+@pytest.mark.parametrize("name", list(CONV_NETS))
+def test_a_convolutional_net_exports_and_onnxruntime_gives_its_probabilities(name, dtype):
+    """Within 1e-4 of ``dtrain.Model.predict_proba``, through a normalization, for any
+    batch; labels the same.  (float64: refused in one line, as onnxruntime has no float64
+    Conv.)"""
+    from dtrain.core import layerspec
+    from dtrain.inference.model import Model
+    shape, layers = CONV_NETS[name]
+    layers = tuple(layerspec.parse(v) for v in layers)
+    classes = tuple(range(layers[-1]))
+    D = int(np.prod(shape))
+    rng = np.random.default_rng(3)
+    train = rng.uniform(0, 255, (50, D))
+    norm = Normalization("standardize", train.mean(axis=0), train.std(axis=0) + 1)
+    spec = ModelSpec(layers, "relu", "cross-entropy", dtype, norm, classes, input_shape=shape)
+    net = Network(layers, "relu", "cross-entropy", dtype, input_shape=shape)
+    flat = net.init(0)
+    for w, b in net.slices:
+        flat[w] *= 2
+        flat[b] = rng.normal(size=b.stop - b.start)
+    model = Model(spec, net.named(flat))
+    x = rng.uniform(0, 255, (33, D)).astype(dtype)
+    probabilities, label = _run(to_onnx(spec, net.named(flat), dtype=dtype), x, dtype)
+    expected = model.predict_proba(x)
+    assert probabilities.shape == (33, len(classes))
+    assert np.abs(probabilities - expected).max() <= (1e-4 if dtype == "float32" else 1e-12)
+    assert label.tolist() == model.predict(x).tolist()
+    assert len(set(label.tolist())) > 1
+    ops = {n.op_type for n in to_onnx(spec, net.named(flat), dtype=dtype).graph.node}
+    assert {"Conv", "Flatten", "Reshape"} <= ops and ops & {"MaxPool", "AveragePool"}
+    with pytest.raises(UserError, match="float32 only: onnxruntime has no float64 Conv"):
+        to_onnx(spec, net.named(flat), dtype="float64")
+
+
+def test_dense_layers_with_dropout_export_without_it():
+    """Dropout is nothing at inference: a dense net with dropout is its Gemms, float64 too."""
+    from dtrain.core import layerspec
+    from dtrain.inference.model import Model
+    layers = (5, layerspec.Dropout(0.5), 7, 3)
+    spec = ModelSpec(layers, "tanh", "cross-entropy", "float64", Normalization(), (0, 1, 2))
+    net = Network(layers, "tanh", "cross-entropy", "float64")
+    flat = net.init(0) + np.random.default_rng(0).normal(size=net.size)
+    x = np.random.default_rng(1).normal(size=(20, 5))
+    graph = to_onnx(spec, net.named(flat), dtype="float64")
+    probabilities, _ = _run(graph, x, "float64")
+    assert np.abs(probabilities - Model(spec, net.named(flat)).predict_proba(x)).max() < 1e-12
+    assert [n.op_type for n in graph.graph.node][:3] == ["Gemm", "Tanh", "Gemm"]

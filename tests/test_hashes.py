@@ -76,6 +76,10 @@ RUNS: dict[str, list[str]] = {          # name -> --set overrides on BASE
                                    "train.batch_size=64"],
     "local-sgd-adam-sync2": ["graph.strategy=local-sgd", "graph.sync_every=2",
                              "optim.name=adam", "optim.lr=0.01"],
+    "digits-conv-dropout": ["data.dataset=digits", "model.input_shape=[1, 8, 8]",     # issue 52
+                            "model.layers=[{conv = 4, kernel = 3, padding = 1}, "
+                            "{pool = 'max', size = 2}, 'flatten', 64, {dropout = 0.25}, 10]",
+                            "model.activation=relu", "data.shards=6", "train.batch_size=64"],
 }
 DTYPES = ("float32", "float64")
 

@@ -28,6 +28,7 @@ from sphinx.util.docutils import SphinxDirective
 from sphinx.util.nodes import nested_parse_with_titles
 
 from dtrain.core import config as schema
+from dtrain.core.layerspec import LayerItem
 
 # what a section is for: a line above its table
 SECTION_DOCS = {
@@ -42,7 +43,8 @@ SECTION_DOCS = {
     "track": "Logging to TensorBoard and MLflow.",
 }
 
-TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean",
+              LayerItem: "layer"}          # model.layers: sizes and layer tables
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,7 @@ def prepare(argv: list[str]) -> mpi.Job:
     if config.cluster.scheduler_address:
         check_address(config.cluster.scheduler_address)
     if partitioned(config.data):   # read by the workers: what its metadata says, for now
-        collections.check_files(config.data, config.model.layers)
+        collections.check_files(config.data, config.model.layers, config.model.input_shape)
         planned = None
     else:                          # the data and the model sizes, before anything starts
         planned = plan(config)

@@ -25,10 +25,12 @@ from typing import Any, Protocol
 
 import tomli_w
 
+from dtrain.core import layerspec
 from dtrain.core.arrays import gpu_count
 from dtrain.core.errors import ConfigError
 from dtrain.core.fields import at_least, build, choice, free, opt, positive, unit_open
 from dtrain.core.files import shipped
+from dtrain.core.layerspec import LayerItem
 
 CONFIG_DIR = shipped("configs")
 DEFAULT_CONFIG = CONFIG_DIR / "iris.toml"
@@ -93,8 +95,12 @@ class DataConfig:
     image_size: tuple[int, ...] = opt(
         (), "[] (native size) or [height, width] of positive integers",
         lambda v: len(v) == 0 or (len(v) == 2 and min(v) >= 1),
-        "image-folder (required), mnist: every image is resized to this size")
-    grayscale: bool = free(True, "image-folder: convert images to one channel")
+        "image-folder (required, unless model.input_shape gives it), mnist: every image is "
+        "resized to this size; empty with a convolutional net's model.input_shape: its "
+        "height and width")
+    grayscale: bool = free(True, "image-folder: convert images to one channel (else three, "
+                           "each a (height, width) plane in turn); with model.input_shape "
+                           "and no data.image_size: its channels decide")
     missing: str = choice("error", "error", "drop",
                           doc="a row with a missing (empty, NA, NaN) or infinite feature, or "
                           "without its label: error, one line naming its file, row and "
@@ -107,13 +113,25 @@ class DataConfig:
                             "each partition trains where it sits; always, move into blocks")
 
 
+def _layers_fit(layers: tuple) -> bool:
+    """At least two entries; sizes positive (the shapes are walked with input_shape in
+    :func:`_check_consistency`)."""
+    return len(layers) >= 2 and all(v >= 1 for v in layers if isinstance(v, int))
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    layers: tuple[int, ...] = opt(
-        (4, 16, 3), "a list of at least two positive sizes, input first",
-        lambda v: len(v) >= 2 and min(v) >= 1,
+    layers: tuple[LayerItem, ...] = opt(
+        (4, 16, 3), layerspec.RULE, _layers_fit,
         "layer sizes: the input features first, the classes (or targets) last; checked "
-        "against the data")
+        "against the data.  Convolutional nets also list layer tables ({conv = 6, kernel = "
+        "5, stride = 1, padding = 2}, {pool = 'max', size = 2, stride = 2}, 'flatten', "
+        "{dropout = 0.5}) and give model.input_shape")
+    input_shape: tuple[int, ...] = opt(
+        (), "[] or [channels, height, width] of positive integers",
+        lambda v: len(v) == 0 or (len(v) == 3 and min(v) >= 1),
+        "the images a convolutional net takes, (channels, height, width); each row of the "
+        "data holds channels x height x width features in that order")
     activation: str = choice("tanh", "sigmoid", "tanh", "relu", "identity",
                              doc="the hidden layers' activation (identity: linear)")
     loss: str = choice("cross-entropy", "cross-entropy", "mse", "binary-cross-entropy",
@@ -387,11 +405,28 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
     cfg = Config(**{name: build(cls, name, data.get(name, {}), source)
                      for name, cls in SECTIONS.items()})
     _check_consistency(cfg, source)
+    cfg = _images_as_the_net_takes_them(cfg)
     if cfg.data.target == "auto":
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, target=_auto_target(cfg)))
     if cfg.model.dtype == "auto":
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=_auto_dtype(cfg)))
     return cfg
+
+
+def _images_as_the_net_takes_them(cfg: Config) -> Config:
+    """Images resized to a convolutional net's ``model.input_shape`` where
+    ``data.image_size`` is not given: its (height, width), and for an image folder its
+    channels (1: grey, 3: colour)."""
+    shape, d = cfg.model.input_shape, cfg.data
+    if len(shape) != 3 or d.image_size or d.dataset not in ("mnist", "image-folder"):
+        return cfg
+    size = tuple(shape[1:])
+    if d.dataset == "mnist":
+        if size == (28, 28):
+            return cfg                              # MNIST's own size: nothing to resize
+        return dataclasses.replace(cfg, data=dataclasses.replace(d, image_size=size))
+    return dataclasses.replace(cfg, data=dataclasses.replace(d, image_size=size,
+                                                             grayscale=shape[0] == 1))
 
 
 def _auto_target(cfg: Config) -> str:
@@ -411,6 +446,10 @@ def _auto_dtype(cfg: Config) -> str:
 
 def _check_consistency(cfg: Config, source: str) -> None:
     """Rules that span more than one key."""
+    try:
+        layerspec.walk(cfg.model.layers, cfg.model.input_shape)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} in {source}") from None
     needs_path = {"mnist": "a directory of IDX files", "image-folder": "a directory with one "
                   "folder per class", "csv": "a CSV file", "parquet": "Parquet files (a glob)"}
     if cfg.data.dataset in needs_path and not cfg.data.path:
@@ -452,9 +491,15 @@ def _check_consistency(cfg: Config, source: str) -> None:
             raise ConfigError(f"cluster.tls = 'on' in {source} makes a per-run certificate for "
                               f"a cluster dtrain starts; a running scheduler ({running}) takes "
                               f"its TLS files from the Dask config (distributed.comm.tls.*)")
-    if cfg.data.dataset == "image-folder" and not cfg.data.image_size:
+    if not layerspec.dense_only(cfg.model.layers) and cfg.model.init == "scikit-learn":
+        raise ConfigError(f"model.init = 'scikit-learn' in {source} draws dense layers only; "
+                          f"a net with {layerspec.show(next(v for v in cfg.model.layers if not isinstance(v, int)))} "
+                          f"takes model.init = 'auto'")
+    if cfg.data.dataset == "image-folder" and not cfg.data.image_size \
+            and len(cfg.model.input_shape) != 3:
         raise ConfigError(f"data.image_size is empty in {source}: image-folder needs "
-                          f"[height, width] to resize every image to")
+                          f"[height, width] to resize every image to (or, for a "
+                          f"convolutional net, model.input_shape)")
 
 
 def epochs_decide(train: TrainConfig, optim: OptimConfig) -> bool:
@@ -470,6 +515,9 @@ def _check_solver(cfg: Config, source: str) -> None:
     nothing to stop early from (scipy stops it: train.epochs, optim.max_fun, optim.gtol)."""
     if cfg.optim.name != "lbfgs":
         return
+    if not layerspec.dense_only(cfg.model.layers):
+        raise ConfigError(f"optim.name = 'lbfgs' in {source} trains dense layers only; a "
+                          f"convolutional net trains with sgd, momentum or adam")
     t = cfg.train
     if t.patience or t.keep_best:
         raise ConfigError(f"optim.name = 'lbfgs' in {source} stops where scipy's L-BFGS-B "

@@ -51,6 +51,11 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
         return ConfigError(f"{key} = {value!r} in {source}: expected {expected}")
 
     origin = typing.get_origin(hint)
+    if hasattr(hint, "coerce"):                    # a type of its own (a layer spec)
+        try:
+            return hint.coerce(value)
+        except ValueError as exc:
+            raise ConfigError(f"{key} in {source}: {exc}") from None
     if origin is tuple:
         (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
         if not isinstance(value, (list, tuple)):
@@ -104,4 +109,7 @@ def show(value: Any) -> str:
         return "[" + ", ".join(show(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if dataclasses.is_dataclass(value):
+        return "{" + ", ".join(f"{k} = {show(v)}" for k, v in
+                               dataclasses.asdict(value).items()) + "}"
     return repr(value) if isinstance(value, str) else str(value)

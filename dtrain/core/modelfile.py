@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from dtrain.core import files
+from dtrain.core import files, layerspec
 from dtrain.core.errors import UserError
 
 FORMAT = "dtrain-model"
@@ -111,7 +111,7 @@ class ModelSpec:
     ``squared-error``) has none and names its outputs in ``targets``.
     """
 
-    layers: tuple[int, ...]
+    layers: tuple[Any, ...]
     activation: str
     loss: str
     dtype: str
@@ -120,10 +120,16 @@ class ModelSpec:
     feature_names: tuple[str, ...] | None = None
     training: dict[str, Any] = field(default_factory=dict, compare=False)
     targets: tuple[str, ...] = ()
+    input_shape: tuple[int, ...] = ()
 
     @property
     def features(self) -> int:
-        return self.layers[0]
+        return layerspec.features(self.layers, self.input_shape)
+
+    @property
+    def weight_shapes(self) -> list[tuple[int, ...]]:
+        """``W1, W2, ...``'s shapes (:func:`~dtrain.core.layerspec.weight_shapes`)."""
+        return layerspec.weight_shapes(self.layers, self.input_shape)
 
     @property
     def regression(self) -> bool:
@@ -147,7 +153,10 @@ class ModelSpec:
         names = {"targets": list(self.targets)} if self.regression \
             else {"classes": [_plain(c) for c in self.classes]}
         return {"format": FORMAT, "version": VERSION,
-                "network": {"layers": list(self.layers), "activation": self.activation,
+                "network": {"layers": [layerspec.to_value(v) for v in self.layers],
+                            **({"input_shape": list(self.input_shape)}
+                               if self.input_shape else {}),
+                            "activation": self.activation,
                             "loss": self.loss, "output": self.output, "dtype": self.dtype},
                 "features": {"count": self.features,
                              "names": None if self.feature_names is None
@@ -175,13 +184,15 @@ class ModelSpec:
         try:
             net, feats = d["network"], d["features"]
             values = OUTPUTS.get(net["loss"]) in VALUE_OUTPUTS   # a regression needs targets
-            spec = cls(tuple(int(n) for n in net["layers"]), str(net["activation"]),
+            spec = cls(tuple(int(n) if isinstance(n, (int, float)) else layerspec.parse(n)
+                             for n in net["layers"]), str(net["activation"]),
                        str(net["loss"]), str(net["dtype"]),
                        Normalization.from_dict(d["normalization"]),
                        tuple(d["classes"]) if "classes" in d or not values else (),
                        None if feats.get("names") is None else tuple(map(str, feats["names"])),
                        dict(d.get("training") or {}),
-                       tuple(map(str, d["targets"])) if "targets" in d or values else ())
+                       tuple(map(str, d["targets"])) if "targets" in d or values else (),
+                       tuple(int(n) for n in net.get("input_shape", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelFileError(f"{where} is incomplete or malformed ({type(exc).__name__}: "
                                  f"{exc}); it was not written by dtrain, or was edited") from None
@@ -213,8 +224,14 @@ def _plain(label: Any) -> Label:
 
 
 def _check(spec: ModelSpec, where: str) -> None:
-    if len(spec.layers) < 2 or min(spec.layers) < 1:
-        raise ModelFileError(f"{where}: network.layers = {list(spec.layers)} is not a network")
+    try:
+        layerspec.walk(spec.layers, spec.input_shape)
+        bad = len(spec.layers) < 2
+    except ValueError:
+        bad = True
+    if bad:
+        raise ModelFileError(f"{where}: network.layers = "
+                             f"{[layerspec.to_value(v) for v in spec.layers]} is not a network")
     if spec.loss not in OUTPUTS or spec.dtype not in ("float32", "float64"):
         raise ModelFileError(f"{where}: unknown loss {spec.loss!r} or dtype {spec.dtype!r}")
     names, what = (spec.targets, "targets") if spec.regression else (spec.classes, "classes")

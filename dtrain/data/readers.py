@@ -168,14 +168,21 @@ def image_classes(directory: Path) -> list[tuple[str, list[Path]]]:
     return classes
 
 
-def read_image(path: Path, size: tuple[int, int], grayscale: bool) -> np.ndarray:
-    """One image file as a row (H * W * channels,) float64, resized to ``size``."""
+def read_image(path: Path, size: tuple[int, int], grayscale: bool,
+               channels_first: bool = True) -> np.ndarray:
+    """One image file as a row (channels * H * W,) float64, resized to ``size``: a colour
+    image's three channels one after the other, (C, H, W) as a convolution takes it
+    (``channels_first``; False: (H, W, C), the order of the models saved before issue 52,
+    which ``model.json`` marks by its absent ``training.channels_first``)."""
     from PIL import Image, UnidentifiedImageError
     h, w = size
     try:
         with Image.open(path) as im:
             im = im.convert("L" if grayscale else "RGB").resize((w, h), Image.BILINEAR)
-            return np.asarray(im, dtype=np.float64).reshape(-1)
+            pixels = np.asarray(im, dtype=np.float64)                  # (H, W) or (H, W, C)
+            if pixels.ndim == 3 and channels_first:
+                pixels = pixels.transpose(2, 0, 1)                     # (C, H, W)
+            return pixels.reshape(-1)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise DataError(f"cannot read image {path}: {exc}; remove or replace it") from None
 

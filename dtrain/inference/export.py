@@ -23,6 +23,13 @@ dimension, named ``"N"``), and ``T`` the export's float type (``float32`` or
                                    int64 when every class label is an integer,
                                    else string; ties go to the first class, as in NumPy
 
+A convolutional net (layer tables in ``model.json``, an ``input_shape`` (C, H, W))
+Reshapes the normalized rows to (N, C, H, W) and runs its layers in order: ``Conv``
+(initializers W_n (F, C, K, K), b_n (F,); its strides and pads) and the activation,
+``MaxPool`` or ``AveragePool`` (no padding), ``Flatten``, and its dense layers as above;
+dropout is nothing at inference and has no node.  Such a net exports as float32 only:
+onnxruntime implements ``Conv`` for float32, not float64.
+
 A logistic output (loss binary-cross-entropy) of two classes is one column
 ``z`` (N, 1): ``probabilities`` is Concat(1 - Sigmoid(z), Sigmoid(z)) (N, 2) and
 ``label`` Gather(classes, Cast(Greater(z, 0)) squeezed to (N,)); a multilabel
@@ -53,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dtrain.core import files
+from dtrain.core import files, layerspec
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import ModelSpec
 from dtrain.core.version import __version__
@@ -159,13 +166,20 @@ def _check(spec: ModelSpec, params: dict[str, np.ndarray], dtype: str) -> None:
     if spec.activation not in ACTIVATIONS:
         raise UserError(f"activation {spec.activation!r} has no ONNX form; "
                         f"known: {', '.join(ACTIVATIONS)}")
-    for n, (o, i) in enumerate(zip(spec.layers[1:], spec.layers[:-1]), start=1):
-        for name, shape in ((f"W{n}", (o, i)), (f"b{n}", (o,))):
+    if dtype == "float64" and any(isinstance(v, layerspec.Conv) for v in spec.layers):
+        raise UserError("a convolutional net exports as float32 only: onnxruntime has no "
+                        "float64 Conv; export with dtype float32")
+    for n, W in enumerate(spec.weight_shapes, start=1):
+        for name, shape in ((f"W{n}", W), (f"b{n}", W[:1])):
             got = params.get(name)
             if got is None or np.shape(got) != shape:
                 what = "missing" if got is None else f"of shape {np.shape(got)}"
-                raise UserError(f"parameter {name} is {what}, but layers {list(spec.layers)} "
+                raise UserError(f"parameter {name} is {what}, but layers {_shown(spec)} "
                                 f"need {shape}; params.npz does not belong to this model.json")
+
+
+def _shown(spec: ModelSpec) -> list[Any]:
+    return [layerspec.to_value(v) for v in spec.layers]
 
 
 def _model(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarray], dtype: np.dtype) -> Any:
@@ -181,7 +195,7 @@ def _model(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarray], dtype: np.
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)],
                          producer_name="dtrain", producer_version=__version__)
     model.ir_version = IR_VERSION
-    model.doc_string = (f"dtrain network {list(spec.layers)}, {spec.activation} hidden "
+    model.doc_string = (f"dtrain network {_shown(spec)}, {spec.activation} hidden "
                         f"layers, {spec.output} outputs")
     h.set_model_props(model, _metadata(spec, dtype))
     return model
@@ -196,7 +210,12 @@ def _nodes_and_constants(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarra
     norm = spec.normalization
     if norm.shift is not None:                  # as Normalization.apply decides
         nodes, inits, x = _normalization(onnx, norm.shift, norm.scale, dtype)
-    layers = len(spec.layers) - 1
+    if not layerspec.dense_only(spec.layers):
+        more_nodes, more_inits = _image_layers(onnx, spec, params, dtype, x)
+        nodes, inits = nodes + more_nodes, inits + more_inits
+        layers = 0
+    else:
+        layers = len(spec.layers) - 1
     for n in range(1, layers + 1):
         inits += [const(np.asarray(params[f"W{n}"], dtype=dtype), f"W{n}"),   # (O, I)
                   const(np.asarray(params[f"b{n}"], dtype=dtype), f"b{n}")]   # (O,)
@@ -225,6 +244,52 @@ def _nodes_and_constants(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarra
                           keepdims=0),                                       # (N,) int64
               h.make_node("Gather", ["classes", "index"], ["label"], name="label",
                           axis=0)]                                           # (N,)
+    return nodes, inits
+
+
+def _image_layers(onnx: Any, spec: ModelSpec, params: dict[str, np.ndarray], dtype: np.dtype,
+                  x: str) -> tuple[list[Any], list[Any]]:
+    """The nodes of a net with layer tables (a convolutional net, or dense layers with
+    dropout) from the normalized rows ``x`` (N, D) to ``logits`` (a regression: its
+    output), and their initializers."""
+    h, const = onnx.helper, onnx.numpy_helper.from_array
+    steps = layerspec.walk(spec.layers, spec.input_shape)
+    nodes, inits, n = [], [], 0
+    if not isinstance(spec.layers[0], int):              # images: rows to (N, C, H, W)
+        inits.append(const(np.array([-1, *spec.input_shape], np.int64), "image_shape"))
+        nodes.append(h.make_node("Reshape", [x, "image_shape"], ["images"], name="images"))
+        x = "images"
+    last = max(k for k, st in enumerate(steps) if isinstance(st.layer, int))
+    for k, st in enumerate(steps):
+        layer = st.layer
+        if isinstance(layer, (int, layerspec.Conv)):
+            n += 1
+            inits += [const(np.asarray(params[f"W{n}"], dtype=dtype), f"W{n}"),
+                      const(np.asarray(params[f"b{n}"], dtype=dtype), f"b{n}")]
+            z = (REGRESSION_OUTPUT if spec.output == "identity" else "logits") if k == last \
+                else f"z{n}"
+            if isinstance(layer, int):
+                nodes.append(h.make_node("Gemm", [x, f"W{n}", f"b{n}"], [z], name=f"layer{n}",
+                                         transB=1))                          # (N, O)
+            else:
+                K, s, p = layer.kernel, layer.stride, layer.padding
+                nodes.append(h.make_node("Conv", [x, f"W{n}", f"b{n}"], [z], name=f"conv{n}",
+                                         kernel_shape=[K, K], strides=[s, s],
+                                         pads=[p, p, p, p]))                 # (N, F, OH, OW)
+            x = z
+            if k != last:
+                x = f"a{n}"
+                nodes.append(h.make_node(_ACTIVATION_OPS[spec.activation], [z], [x],
+                                         name=f"{spec.activation}{n}"))
+        elif isinstance(layer, layerspec.Pool):
+            op = "MaxPool" if layer.pool == "max" else "AveragePool"
+            nodes.append(h.make_node(op, [x], [f"pool{k}"], name=f"pool{k}",
+                                     kernel_shape=[layer.size] * 2,
+                                     strides=[layer.step] * 2))              # (N, C, OH, OW)
+            x = f"pool{k}"
+        elif isinstance(layer, layerspec.Flatten):
+            nodes.append(h.make_node("Flatten", [x], ["flat"], name="flatten", axis=1))
+            x = "flat"                                                       # (N, C H W)
     return nodes, inits
 
 

@@ -51,6 +51,7 @@ class Reading:
     labels_path: str | None = None              # idx: the labels file
     size: tuple[int, ...] = ()                  # idx, images: resize to (h, w)
     grayscale: bool = True                      # images
+    channels_first: bool = False                # images: colour rows (C, H, W), not (H, W, C)
     files: tuple[tuple[str, str | None], ...] = ()   # images: (file, class or None)
 
 
@@ -124,7 +125,7 @@ def read_part(part: Part, labels: bool = True
             [str(v) for v in read_idx(Path(r.labels_path))[part.lo:part.hi]]
         return x, labels
     files = r.files[part.lo:part.hi]
-    x = np.stack([read_image(Path(f), r.size, r.grayscale) for f, _ in files])
+    x = np.stack([read_image(Path(f), r.size, r.grayscale, r.channels_first) for f, _ in files])
     return x, None if files[0][1] is None else [c for _, c in files]
 
 
@@ -306,6 +307,7 @@ def _images(folder: Path, spec: ModelSpec, chunk_rows: int) -> Input:
     if not files:
         raise DataError(f"{folder} holds no images ({'/'.join(sorted(IMAGE_SUFFIXES))}) nor "
                         f"IDX files")
-    reading = Reading("images", str(folder), size=size, grayscale=grayscale, files=files)
+    reading = Reading("images", str(folder), size=size, grayscale=grayscale, files=files,
+                      channels_first=bool(spec.training.get("channels_first", False)))
     return Input(folder, "images", tuple(Part(reading, a, b)
                                           for a, b in _cut(len(files), chunk_rows)), not flat)

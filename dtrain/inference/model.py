@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from dtrain.core import layerspec
 from dtrain.core.errors import DataError, UserError
 from dtrain.core.modelfile import ModelSpec
 from dtrain.data.missing import first_bad, shown
@@ -66,8 +67,10 @@ class Model:
 
     def __init__(self, spec: ModelSpec, params: dict[str, np.ndarray]):
         self.spec = spec
-        self.net = Network(spec.layers, spec.activation, spec.loss, spec.dtype)
-        flat = [params[f"{k}{n}"].ravel() for n in range(1, len(spec.layers)) for k in "Wb"]
+        self.net = Network(spec.layers, spec.activation, spec.loss, spec.dtype,
+                           input_shape=spec.input_shape)
+        flat = [params[f"{k}{n}"].ravel() for n in range(1, len(spec.weight_shapes) + 1)
+                for k in "Wb"]
         self.params = np.concatenate(flat).astype(spec.dtype)             # (P,)
         self.regression = spec.regression
         if self.regression:
@@ -85,7 +88,10 @@ class Model:
     def __repr__(self) -> str:
         names = f"targets={list(self.spec.targets)}" if self.regression \
             else f"classes={self.classes_.tolist()}"
-        return (f"dtrain.Model(layers={list(self.spec.layers)}, activation="
+        layers = list(self.spec.layers) if layerspec.dense_only(self.spec.layers) \
+            else repr(layerspec.describe(self.spec.layers, self.spec.input_shape))
+        return (f"dtrain.Model(layers={layers}, "
+                f"activation="
                 f"{self.spec.activation!r}, {names})")
 
     # --- the maths --------------------------------------------------------------------------

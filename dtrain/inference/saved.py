@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dtrain.core import files
+from dtrain.core import files, layerspec
 from dtrain.core.config import from_dict, read_toml
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import ModelFileError, ModelSpec
@@ -52,9 +52,9 @@ def read_params(path: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise ModelFileError(f"{path} is corrupt or truncated ({type(exc).__name__}: {exc}); "
                              f"train the run again or restore the file") from None
-    layers = spec.layers
-    want = {f"{k}{n}": shape for n, (o, i) in enumerate(zip(layers[1:], layers[:-1]), start=1)
-            for k, shape in (("W", (o, i)), ("b", (o,)))}
+    layers = [layerspec.to_value(v) for v in spec.layers]
+    want = {f"{k}{n}": shape for n, W in enumerate(spec.weight_shapes, start=1)
+            for k, shape in (("W", W), ("b", W[:1]))}
     if set(params) != set(want):
         raise ModelFileError(f"{path} holds {sorted(params)}, the network "
                              f"{list(layers)} needs {sorted(want)}")
@@ -80,4 +80,5 @@ def legacy_spec(run: Path) -> ModelSpec:
                              f"normalization: {exc}") from None
     m = cfg.model
     return ModelSpec(tuple(m.layers), m.activation, m.loss, m.dtype, norm, info.labels,
-                     info.names, {"dataset": info.name, "recovered_from": files.CONFIG})
+                     info.names, {"dataset": info.name, "recovered_from": files.CONFIG},
+                     input_shape=tuple(m.input_shape))

@@ -1,7 +1,8 @@
 """Maths: the network and its training step as pure functions over NumPy or CuPy.
 
 Holds the layers, losses and the flat-parameter network
-(:mod:`~dtrain.maths.model`), the optimizers over one flat state, the update
+(:mod:`~dtrain.maths.model`), convolution, pooling, flatten and dropout
+(:mod:`~dtrain.maths.conv`), the optimizers over one flat state, the update
 and the local SGD round (:mod:`~dtrain.maths.optim`), full-batch L-BFGS over
 scipy's L-BFGS-B (:mod:`~dtrain.maths.lbfgs`), the model-parallel
 split of a network into slices (:mod:`~dtrain.maths.slicing`), and a

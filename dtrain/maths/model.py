@@ -25,21 +25,31 @@ predictions (0).  ``binary-cross-entropy`` has one logistic output per
 label: two classes as indices (B,) into one output (the second class's
 probability), or several labels as 0/1 indicators (B, L) (multilabel).
 
+Convolutional nets (``model.layers`` with :mod:`~dtrain.core.layerspec` entries and an
+``input_shape`` (C, H, W)) take the same flat rows ``x`` (B, C H W) and reshape them to
+images; their layers' maths is :mod:`~dtrain.maths.conv`, and a convolution's filters
+``W`` (F, C, K, K) and biases ``b`` (F,) take their place in the flat vector as a dense
+layer's do, in the order of the layers.
+
 Sample weights ``w`` (B,), where given, weigh each row's loss and its
 gradient (``sum_i w_i loss_i``); None (unweighted) computes exactly what the
 unweighted code always did.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
+from dtrain.core import layerspec
 from dtrain.core.arrays import array_module, to_host
 from dtrain.core.config import VALUE_LOSSES, ModelConfig
 from dtrain.core.errors import DataError
+from dtrain.core.layerspec import Conv, Dropout, Flatten, Pool
+from dtrain.maths import conv as cv
 
 TAIL = 2    # numbers after the gradient in a buffer: summed loss (at P), correct predictions
 
@@ -205,6 +215,15 @@ PREDICTIONS = {"squared-error": identity, "poisson": lambda xp, z: xp.exp(z)}   
 
 # --- the network ---------------------------------------------------------------------
 
+_WORKSPACE = cv.Workspace()
+
+
+def _work(xp, n: int):
+    """Where op ``n`` of a network keeps its large intermediates on the host (kept per
+    thread: :class:`~dtrain.maths.conv.Workspace`); fresh arrays elsewhere."""
+    return _WORKSPACE.for_layer(n) if xp is np else None
+
+
 @dataclass(frozen=True)
 class Network:
     """Architecture of a fully connected net and the layout of its flat parameters.
@@ -224,17 +243,72 @@ class Network:
         ``"float32"`` or ``"float64"``.
     init
         How :meth:`init` draws the parameters: ``"auto"`` or ``"scikit-learn"``.
+    input_shape
+        ``(C, H, W)`` of the images a convolutional net takes (its rows hold ``C H W``
+        features in that order); ``()`` for a fully connected net.
+    seed
+        Seeds dropout's masks, with the step and the shard (:meth:`loss_and_grad`'s
+        ``noise``).
+
+    Layers may be sizes and :mod:`~dtrain.core.layerspec` specs (convolution, pooling,
+    flatten, dropout): the activation follows each convolution and each hidden dense layer.
     """
 
-    layers: tuple[int, ...]
+    layers: tuple[Any, ...]
     activation: str
     loss: str
     dtype: str
     init_scheme: str = "auto"
+    input_shape: tuple[int, ...] = ()
+    seed: int = 0
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> Network:
-        return cls(tuple(cfg.layers), cfg.activation, cfg.loss, cfg.dtype, cfg.init)
+        return cls(tuple(cfg.layers), cfg.activation, cfg.loss, cfg.dtype, cfg.init,
+                   tuple(cfg.input_shape), cfg.seed)
+
+    @cached_property
+    def dense(self) -> bool:
+        """Whether every layer is a dense layer's size (a fully connected net)."""
+        return layerspec.dense_only(self.layers)
+
+    @cached_property
+    def walk(self) -> list[layerspec.Step]:
+        """The layers with their shapes (:func:`~dtrain.core.layerspec.walk`)."""
+        return layerspec.walk(self.layers, self.input_shape)
+
+    @property
+    def features(self) -> int:
+        """Input features a row holds (``C H W`` for images)."""
+        return self.layers[0] if self.dense else math.prod(self.walk[0].shape_in)
+
+    @property
+    def outputs(self) -> int:
+        """Outputs: the classes (or targets)."""
+        return self.layers[-1]
+
+    @cached_property
+    def ops(self) -> list[tuple[str, Any, int]]:
+        """The forward pass as ``(kind, walk step, index)``: ``kind`` is ``"dense"``,
+        ``"conv"`` (index: its parameters' place in :meth:`unflatten`), ``"act"``,
+        ``"pool"``, ``"flatten"`` or ``"dropout"`` (index: its entry in ``layers``)."""
+        ops: list[tuple[str, Any, int]] = []
+        last = max(n for n, st in enumerate(self.walk) if isinstance(st.layer, int))
+        p, offset = 0, len(self.layers) - len(self.walk)
+        for n, st in enumerate(self.walk):
+            layer = st.layer
+            if isinstance(layer, (int, Conv)):
+                ops.append(("dense" if isinstance(layer, int) else "conv", st, p))
+                p += 1
+                if n != last:
+                    ops.append(("act", st, -1))
+            elif isinstance(layer, Pool):
+                ops.append(("pool", st, -1))
+            elif isinstance(layer, Flatten):
+                ops.append(("flatten", st, -1))
+            elif isinstance(layer, Dropout):
+                ops.append(("dropout", st, n + offset))
+        return ops
 
     @property
     def regression(self) -> bool:
@@ -252,17 +326,28 @@ class Network:
         return (z.argmax(axis=-1) == y).sum(axis=-1)
 
     @cached_property
-    def shapes(self) -> list[tuple[int, int]]:
-        """``(O, I)`` of each layer's weight matrix."""
-        return list(zip(self.layers[1:], self.layers[:-1]))
+    def shapes(self) -> list[tuple[int, ...]]:
+        """Each weighted layer's ``W`` shape: ``(O, I)`` dense, ``(F, C, K, K)`` a
+        convolution's filters."""
+        if self.dense:
+            return list(zip(self.layers[1:], self.layers[:-1]))
+        out: list[tuple[int, ...]] = []
+        for kind, st, _ in self.ops:
+            if kind == "dense":
+                out.append((st.layer, st.shape_in[0]))
+            elif kind == "conv":
+                k = st.layer.kernel
+                out.append((st.layer.conv, st.shape_in[0], k, k))
+        return out
 
     @cached_property
     def slices(self) -> list[tuple[slice, slice]]:
         """Flat-vector slices of each layer's ``W`` and ``b``."""
         out, at = [], 0
-        for o, i in self.shapes:
-            out.append((slice(at, at + o * i), slice(at + o * i, at + o * i + o)))
-            at += o * i + o
+        for shape in self.shapes:
+            n, o = math.prod(shape), shape[0]
+            out.append((slice(at, at + n), slice(at + n, at + n + o)))
+            at += n + o
         return out
 
     @property
@@ -272,8 +357,15 @@ class Network:
 
     def flops(self, rows: float) -> float:
         """Floating-point operations of a forward-backward over ``rows`` rows: about
-        ``6 rows P`` (2 per weight forward, 4 backward)."""
-        return 6 * rows * self.size
+        ``6 rows P`` (2 per weight forward, 4 backward); a convolution's filters count once
+        per output position."""
+        if self.dense:
+            return 6 * rows * self.size
+        uses = sum(math.prod(shape) * (st.shape_out[1] * st.shape_out[2] if kind == "conv"
+                                       else 1)
+                   for (kind, st, _), shape in zip([o for o in self.ops
+                                                    if o[0] in ("dense", "conv")], self.shapes))
+        return 6 * rows * uses
 
     @property
     def weight_slices(self) -> list[slice]:
@@ -303,17 +395,91 @@ class Network:
             return sklearn_init(self, seed)
         rng = np.random.default_rng(seed)
         flat = np.zeros(self.size, dtype=np.float64)
-        for (W, _), (o, i) in zip(self.unflatten(flat), self.shapes):
+        for (W, _), shape in zip(self.unflatten(flat), self.shapes):
+            i = math.prod(shape[1:])                        # fan in
+            o = shape[0] * math.prod(shape[2:])             # fan out
             if self.activation == "relu":
-                W[...] = rng.normal(0.0, np.sqrt(2.0 / i), size=(o, i))
+                W[...] = rng.normal(0.0, np.sqrt(2.0 / i), size=shape)
             else:
                 limit = np.sqrt(6.0 / (i + o))
-                W[...] = rng.uniform(-limit, limit, size=(o, i))
+                W[...] = rng.uniform(-limit, limit, size=shape)
         return flat.astype(self.dtype)
 
     def forward(self, params, x):
-        """Hidden activations and output logits: ``[x, a1, ..., z_out]``."""
+        """Hidden activations and output logits: ``[x, a1, ..., z_out]`` (a convolutional
+        net: ``[x, z_out]``)."""
+        if not self.dense:
+            return [x, self._run(array_module(params), self.unflatten(params), x)[0]]
         return self._forward(array_module(params), self.unflatten(params), x)
+
+    def _run(self, xp, layers, x, noise=None):
+        """Any net's forward pass over ``x`` (B, I): ``(z_out, caches)``, a cache per op of
+        :attr:`ops` for :meth:`_back`.  ``noise``: dropout's ``((key, rows), ...)`` blocks of
+        rows (None: no dropout, as at evaluation)."""
+        act, _ = ACTIVATIONS[self.activation]
+        a = x.reshape((x.shape[0], *self.walk[0].shape_in))       # (B, C, H, W) or (B, I)
+        caches: list[Any] = []
+        for n, (kind, st, p) in enumerate(self.ops):
+            layer = st.layer
+            if kind == "dense":
+                W, b = layers[p]
+                cache, a = a, linear_forward(xp, a, W, b)          # (B, O)
+            elif kind == "conv":
+                W, b = layers[p]
+                shape = a.shape
+                a, cols = cv.conv2d_forward(xp, a, W, b, layer.stride, layer.padding,
+                                            _work(xp, n))
+                cache = (cols, shape)                              # a: (B, F, OH, OW)
+            elif kind == "act":                # in place: a is this net's own intermediate
+                a = xp.maximum(a, 0, out=a) if self.activation == "relu" else act(xp, a)
+                cache = a
+            elif kind == "pool":
+                out = cv.pool_forward(xp, a, layer.pool, layer.size, layer.step, _work(xp, n))
+                cache, a = (a, out), out                           # (B, C, OH, OW)
+            elif kind == "flatten":
+                cache, a = a.shape, cv.flatten_forward(xp, a)      # (B, C H W)
+            else:                                                  # dropout
+                cache = None
+                if noise is not None and layer.dropout > 0:
+                    cache = cv.dropout_mask(xp, a.shape, layer.dropout,
+                                            [((self.seed, *key, p), rows) for key, rows in noise],
+                                            a.dtype)
+                    a = cv.dropout_forward(xp, a, cache)
+            caches.append(cache)
+        return a, caches
+
+    def _back(self, xp, layers, grads, dz, caches) -> None:
+        """Backward through :attr:`ops` from dL/dz_out ``dz``, writing each weighted layer's
+        gradient into ``grads`` (views of the buffer)."""
+        _, act_backward = ACTIVATIONS[self.activation]
+        first = next(n for n, (kind, _, _) in enumerate(self.ops) if kind in ("dense", "conv"))
+        for n in reversed(range(len(self.ops))):
+            kind, st, p = self.ops[n]
+            cache, layer = caches[n], st.layer
+            need = n > first                       # nothing before the first weights learns
+            if kind == "dense":
+                W, _ = layers[p]
+                dW, db = grads[p]
+                dz = linear_backward(xp, dz, cache, W, dW, db, need_dx=need)
+            elif kind == "conv":
+                W, _ = layers[p]
+                dW, db = grads[p]
+                dz = cv.conv2d_backward(xp, dz, cache[0], cache[1], W, dW, db, layer.stride,
+                                        layer.padding, need_dx=need, work=_work(xp, n))
+            elif kind == "act":
+                if self.activation == "relu":
+                    dz = dz * (cache > 0)              # (cache > 0) is relu_backward's mask
+                else:
+                    dz = dz * act_backward(xp, cache)
+            elif kind == "pool":
+                dz = cv.pool_backward(xp, dz, cache[0], cache[1], layer.pool, layer.size,
+                                      layer.step, _work(xp, n))
+            elif kind == "flatten":
+                dz = cv.flatten_backward(xp, dz, cache)
+            elif cache is not None:
+                dz = cv.dropout_backward(xp, dz, cache)
+            if not need:
+                return
 
     def _forward(self, xp, layers, x):
         act, _ = ACTIVATIONS[self.activation]
@@ -328,7 +494,7 @@ class Network:
         """Length of a gradient buffer: ``P + TAIL``."""
         return self.size + TAIL
 
-    def loss_and_grad(self, params, x, y, w=None, out=None):
+    def loss_and_grad(self, params, x, y, w=None, out=None, noise=None):
         """Summed loss and gradient over a batch, as one flat buffer.
 
         Returns ``buf`` of length ``P + 2``: ``buf[:P]`` is the gradient of the
@@ -344,6 +510,11 @@ class Network:
         A stack of shards of equal rows, ``x`` (S, B, I) and ``y`` (S, B) (``w`` (S, B)),
         gives one buffer per shard (S, P + 2), each the bytes ``loss_and_grad(params,
         x[s], y[s])`` gives (``tests/test_model.py``).
+
+        ``noise`` keys dropout's masks (a net without dropout ignores it):
+        ``((key, rows), ...)``, blocks of the batch's rows in order, each ``key`` a tuple of
+        integers naming the step and the shard (e.g. ``(epoch, first row, shard)``), with
+        :attr:`seed`; a stack takes one such tuple per shard.  None: no dropout.
         """
         xp = array_module(params)
         if out is None:
@@ -354,7 +525,25 @@ class Network:
         if x.shape[-2] == 0:
             return buf
         with np.errstate(all="ignore"):     # a diverging run is caught by the update's check
-            return self._loss_and_grad(xp, params, x, y, buf, w)
+            if self.dense:
+                return self._loss_and_grad(xp, params, x, y, buf, w)
+            if x.ndim == 3:                 # a stack: each shard alone, its own bytes
+                for s in range(x.shape[0]):
+                    self._general(xp, params, x[s], y[s], buf[s], None if w is None else w[s],
+                                  None if noise is None else noise[s])
+                return buf
+            return self._general(xp, params, x, y, buf, w, noise)
+
+    def _general(self, xp, params, x, y, buf, w=None, noise=None):
+        """:meth:`loss_and_grad` of any net over one batch ``x`` (B, I)."""
+        layers = self.unflatten(params)
+        z, caches = self._run(xp, layers, x, noise)
+        loss, dz = LOSSES[self.loss](xp, z, y) if w is None else LOSSES[self.loss](xp, z, y, w)
+        P = self.size
+        buf[..., P] = loss
+        buf[..., P + 1] = self.correct(z, y)
+        self._back(xp, layers, self.unflatten(buf[..., :P]), dz, caches)
+        return buf
 
     def _loss_and_grad(self, xp, params, x, y, buf, w=None):
         _, act_backward = ACTIVATIONS[self.activation]
@@ -394,13 +583,22 @@ class Network:
         takes them: the output layer's inputs, through its output function (the identity,
         or ``exp`` for ``poisson``)."""
         xp = array_module(params)
-        out = xp.empty((x.shape[0], self.layers[-1]), dtype=params.dtype)    # (N, T)
+        out = xp.empty((x.shape[0], self.outputs), dtype=params.dtype)    # (N, T)
         output = PREDICTIONS[self.loss]
         with np.errstate(all="ignore"):
             for start in range(0, x.shape[0], chunk):
                 out[start:start + chunk] = output(xp, self.forward(params,
                                                                    x[start:start + chunk])[-1])
         return out
+
+
+def noise(epoch: int, parts) -> tuple:
+    """Dropout's keys for a batch of shards' rows laid end to end: ``parts`` lists each
+    shard's ``(index, first row, last row)`` of this epoch's order, in the batch's order;
+    gives :meth:`Network.loss_and_grad`'s ``noise``, ``(((epoch, first row, index),
+    rows), ...)``: the step and the shard, so a shard's mask does not depend on where it
+    runs or what it is computed beside."""
+    return tuple(((epoch, lo, index), hi - lo) for index, lo, hi in parts)
 
 
 @dataclass(frozen=True)
@@ -417,7 +615,9 @@ def sklearn_init(net: Network, seed: int) -> np.ndarray:
     ``numpy.random.RandomState(seed)`` (a seed of 2**32 or more through ``MT19937``): layer
     by layer, weights ``(I, O)`` then biases ``(O,)``, both uniform in ``+-sqrt(6 / (I +
     O))`` (``sqrt(2 / (I + O))`` for sigmoid hidden layers); so an integer
-    ``random_state`` starts from scikit-learn's very numbers."""
+    ``random_state`` starts from scikit-learn's very numbers.  Dense nets only."""
+    if not net.dense:
+        raise ValueError("model.init = 'scikit-learn' draws dense layers only; use 'auto'")
     rng = np.random.RandomState(seed) if seed < 2 ** 32 \
         else np.random.RandomState(np.random.MT19937(seed))
     factor = 2.0 if net.activation == "sigmoid" else 6.0

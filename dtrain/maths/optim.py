@@ -262,11 +262,13 @@ def settle(opt: Optimizer, state: TrainState) -> TrainState:
     return _add_to_epoch(state, step, state.vector, loss, step.count, int(correct))
 
 
-def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch) -> Any:
+def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch,
+              keys=None) -> Any:
     """Run ``steps`` on one shard alone, from ``state``; the local SGD leaf task.
 
     ``batch(step)`` gives the shard's rows of that step (and their sample weights, or
-    None).  Returns one buffer
+    None); ``keys(step)`` its dropout keys (:func:`~dtrain.maths.model.noise`), if any.
+    Returns one buffer
     ``[w * vector | loss sum | correct | w]`` where ``w`` is the number of
     samples the shard saw and ``correct`` its correct predictions: the tree
     reduce sums these, and :func:`average` divides by the total weight, so the
@@ -280,7 +282,8 @@ def local_sgd(opt: Optimizer, steps: tuple[Step, ...], state: TrainState, batch)
         x, y, *weights = batch(step)                             # and (B,) weights, if any
         if len(y) == 0:
             continue
-        grad = opt.net.loss_and_grad(local.vector[:P], x, y, *weights)   # [grad | loss | correct]
+        grad = opt.net.loss_and_grad(local.vector[:P], x, y, *weights,   # [grad | loss | correct]
+                                     noise=None if keys is None else keys(step))
         opt.check_loss(step, float(grad[P]), len(y))
         with np.errstate(all="ignore"):
             local = opt.apply(local, grad, dataclasses.replace(step, count=len(y)))

@@ -121,6 +121,7 @@ class LivePage:
         status = "finished" if log.finished else "training"
         parts = [f"run <b>{log.run}</b>: {m.get('dataset', '?')}, {m.get('strategy', '?')} on "
                  f"{m.get('workers', '?')} worker(s), {status}",
+                 *([f"layers {m['layers']}"] if m.get("layers") else []),
                  f"step {step}/{total}, epoch {last['epoch'] if last else 0}/{m.get('epochs', '?')}"]
         if last:
             parts.append(f"loss {last['epoch_loss']:.4f}")

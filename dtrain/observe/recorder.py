@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dtrain.core import layerspec
 from dtrain.core.config import Config
 from dtrain.core.modelfile import ModelSpec
 from dtrain.observe import console
@@ -94,6 +95,8 @@ class Recorder:
         cfg = self.config
         self.start_event = {"kind": "start", "run": run, "dataset": cfg.data.dataset,
                             "strategy": cfg.graph.strategy, "epochs": cfg.train.epochs,
+                            "layers": layerspec.describe(cfg.model.layers,
+                                                         cfg.model.input_shape),
                             "steps_per_epoch": steps_per_epoch, "train_samples": train_samples}
         self.console.start(cfg.train.epochs, steps_per_epoch, train_samples)
         self.tracker.start(self.metrics)

@@ -52,7 +52,7 @@ import numpy as np
 
 from dtrain.core.allocator import ALLOCATOR_ENV
 from dtrain.data.shards import Shard, stacked_batch
-from dtrain.maths.model import Network
+from dtrain.maths.model import Network, noise
 from dtrain.taskgraph.treesum import (Tree, collapsed, even_parts, flat, nested_sum,
                                       sum_subtrees)
 
@@ -214,11 +214,13 @@ def shard_grads(net: Network, params: np.ndarray, shards: Sequence[Any], epoch: 
         x, y = stacked_batch(shards, epoch, rows, seed)                   # (S, B, I)
         w = None if shards[0].w is None else \
             np.stack([s.weights(epoch, lo, hi, seed) for s, (lo, hi) in zip(shards, rows)])
-        net.loss_and_grad(params, x, y, w, out=out[: len(shards), :B])
+        keys = tuple(noise(epoch, [(s.index, *r)]) for s, r in zip(shards, rows))
+        net.loss_and_grad(params, x, y, w, out=out[: len(shards), :B], noise=keys)
         return
     for p, (shard, (lo, hi)) in enumerate(zip(shards, rows)):
         x, y = shard.batch(epoch, lo, hi, seed)
-        net.loss_and_grad(params, x, y, shard.weights(epoch, lo, hi, seed), out=out[p, :B])
+        net.loss_and_grad(params, x, y, shard.weights(epoch, lo, hi, seed), out=out[p, :B],
+                          noise=noise(epoch, [(shard.index, lo, hi)]))
 
 
 def _sum_range(tree: Tree, grads: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:

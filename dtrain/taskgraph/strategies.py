@@ -19,6 +19,7 @@ from typing import ClassVar
 import numpy as np
 
 from dtrain.core import config as core_config
+from dtrain.core import layerspec
 from dtrain.core.config import Config
 from dtrain.core.errors import ConfigError
 from dtrain.data.shards import ShardSource
@@ -184,6 +185,12 @@ class ModelParallelStrategy(Strategy):
         if cfg.optim.schedule == "adaptive":
             raise ConfigError(_ADAPTIVE.format(self.name, source))
         layers, slices = cfg.model.layers, cfg.graph.slices
+        if not layerspec.dense_only(layers):
+            raise ConfigError(f"graph.strategy = 'model-parallel' splits dense layers only, but "
+                              f"model.layers in {source} has "
+                              f"{layerspec.show(next(v for v in layers if not isinstance(v, int)))}; "
+                              f"use a data-parallel strategy (allreduce, parameter-server, "
+                              f"local-sgd)")
         if cfg.cluster.device == "gpu":
             raise ConfigError(f"graph.strategy = 'model-parallel' runs on CPU workers only, but "
                               f"cluster.device = 'gpu' in {source}; use cluster.device = 'cpu' "

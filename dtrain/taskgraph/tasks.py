@@ -20,7 +20,7 @@ import numpy as np
 from dtrain.core import events, internals
 from dtrain.core.arrays import like, on_device, on_gpu, sum_in_order, to_host
 from dtrain.data.shards import Shard, group_batch
-from dtrain.maths.model import Network
+from dtrain.maths.model import Network, noise
 from dtrain.maths.optim import (Optimizer, Step, TrainState, average, local_sgd, settle,
                                 update)
 from dtrain.maths.scores import TargetSums
@@ -36,7 +36,8 @@ def _one_shard(net: Network, shuffle_seed: int | None, epoch: int, rows: tuple[i
     shard lives (host or GPU)."""
     x, y = shard.batch(epoch, *rows, shuffle_seed)
     w = None if shard.w is None else shard.weights(epoch, *rows, shuffle_seed)   # (B,)
-    return net.loss_and_grad(like(state.vector[: net.size], x), x, y, w)   # (P + 2,)
+    return net.loss_and_grad(like(state.vector[: net.size], x), x, y, w,     # (P + 2,)
+                             noise=noise(epoch, [(shard.index, *rows)]))
 
 
 # --- fused groups: a worker's shards in one task --------------------------------------------
@@ -119,7 +120,8 @@ def _one_pass(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
     gradients, as cuBLAS sums it (in its own order anyway: a GPU's bytes never matched a
     CPU's), at the cost of one shard instead of one per shard."""
     x, y = group_batch(shards, task.epoch, task.group.rows, task.shuffle_seed)
-    return task.net.loss_and_grad(like(state.vector[: task.net.size], x), x, y)
+    keys = noise(task.epoch, [(s.index, *r) for s, r in zip(shards, task.group.rows)])
+    return task.net.loss_and_grad(like(state.vector[: task.net.size], x), x, y, noise=keys)
 
 
 # --- replicated updates: each computed once per worker --------------------------------------
@@ -219,7 +221,8 @@ def local_steps(task: LocalSteps, *inputs) -> Any:
         shard, i = shards[p], task.group.shards[p]
         return local_sgd(task.opt, task.steps, TrainState(like(state.vector, shard.x)),
                          lambda s: (*shard.batch(s.epoch, *s.bounds[i], task.shuffle_seed),
-                                    shard.weights(s.epoch, *s.bounds[i], task.shuffle_seed)))
+                                    shard.weights(s.epoch, *s.bounds[i], task.shuffle_seed)),
+                         lambda s: noise(s.epoch, [(shard.index, *s.bounds[i])]))
 
     out = _summed(task.group, one)
     return to_host(out) if task.host else out
@@ -294,7 +297,7 @@ def calibrate(net: Network, rows: int, gpu: bool, repeats: int = 3) -> tuple[flo
     params = on_device(net.init(0), gpu)
 
     def timed(n: int) -> float:
-        x = on_device(rng.standard_normal((n, net.layers[0])).astype(net.dtype), gpu)
+        x = on_device(rng.standard_normal((n, net.features)).astype(net.dtype), gpu)
         y = on_device(rng.standard_normal((n, net.layers[-1])).astype(net.dtype)
                       if net.regression else rng.integers(0, net.layers[-1], n), gpu)
         float(net.loss_and_grad(params, x, y)[-1])     # warm up (kernels, BLAS threads)

@@ -13,6 +13,7 @@ partition's worker and merges the results in a tree of fixed fan-in and order.
 from __future__ import annotations
 
 import glob
+import math
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -237,10 +238,11 @@ def with_stats(spec: PartSpec, stats: PartStats, norm_kind: str) -> PartSpec:
                    weight_scale=scale)
 
 
-def check_files(cfg: DataConfig, layers: tuple[int, ...]) -> None:
+def check_files(cfg: DataConfig, layers: tuple, input_shape: tuple[int, ...] = ()) -> None:
     """What can be known of ``data.path``'s files before any worker reads them: that the
     glob matches, that the label column is there, that the features are numeric and as many
-    as ``model.layers[0]`` (Parquet: from the first file's schema; CSV: its first lines)."""
+    as ``model.layers[0]`` (a convolutional net: ``model.input_shape``'s C x H x W)
+    (Parquet: from the first file's schema; CSV: its first lines)."""
     paths = _paths(cfg)
     names, numeric = _columns(cfg, paths[0])
     _same_columns(cfg, paths, names)
@@ -255,7 +257,12 @@ def check_files(cfg: DataConfig, layers: tuple[int, ...]) -> None:
                         f"of {paths[0]} {'are' if len(bad) > 1 else 'is'} not numeric; encode or "
                         f"drop {'them' if len(bad) > 1 else 'it'}, or name the label with "
                         f"data.label")
-    if layers[0] != len(features):
+    if not isinstance(layers[0], int):
+        if math.prod(input_shape) != len(features):
+            raise DataError(f"model.input_shape = {list(input_shape)} holds "
+                            f"{math.prod(input_shape)} features but {paths[0]} has "
+                            f"{len(features)} feature columns ({label!r} is the label)")
+    elif layers[0] != len(features):
         raise DataError(f"model.layers[0] = {layers[0]} but {paths[0]} has {len(features)} "
                         f"feature columns ({label!r} is the label); set model.layers = "
                         f"[{len(features)}, ...]")

@@ -13,7 +13,7 @@ from pathlib import Path
 import graphviz
 from dask.task_spec import TaskRef
 
-from dtrain.core import keys
+from dtrain.core import keys, layerspec
 from dtrain.core.config import Config, load_config
 from dtrain.core.errors import UserError
 from dtrain.observe.drawing import Picture, draw, render
@@ -66,9 +66,16 @@ def step_picture(config: Config) -> Picture:
     if p.recipe.replicated:
         detail += ", replicated updates (steps 0 and 1)"
     title = (f"{p.strategy.name}{detail}: {len(p.ranges)} shards on {len(workers)} workers "
-             f"(layers {list(cfg.model.layers)})")
+             f"(layers {_layers(cfg)})")
     return Picture(f"dtrain-{p.strategy.name}", title, workers, nodes, deps, where.leaves,
                    where.root, p.strategy.leaf, RUN)
+
+
+def _layers(cfg: Config) -> str:
+    """A dense net's sizes as a list (the gallery's titles), any other's in a line."""
+    if layerspec.dense_only(cfg.model.layers):
+        return str(list(cfg.model.layers))
+    return layerspec.describe(cfg.model.layers, cfg.model.input_shape)
 
 
 def step_graph(config: Config) -> graphviz.Digraph:

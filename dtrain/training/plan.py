@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import math
 import uuid
 from pathlib import Path
 
 import numpy as np
 from dataclasses import dataclass, field
 
+from dtrain.core import layerspec
 from dtrain.core.config import Config, DataConfig, OptimConfig
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
@@ -203,7 +205,9 @@ def part_spec(config: Config, coll: Collection) -> PartSpec:
 
 def _plan(config: Config, info: prepare.DatasetInfo, ranges: list[tuple[int, int]]) -> Plan:
     layers = config.model.layers
-    if layers[0] != info.features:
+    if not layerspec.dense_only(layers):
+        _check_images(config, info)
+    elif layers[0] != info.features:
         raise UserError(f"model.layers[0] = {layers[0]} but {info.name} has {info.features} input "
                         f"features; set model.layers = [{info.features}, ..., {info.classes}]")
     logistic = config.model.loss == "binary-cross-entropy" and config.data.target == "class"
@@ -214,8 +218,9 @@ def _plan(config: Config, info: prepare.DatasetInfo, ranges: list[tuple[int, int
     outputs = 1 if logistic else info.classes       # two classes: one logistic output
     if layers[-1] != outputs:
         what = "targets" if config.data.target == "value" else "classes"
+        first = info.features if layerspec.dense_only(layers) else "..."
         raise UserError(f"model.layers[-1] = {layers[-1]} but {info.name} has {info.classes} "
-                        f"{what}; set model.layers = [{info.features}, ..., {outputs}]")
+                        f"{what}; set model.layers = [{first}, ..., {outputs}]")
     train = config.train
     if (train.patience or train.keep_best) and train.monitor != "train_loss" and not info.val:
         raise UserError(f"train.patience = {train.patience}, train.keep_best = "
@@ -230,6 +235,26 @@ def _plan(config: Config, info: prepare.DatasetInfo, ranges: list[tuple[int, int
                         config.train.epochs)
     norm, init = _start_from(config) if config.model.init_from else (None, None)
     return Plan(config, info, ranges, net, opt, schedule, norm, init)
+
+
+def _check_images(config: Config, info: prepare.DatasetInfo) -> None:
+    """A convolutional net's ``model.input_shape`` against the data's rows (and, for
+    images, their shape): one line where they differ."""
+    shape, d = tuple(config.model.input_shape), config.data
+    if d.dataset in ("mnist", "image-folder"):
+        size = tuple(d.image_size) or ((28, 28) if d.dataset == "mnist" else ())
+        channels = 1 if d.dataset == "mnist" or d.grayscale else 3
+        theirs = (channels, *size)
+        if size and theirs != shape:
+            how = "data.image_size" if d.image_size else "its native size"
+            raise UserError(f"model.input_shape = {list(shape)} but the images in {d.path} are "
+                            f"{list(theirs)} (channels, height, width: {how}"
+                            f"{', data.grayscale' if d.dataset == 'image-folder' else ''}); "
+                            f"set model.input_shape = {list(theirs)}")
+    if math.prod(shape) != info.features:
+        raise UserError(f"model.input_shape = {list(shape)} holds {math.prod(shape)} features "
+                        f"but {info.name} has {info.features} a row; set model.input_shape "
+                        f"to the rows' (channels, height, width)")
 
 
 def _start_from(config: Config) -> tuple[Normalization, np.ndarray]:
@@ -248,6 +273,12 @@ def _start_from(config: Config) -> tuple[Normalization, np.ndarray]:
         raise UserError(f"--init-from {source}: its network is {list(spec.layers)} but "
                         f"model.layers = {list(layers)} ({where}); use the same layers, or "
                         f"train from scratch without --init-from")
-    flat = np.concatenate([params[f"{k}{n}"].ravel() for n in range(1, len(layers))
+    if tuple(config.model.input_shape) != spec.input_shape and not layerspec.dense_only(layers):
+        raise UserError(f"--init-from {source}: its network takes images "
+                        f"{list(spec.input_shape)} but model.input_shape = "
+                        f"{list(config.model.input_shape)}; use the same input shape, or train "
+                        f"from scratch without --init-from")
+    flat = np.concatenate([params[f"{k}{n}"].ravel()
+                           for n in range(1, len(spec.weight_shapes) + 1)
                            for k in "Wb"])                                     # (P,)
     return spec.normalization, flat

@@ -5,6 +5,7 @@ import time
 
 from dtrain.data.prepare import normalization
 from dtrain.data.shards import load_part, load_shard, minibatch
+from dtrain.maths.model import noise
 from dtrain.maths.optim import update
 from dtrain.observe.recorder import Recorder
 from dtrain.taskgraph.records import Evaluate
@@ -40,7 +41,8 @@ class SerialEngine:
                 step = p.schedule[t]
                 x, y = minibatch(shards, step.epoch, step.bounds, p.recipe.shuffle_seed)
                 t1 = time.perf_counter()
-                grad = p.net.loss_and_grad(p.opt.params(state), x, y)
+                grad = p.net.loss_and_grad(p.opt.params(state), x, y, noise=noise(
+                    step.epoch, [(s.index, *b) for s, b in zip(shards, step.bounds)]))
                 t2 = time.perf_counter()
                 state = update(p.opt, step, True, state, grad)
                 fb, upd, done = fb + t2 - t1, upd + time.perf_counter() - t2, t + 1

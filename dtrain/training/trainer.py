@@ -369,6 +369,8 @@ def model_spec(plan: Plan, outcome: Outcome, watch: Watch) -> ModelSpec:
     m, d = plan.config.model, plan.config.data
     images = {"image_size": list(d.image_size), "grayscale": d.grayscale} \
         if d.dataset in ("mnist", "image-folder") else {}
+    if d.dataset == "image-folder":
+        images["channels_first"] = True         # colour rows (C, H, W): data.readers.read_image
     values = plan.net.regression                # a regression names targets, not classes
     return ModelSpec(tuple(m.layers), m.activation, m.loss, m.dtype, outcome.normalization,
                      () if values else plan.info.labels, plan.info.names,
@@ -376,7 +378,8 @@ def model_spec(plan: Plan, outcome: Outcome, watch: Watch) -> ModelSpec:
                       "label_column": d.label or None, "init_from": m.init_from or None,
                       "epochs": len(outcome.metrics), "train_samples": plan.train_samples,
                       **watch.summary(), "dtrain": __version__},
-                     tuple(map(str, plan.info.labels)) if values else ())
+                     tuple(map(str, plan.info.labels)) if values else (),
+                     tuple(m.input_shape))
 
 
 def _summary(plan: Plan, outcome: Outcome, watch: Watch, phases: dict[str, float]
