@@ -47,7 +47,7 @@ def contenders(batch: int):
     import dtrain
     from dtrain.core.config import CONFIG_DIR
     from dtrain.maths.model import Network
-    from dtrain.maths.optim import Optimizer, Step, TrainState, update
+    from dtrain.maths.optim import Optimizer, Step, update
 
     torch.set_num_threads(1)
     cfg = dtrain.load_config(CONFIG_DIR / "mnist-cnn.toml")

@@ -195,6 +195,7 @@ def walk(layers: tuple, input_shape: tuple[int, ...] = ()) -> list[Step]:
                              f"set model.input_shape = [channels, height, width]")
         shape, rest, flat_size_due = tuple(input_shape), layers, False
     steps: list[Step] = []
+    flat_from: tuple[int, ...] = ()             # the images a 'flatten' turned into features
     for n, layer in enumerate(rest, start=len(layers) - len(rest)):
         where = f"model.layers[{n}] = {show(layer)}"
         if isinstance(layer, int):
