@@ -144,9 +144,26 @@ def test_the_layout_model_adds_up():
 
 def test_the_across_table_takes_the_drivers_pace_where_it_is_the_slower():
     from benchmarks.costmodel import markdown_across
-    row = {"model": "P3", "nodes": 256, "cores": 4096, "compute": 1e-3, "allreduce": 1e-3,
-           "dtrain": 7e-3, "mpi": 3.5e-3}
+    row = {"model": "P3", "nodes": 256, "cores": 4096, "compute": 1e-3, "allreduce": 3.5e-3,
+           "dtrain": 7e-3, "mpi": 3.4e-3, "schedule": "halving"}
     fast, slow = (markdown_across([dict(row, driver=d)]).splitlines()[-1].split(" | ")
                   for d in (1e-3, 14e-3))
-    assert fast[5:8] == ["1.00", "3.50", "2.00"]           # the mesh's 7 ms against 3.5
-    assert slow[5:8] == ["14.00", "3.50", "4.00"]          # the driver's 14 ms
+    assert fast[4:9] == ["7.00", "halving", "1.000", "3.40", "3.50"] and fast[9] == "2.00 |"
+    assert slow[6] == "14.000" and slow[9] == "4.00 |"     # the driver's 14 ms, against 3.5
+
+
+def test_the_described_step_is_the_nodes_work_plus_the_chosen_sum():
+    """costmodel.described: one node is its compute alone; on more, the schedule the engine
+    would pick (halving for P3's buffer on a 10 GB/s network) and its simulated time on top,
+    growing with log2 of the nodes, not with the nodes."""
+    from benchmarks.costmodel import Wire, described, strong_rows
+    wire = Wire(12e-6, 5e9, 2e-6).across(2e-6, 10e9)
+    one, none = described((784, 128, 10), 16, 1, 16, wire, 50e9, 1e-4, 0.1e-9)
+    at = {n: described((784, 128, 10), 16, n, 16, wire, 50e9, 1e-4, 0.1e-9) for n in (4, 64)}
+    assert none == "none" and all(s == "halving" for _, s in at.values())
+    assert one < at[4][0] < at[64][0] < one + 3 * (at[4][0] - one)
+    rows = strong_rows({"dtrain": Wire(12e-6, 5e9, 2e-6)}, {"P3": ((784, 128, 10), 16, 50e9,
+                                                                  1e-4)}, 2e-6, 10e9, 0.1e-9,
+                       (1, 2, 4))["P3"]
+    assert [r["nodes"] for r in rows] == [1, 2, 4] and rows[0]["dtrain_speedup"] == 1.0
+    assert rows[2]["rows_per_core"] == rows[0]["rows_per_core"] // 4
