@@ -222,7 +222,7 @@ def _head(comm: Any, size: int, prepare: Prepare) -> int:
         job = prepare()            # the data and the model sizes, before anything starts
         check_ranks(job, size)
         config = job.config
-        security = security_for(config.cluster, deployed=True)
+        security = security_for(config.cluster)
     except BaseException as exc:
         _bcast(comm, _Stop(_exit_code(exc)), rank)
         raise
