@@ -5,8 +5,8 @@ process's default client (``distributed.default_client()``) if there is
 one.  Everything else runs on the **embedded cluster**: one LocalCluster per
 process (``[cluster]``'s defaults, as ``python -m dtrain`` starts: one worker
 process with a thread per core, the hybrid layout; no dashboard; listening on 127.0.0.1 only,
-on TLS with a certificate made for it: :mod:`dtrain.deploy.local`), started by the first estimator that
-needs it and shared by all the estimators of the process after that, so that
+on TLS with a certificate made for it: :mod:`dtrain.deploy.local`), started by the first
+estimator that needs it and shared by all the estimators of the process after that, so that
 scikit-learn's meta-estimators (``GridSearchCV``, ``cross_val_score``), which
 fit many clones, pay its start once.  It closes when the process exits
 (``atexit``), or with :func:`close_embedded`.  Its client is not made Dask's
@@ -16,8 +16,8 @@ estimator without a client needs ``if __name__ == "__main__":``.
 
 A process that cannot start worker processes gets an **in-process cluster**
 instead: one worker of threads (as many as the layout gives a worker
-process) in this process (it has no port: nothing to protect).  That is a joblib worker (``GridSearchCV(n_jobs=2)``,
-``cross_val_score(n_jobs=-1)``: loky sets its own start method, which a
+process) in this process, which has no port to protect.  That is a joblib worker
+(``GridSearchCV(n_jobs=2)``, ``cross_val_score(n_jobs=-1)``: loky sets its own start method, which a
 spawned child cannot find, "cannot find context for 'loky'") and any daemonic
 process (multiprocessing's pools: "daemonic processes are not allowed to have
 children").  Such a process is already one of several running side by side,
