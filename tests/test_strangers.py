@@ -188,3 +188,18 @@ def test_a_cluster_dtrain_did_not_start_without_tls_is_said_once():
         warnings.simplefilter("error")
         assert not warn_if_open("tls://127.0.0.1:8786")
         assert not warn_if_open("inproc://127.0.0.1/1/1")
+
+
+def test_the_command_line_says_it_in_one_line(client, tmp_path):
+    """``--scheduler-address`` of a plain-TCP scheduler (the suite's own cluster)."""
+    done = subprocess.run([sys.executable, "-m", "dtrain", "--scheduler-address",
+                           client.scheduler.address, "--set", "train.epochs=1", "--out",
+                           str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "without TLS" in line]
+    assert said == [f"dtrain: warning: the Dask scheduler at {client.scheduler.address} runs "
+                    f"without TLS: anyone who can reach that address (on loopback, every user "
+                    f"of this machine) can run code on its workers as you; start it with TLS "
+                    f"credentials (distributed.Security), or let dtrain start its own "
+                    f"cluster"], done.stderr
