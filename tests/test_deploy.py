@@ -45,6 +45,28 @@ def test_tls_is_on_by_default_on_every_cluster_dtrain_starts(tls, wanted):
         assert security.tls_ca_file != security_for(ClusterConfig(tls=tls)).tls_ca_file
 
 
+def test_the_run_credentials_are_an_ec_key_and_can_be_made_ahead():
+    """One set of credentials per run: made ahead (while the run plans) and taken once; an
+    elliptic-curve key (cheaper to make and to sign with than Dask's RSA one)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from dtrain.deploy import options
+
+    cfg = ClusterConfig()
+    options.make_ahead(cfg)
+    options.make_ahead(cfg)                 # one at most
+    assert len(options._ahead) == 1
+    ahead = options._ahead[0].result(timeout=30)
+    assert security_for(cfg) is ahead and options._ahead == []
+    again = security_for(cfg)               # made now, and another
+    assert again.tls_ca_file != ahead.tls_ca_file
+    cert = x509.load_pem_x509_certificate(again.tls_worker_cert.encode())
+    assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
+    options.make_ahead(ClusterConfig(tls="off"))
+    assert options._ahead == []
+
+
 def test_the_default_local_cluster_is_on_tls_and_writes_no_key(tmp_path, monkeypatch):
     """The embedded cluster's scheduler and workers are on TLS (the run's certificate); the
     key never lies in a file, but for the moment distributed loads it into an SSL context, in
