@@ -203,3 +203,17 @@ def test_the_command_line_says_it_in_one_line(client, tmp_path):
                     f"of this machine) can run code on its workers as you; start it with TLS "
                     f"credentials (distributed.Security), or let dtrain start its own "
                     f"cluster"], done.stderr
+
+
+def test_a_cluster_dtrain_started_without_tls_is_not_warned_about():
+    """``cluster.tls = 'off'`` is the user's word for a cluster dtrain starts (as under
+    ``mpirun``, which hands its client to the run): no warning, there or on a client of it."""
+    from dtrain.deploy.connect import connect
+
+    cfg = dtrain.load_config(None, ["cluster.tls=off", "train.epochs=1", "cluster.workers=1",
+                                    "cluster.dashboard_address="])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with connect(cfg.cluster) as client:
+            assert client.scheduler.address.startswith("tcp://")
+            dtrain.train(cfg, client=client, echo=None)

@@ -31,7 +31,7 @@ from dtrain.deploy.devices import require_gpu
 from dtrain.deploy.layout import local_shape
 from dtrain.deploy.local import local_cluster, local_gpu_cluster
 from dtrain.deploy.logs import QuietClose, QuietRefusals, mark_closing, quiet_refusals
-from dtrain.deploy.options import security_for, warn_if_open
+from dtrain.deploy.options import security_for, started_by_dtrain, warn_if_open
 from dtrain.deploy.workers import wait_for_workers
 
 
@@ -167,7 +167,7 @@ def connect(cfg: ClusterConfig, min_workers: int = 1, leaves: int = 0) -> Iterat
     if cfg.kind != "local":
         with jobqueue.connect(cfg, security_for(cfg), min_workers,
                               leaves) as client:
-            yield client
+            yield started_by_dtrain(client)
         return
     security = security_for(cfg)
     quiet_refusals()        # the scheduler and the nannies run in this process
@@ -182,6 +182,7 @@ def connect(cfg: ClusterConfig, min_workers: int = 1, leaves: int = 0) -> Iterat
         cluster = local_gpu_cluster(cfg, gpus, security, shape) if gpus else \
             local_cluster(cfg, security, shape)
     with cluster, Client(cluster, security=security) as client:
+        started_by_dtrain(client)
         register(client, QuietClose())
         register(client, QuietRefusals())
         try:

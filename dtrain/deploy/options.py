@@ -6,7 +6,9 @@ from __future__ import annotations
 import datetime
 import threading
 import warnings
+import weakref
 from concurrent.futures import Future
+from typing import Any
 
 from distributed import Security
 from distributed.comm import parse_address
@@ -97,6 +99,20 @@ def temporary(days: int = 365) -> Security:
 OPEN_SCHEMES = ("tcp", "ws")        # distributed's comms that anyone who can reach them may use
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
+_own: weakref.WeakSet[Any] = weakref.WeakSet()     # clients of clusters dtrain started
+
+
+def started_by_dtrain(client: Any) -> Any:
+    """Mark ``client`` as one of a cluster dtrain started (its TLS is ``cluster.tls``'s,
+    :func:`warn_if_open` says nothing of it); returns it."""
+    _own.add(client)
+    return client
+
+
+def warn_if_theirs(client: Any) -> bool:
+    """:func:`warn_if_open` for ``client``'s scheduler, unless dtrain started its cluster
+    (:func:`started_by_dtrain`)."""
+    return False if client in _own else warn_if_open(client.scheduler.address)
 
 
 def warn_if_open(address: str) -> bool:

@@ -39,7 +39,7 @@ from dtrain.deploy import mainguard
 from dtrain.deploy.layout import local_shape
 from dtrain.deploy.local import local_cluster
 from dtrain.deploy.logs import QuietRefusals, quiet_refusals
-from dtrain.deploy.options import security_for
+from dtrain.deploy.options import security_for, started_by_dtrain
 
 START_METHODS = ("spawn", "fork", "forkserver")    # what a child process can be started with
 
@@ -70,6 +70,7 @@ def embedded() -> Client:
             cluster.close()
             raise
         broadcast.keep(client)          # dtrain's own: its plugins stay between fits
+        started_by_dtrain(client)
         _embedded.append((cluster, client))
         return client
 

@@ -28,7 +28,7 @@ from dtrain.core.version import __version__
 from dtrain.deploy import mainguard, plugins
 from dtrain.deploy.connect import connect, running_scheduler
 from dtrain.deploy.logs import lost_gathers_quiet
-from dtrain.deploy.options import make_ahead, warn_if_open
+from dtrain.deploy.options import make_ahead, warn_if_theirs
 from dtrain.deploy.signals import AT_EDGE, AT_ONCE, StopSignals
 from dtrain.maths.optim import TrainState
 from dtrain.observe.console import Echo
@@ -309,8 +309,7 @@ def _engine(plan: Plan, client: Client | None,
     if strategy.in_process:
         yield SerialEngine(plan)
     elif client is not None:
-        if not broadcast.kept(client):      # the user's cluster: its security is theirs
-            warn_if_open(client.scheduler.address)
+        warn_if_theirs(client)              # the user's cluster: its security is theirs
         with contextlib.nullcontext() if broadcast.kept(client) else \
                 plugins.removed_after(client), recorder.attached(client):
             yield engine(plan, client)
