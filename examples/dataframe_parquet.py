@@ -26,8 +26,10 @@ def main(path: str = "digits-parquet") -> None:
     dd.from_pandas(load_digits(as_frame=True).frame, npartitions=4).to_parquet(
         path, write_index=False)
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    # security=True: TLS with credentials made for this cluster, as dtrain's own clusters
+    # have (a plain one on 127.0.0.1 runs the code of any user of the machine)
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None,
+                      security=True) as cluster, Client(cluster) as client:
         df = dd.read_parquet(path)                        # 4 partitions, read by the workers
         train, test = df.random_split([0.8, 0.2], random_state=0)
         clf = dtrain.MLPClassifier(hidden_layer_sizes=(64,), max_iter=30, random_state=0,

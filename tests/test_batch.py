@@ -45,7 +45,7 @@ def site(tmp_path) -> Path:
 def _job_script(site: Path, kind: str, *sets: str) -> str:
     cfg = dtrain.load_config(None, [f"cluster.kind={kind}", f"cluster.jobqueue_file={site}",
                                     "cluster.dashboard_address=127.0.0.1:0", *sets]).cluster
-    with jobqueue.settings(cfg), jobqueue.make_cluster(cfg, security_for(cfg, True)) as jobs:
+    with jobqueue.settings(cfg), jobqueue.make_cluster(cfg, security_for(cfg)) as jobs:
         return jobs.job_script()
 
 
@@ -86,7 +86,7 @@ def test_a_worker_job_serves_http_on_loopback_only(site, tmp_path):
     dashboard would take every interface) listen on 127.0.0.1, like everything else."""
     cfg = dtrain.load_config(None, ["cluster.kind=pbs", f"cluster.jobqueue_file={site}",
                                     "cluster.interface=lo", "cluster.dashboard_address="]).cluster
-    security = security_for(cfg, True)
+    security = security_for(cfg)
     with jobqueue.settings(cfg), jobqueue.make_cluster(cfg, security) as jobs, \
             Client(jobs, security=security) as client:
         command = jobs.job_script().strip().splitlines()[-1]
@@ -111,7 +111,7 @@ def test_worker_jobs_get_the_per_run_key_privately_and_briefly(site, tmp_path):
     the cluster."""
     cfg = dtrain.load_config(None, ["cluster.kind=slurm", f"cluster.jobqueue_file={site}",
                                     "cluster.dashboard_address=127.0.0.1:0"]).cluster
-    with jobqueue.settings(cfg), jobqueue.make_cluster(cfg, security_for(cfg, True)) as jobs:
+    with jobqueue.settings(cfg), jobqueue.make_cluster(cfg, security_for(cfg)) as jobs:
         key = Path(re.search(r"--tls-key (\S+)", jobs.job_script()).group(1))
         assert key.parent == tmp_path / "shared"
         assert stat.S_IMODE(key.stat().st_mode) == 0o600 and "PRIVATE KEY" in key.read_text()

@@ -35,13 +35,52 @@ def test_jobqueue_file_is_made_absolute(tmp_path, monkeypatch):
     assert cfg.cluster.jobqueue_file == str(tmp_path / "site.yaml")
 
 
-@pytest.mark.parametrize("tls, deployed, wanted", [
-    ("auto", True, True), ("auto", False, False), ("on", False, True), ("off", True, False)])
-def test_tls_is_on_by_default_where_the_cluster_is_deployed(tls, deployed, wanted):
-    security = security_for(ClusterConfig(tls=tls), deployed=deployed)
+@pytest.mark.parametrize("tls, wanted", [("auto", True), ("on", True), ("off", False)])
+def test_tls_is_on_by_default_on_every_cluster_dtrain_starts(tls, wanted):
+    security = security_for(ClusterConfig(tls=tls))
     assert isinstance(security, Security) == wanted
-    if wanted:
+    if wanted:      # in memory: a certificate and key made for the run, not file names
         assert security.require_encryption and "BEGIN CERTIFICATE" in security.tls_ca_file
+        assert "PRIVATE KEY" in security.tls_scheduler_key
+        assert security.tls_ca_file != security_for(ClusterConfig(tls=tls)).tls_ca_file
+
+
+def test_the_run_credentials_are_an_ec_key_and_can_be_made_ahead():
+    """One set of credentials per run: made ahead (while the run plans) and taken once; an
+    elliptic-curve key (cheaper to make and to sign with than Dask's RSA one)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from dtrain.deploy import options
+
+    cfg = ClusterConfig()
+    options.make_ahead(cfg)
+    options.make_ahead(cfg)                 # one at most
+    assert len(options._ahead) == 1
+    ahead = options._ahead[0].result(timeout=30)
+    assert security_for(cfg) is ahead and options._ahead == []
+    again = security_for(cfg)               # made now, and another
+    assert again.tls_ca_file != ahead.tls_ca_file
+    cert = x509.load_pem_x509_certificate(again.tls_worker_cert.encode())
+    assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
+    options.make_ahead(ClusterConfig(tls="off"))
+    assert options._ahead == []
+
+
+def test_the_default_local_cluster_is_on_tls_and_writes_no_key(tmp_path, monkeypatch):
+    """The embedded cluster's scheduler and workers are on TLS (the run's certificate); the
+    key never lies in a file, but for the moment distributed loads it into an SSL context, in
+    a folder only the user can open, removed at once: TMPDIR holds nothing after."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    cfg = dtrain.load_config(None, ["cluster.workers=1", "cluster.dashboard_address="])
+    with connect(cfg.cluster) as client:
+        assert client.scheduler.address.startswith("tls://127.0.0.1:")
+        assert all(w.startswith("tls://127.0.0.1:") for w in client.scheduler_info()["workers"])
+        with pytest.raises(OSError):
+            Client(client.scheduler.address.replace("tls://", "tcp://"), timeout=3)
+    assert [p for p in tmp_path.rglob("*") if p.suffix in (".pem", ".crt", ".key")] == []
 
 
 def test_local_cluster_over_tls_trains_and_refuses_other_certificates():

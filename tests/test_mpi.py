@@ -248,8 +248,8 @@ def test_tls_keeps_strangers_out(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    refused = f":{port}': TLS handshake failed"
-    assert err.count(refused) == 2, err                   # the scheduler refused both
+    # refused above; said once each at DEBUG, not as a warning on the job's console
+    assert "TLS handshake failed" not in err and "SSL Error" not in err, err
     assert (out / "summary.json").exists()
 
 

@@ -1,12 +1,16 @@
 """Dispatch ``python -m dtrain ...`` to its subcommand and turn errors into exit codes."""
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import sys
+import warnings
+from collections.abc import Iterator
 
 from dtrain.cli import tools, train, use
-from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, Stopped, UserError, exit_code
+from dtrain.core.errors import (EXIT_INTERRUPTED, Diverged, Stopped, UnprotectedCluster,
+                                UserError, exit_code)
 from dtrain.deploy.signals import AT_ONCE, StopSignals
 
 EXIT_BROKEN_PIPE = 141     # 128 + SIGPIPE, what a shell reports for a writer whose reader left
@@ -43,7 +47,7 @@ def main(argv: list[str] | None = None, *, last: bool = False) -> int:
     argv = sys.argv[1:] if argv is None else argv
     signals = StopSignals(AT_ONCE, ignore_after=last)
     try:
-        with signals:
+        with signals, _said_as_lines():
             try:
                 return _command(argv)
             finally:
@@ -61,6 +65,26 @@ def main(argv: list[str] | None = None, *, last: bool = False) -> int:
     except BrokenPipeError:             # `python -m dtrain predict ... | head`: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+
+
+@contextlib.contextmanager
+def _said_as_lines() -> Iterator[None]:
+    """dtrain's own warnings (:class:`~dtrain.core.errors.UnprotectedCluster`) as one
+    ``dtrain: warning:`` line, as the command line's other warnings; others as Python
+    shows them."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        if issubclass(category, UnprotectedCluster):
+            print(f"dtrain: warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 def _command(argv: list[str]) -> int:

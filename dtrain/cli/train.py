@@ -17,6 +17,7 @@ from dtrain.core.version import __version__
 from dtrain.deploy import mpi
 from dtrain.deploy.connect import check_address, running_scheduler
 from dtrain.deploy.layout import local_shape
+from dtrain.deploy.options import make_ahead
 from dtrain.observe import tracking
 from dtrain.taskgraph import strategies
 from dtrain.training import checkpoint, collections
@@ -174,6 +175,9 @@ def prepare(argv: list[str]) -> mpi.Job:
                                    lambda out: train(config, client=client, out=out))
     if config.cluster.scheduler_address:
         check_address(config.cluster.scheduler_address)
+    if not running_scheduler(config.cluster) and \
+            not strategies.get(config.graph.strategy).in_process:
+        make_ahead(config.cluster)      # the cluster's credentials, while the run is planned
     if partitioned(config.data):   # read by the workers: what its metadata says, for now
         collections.check_files(config.data, config.model.layers, config.model.input_shape)
         planned = None

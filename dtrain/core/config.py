@@ -306,7 +306,8 @@ class ClusterConfig:
     kind: str = choice("local", "local", "slurm", "pbs",
                        doc="who starts the workers: a LocalCluster, or dask-jobqueue batch jobs")
     tls: str = choice("auto", "auto", "on", "off",
-                      doc="per-run TLS certificate; auto = on under MPI, SLURM and PBS")
+                      doc="TLS with a certificate made for the run, on every cluster dtrain starts "
+                      "(auto, on); off: plain TCP, which other users of the machine can use")
     interface: str = free("", "network interface for the scheduler and workers, e.g. 'ib0'; "
                           "'': 127.0.0.1 for a LocalCluster, every interface under MPI and "
                           "for batch jobs")

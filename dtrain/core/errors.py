@@ -23,6 +23,11 @@ class DataError(UserError, ValueError):
     also a ``ValueError``, as scikit-learn's users expect of bad input."""
 
 
+class UnprotectedCluster(UserWarning):
+    """A Dask cluster that dtrain did not start takes connections without TLS, on an address
+    that other users can reach: they can run code on its workers."""
+
+
 class Diverged(Exception):
     """The training loss became NaN or infinite, or its mean per sample exceeded
     ``train.max_loss`` (``limit``): the run stops at that step (exit code 3)."""

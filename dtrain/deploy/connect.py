@@ -30,8 +30,8 @@ from dtrain.deploy import jobqueue, mainguard
 from dtrain.deploy.devices import require_gpu
 from dtrain.deploy.layout import local_shape
 from dtrain.deploy.local import local_cluster, local_gpu_cluster
-from dtrain.deploy.logs import QuietClose, mark_closing
-from dtrain.deploy.options import security_for
+from dtrain.deploy.logs import QuietClose, QuietRefusals, mark_closing, quiet_refusals
+from dtrain.deploy.options import security_for, started_by_dtrain, warn_if_open
 from dtrain.deploy.workers import wait_for_workers
 
 
@@ -160,15 +160,17 @@ def connect(cfg: ClusterConfig, min_workers: int = 1, leaves: int = 0) -> Iterat
         or (dask_scheduler_address() if cfg.kind == "local" else "")
     if address:
         with contextlib.closing(_client(address, cfg.timeout)) as client:
+            warn_if_open(client.scheduler.address)      # its security is the user's
             wait_for_workers(client, 1, cfg.timeout)
             yield client
         return
     if cfg.kind != "local":
-        with jobqueue.connect(cfg, security_for(cfg, deployed=True), min_workers,
+        with jobqueue.connect(cfg, security_for(cfg), min_workers,
                               leaves) as client:
-            yield client
+            yield started_by_dtrain(client)
         return
-    security = security_for(cfg, deployed=False)
+    security = security_for(cfg)
+    quiet_refusals()        # the scheduler and the nannies run in this process
     gpus = gpu_count() if cfg.device != "cpu" else 0
     if cfg.device == "gpu":
         require_gpu("cluster.device = 'gpu'")
@@ -180,7 +182,9 @@ def connect(cfg: ClusterConfig, min_workers: int = 1, leaves: int = 0) -> Iterat
         cluster = local_gpu_cluster(cfg, gpus, security, shape) if gpus else \
             local_cluster(cfg, security, shape)
     with cluster, Client(cluster, security=security) as client:
+        started_by_dtrain(client)
         register(client, QuietClose())
+        register(client, QuietRefusals())
         try:
             yield client
         finally:

@@ -4,7 +4,11 @@ or one worker per GPU.
 It listens on 127.0.0.1 only: the scheduler, the nannies and the workers (and the workers'
 own HTTP servers, which follow their address), unless ``cluster.interface`` names a network
 interface; the scheduler's HTTP server (the dashboard, or without one ``/health`` and
-``/metrics``) where :func:`~dtrain.deploy.options.http_address` says.
+``/metrics``) where :func:`~dtrain.deploy.options.http_address` says.  Given a
+``distributed.Security`` (:func:`~dtrain.deploy.options.security_for`: the run's own
+certificate, as ``connect`` gives it), the scheduler, nannies and workers speak TLS only and
+refuse any comm without that certificate; the worker processes get it from their nanny
+through the pipe that starts them, never from a file.
 
 Its worker processes never see a Ctrl-C (a terminal sends it to the whole process group;
 the driver stops the run and closes them), from their first instant, restarted ones too
@@ -99,6 +103,7 @@ def local_cluster(cfg: ClusterConfig, security: Security | None = None,
     return _started(lambda: LocalCluster(
         n_workers=shape.workers, threads_per_worker=shape.threads, processes=True,
         silence_logs=logging.ERROR, security=security, **binding(cfg),
+        protocol="tls://" if security else "tcp://",
         dashboard_address=http_address(dash) if dash else None,
         # without a dashboard the scheduler still serves /health and /metrics: on a free
         # port of 127.0.0.1, not all interfaces

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 
 from distributed import Worker, WorkerPlugin
@@ -137,6 +138,66 @@ def mark_closing() -> None:
             f.mark_closing()
 
 
+class RefusedOnce(logging.Filter):
+    """A connection refused at a TLS listener's handshake (no certificate, or another run's)
+    logged once at DEBUG, not as a warning per try.
+
+    distributed warns for each one ("Listener on ...: TLS handshake failed ..."), and so
+    does tornado ("SSL Error on ..."); a stranger's client tries again and again, which
+    would be a storm of warnings on the user's console about something that was refused as
+    it should be.  Each listener and reason is logged once, at DEBUG, where its logger
+    shows DEBUG; anything else passes unchanged.
+    """
+
+    SAID = {"distributed.comm.tcp": "Listener on %r: TLS handshake failed",
+            "tornado.general": "SSL Error on "}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[str, str]] = set()
+        self.lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        said = self.SAID.get(record.name)
+        if said is None or not str(record.msg).startswith(said):
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        error = args[-1] if args else None
+        where = str(args[0]) if record.name == "distributed.comm.tcp" and args else ""
+        key = (where, str(getattr(error, "reason", None) or type(error).__name__))
+        with self.lock:
+            if key in self.seen:
+                return False
+            self.seen.add(key)
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+_refused_once = RefusedOnce()
+
+
+def quiet_refusals() -> None:
+    """In this process: refused TLS handshakes logged once each, at DEBUG
+    (:class:`RefusedOnce`); idempotent."""
+    for name in RefusedOnce.SAID:
+        log = logging.getLogger(name)
+        if _refused_once not in log.filters:
+            log.addFilter(_refused_once)
+
+
+class QuietRefusals(WorkerPlugin):
+    """Installs :class:`RefusedOnce` in every worker process of a cluster dtrain started
+    (restarted ones included)."""
+
+    name = "dtrain-quiet-refusals"
+    idempotent = True
+
+    def setup(self, worker) -> None:
+        quiet_refusals()
+
+
 def quiet_logs() -> None:
-    """Keep distributed's start-up chatter (INFO) off the job's log; warnings still show."""
+    """Keep distributed's start-up chatter (INFO) off the job's log, and refused TLS
+    handshakes to one DEBUG line each (:func:`quiet_refusals`); warnings still show."""
     logging.getLogger("distributed").setLevel(logging.WARNING)
+    quiet_refusals()

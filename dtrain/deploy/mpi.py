@@ -56,7 +56,8 @@ from dtrain.deploy import mpiwire
 from dtrain.deploy.devices import GPU
 from dtrain.deploy.layout import Role, assign, describe, one_blas_thread, pin_cpus, rank_place
 from dtrain.deploy.logs import CLOSING_OP, CutByClose, quiet_logs
-from dtrain.deploy.options import NO_DASHBOARD, dashboard_link_config, http_address, security_for
+from dtrain.deploy.options import (NO_DASHBOARD, dashboard_link_config, http_address,
+                                   security_for, started_by_dtrain)
 from dtrain.deploy.signals import ignore_stop_signals
 from dtrain.deploy.rankgpus import gpu_problem, gpu_report, local_worker_index, pin_gpu
 from dtrain.deploy.tuning import keep_freed_memory
@@ -224,7 +225,7 @@ def _head(comm: Any, size: int, prepare: Prepare) -> int:
         job = prepare()            # the data and the model sizes, before anything starts
         check_ranks(job, size)
         config = job.config
-        security = security_for(config.cluster, deployed=True)
+        security = security_for(config.cluster)
     except BaseException as exc:
         _bcast(comm, _Stop(_exit_code(exc)), rank)
         raise
@@ -272,7 +273,7 @@ def _drive(comm: Any, config: Config, job: Callable[[Client], Any], address: str
                 Client(address, security=security, timeout=config.cluster.timeout) as client:
             if workers:    # none with one rank (the serial strategy)
                 wait_for_workers(client, workers, config.cluster.timeout)
-            result = job(client)
+            result = job(started_by_dtrain(client))
         print(f"run directory: {result.out}")
     except (UserError, Diverged, Stopped) as exc:
         return exc

@@ -4,9 +4,9 @@ An estimator given ``client=`` uses it.  Without one, Dask inputs use the
 process's default client (``distributed.default_client()``) if there is
 one.  Everything else runs on the **embedded cluster**: one LocalCluster per
 process (``[cluster]``'s defaults, as ``python -m dtrain`` starts: one worker
-process with a thread per core, the hybrid layout; no dashboard; listening on 127.0.0.1 only:
-:mod:`dtrain.deploy.local`), started by the first estimator that
-needs it and shared by all the estimators of the process after that, so that
+process with a thread per core, the hybrid layout; no dashboard; listening on 127.0.0.1 only,
+on TLS with a certificate made for it: :mod:`dtrain.deploy.local`), started by the first
+estimator that needs it and shared by all the estimators of the process after that, so that
 scikit-learn's meta-estimators (``GridSearchCV``, ``cross_val_score``), which
 fit many clones, pay its start once.  It closes when the process exits
 (``atexit``), or with :func:`close_embedded`.  Its client is not made Dask's
@@ -16,8 +16,8 @@ estimator without a client needs ``if __name__ == "__main__":``.
 
 A process that cannot start worker processes gets an **in-process cluster**
 instead: one worker of threads (as many as the layout gives a worker
-process) in this process.  That is a joblib worker (``GridSearchCV(n_jobs=2)``,
-``cross_val_score(n_jobs=-1)``: loky sets its own start method, which a
+process) in this process, which has no port to protect.  That is a joblib worker
+(``GridSearchCV(n_jobs=2)``, ``cross_val_score(n_jobs=-1)``: loky sets its own start method, which a
 spawned child cannot find, "cannot find context for 'loky'") and any daemonic
 process (multiprocessing's pools: "daemonic processes are not allowed to have
 children").  Such a process is already one of several running side by side,
@@ -38,7 +38,8 @@ from dtrain.core import broadcast
 from dtrain.deploy import mainguard
 from dtrain.deploy.layout import local_shape
 from dtrain.deploy.local import local_cluster
-from dtrain.deploy.options import security_for
+from dtrain.deploy.logs import QuietRefusals, quiet_refusals
+from dtrain.deploy.options import security_for, started_by_dtrain
 
 START_METHODS = ("spawn", "fork", "forkserver")    # what a child process can be started with
 
@@ -54,18 +55,22 @@ def embedded() -> Client:
         _close()
         mainguard.stop_if_bootstrapping()   # a script without its __main__ guard: one line
         cfg = ClusterConfig(dashboard_address="")
-        security = security_for(cfg, deployed=False)
+        security = security_for(cfg)
         if not can_start_processes():
             cluster, security = in_process(cfg), None
         else:
+            quiet_refusals()        # its scheduler and nannies run in this process
             with mainguard.watch():
                 cluster = local_cluster(cfg, security)
         try:
             client = Client(cluster, security=security, set_as_default=False)
+            if security is not None:
+                broadcast.register(client, QuietRefusals())
         except BaseException:
             cluster.close()
             raise
         broadcast.keep(client)          # dtrain's own: its plugins stay between fits
+        started_by_dtrain(client)
         _embedded.append((cluster, client))
         return client
 

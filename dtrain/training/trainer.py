@@ -28,6 +28,7 @@ from dtrain.core.version import __version__
 from dtrain.deploy import mainguard, plugins
 from dtrain.deploy.connect import connect, running_scheduler
 from dtrain.deploy.logs import lost_gathers_quiet
+from dtrain.deploy.options import make_ahead, warn_if_theirs
 from dtrain.deploy.signals import AT_EDGE, AT_ONCE, StopSignals
 from dtrain.maths.optim import TrainState
 from dtrain.observe.console import Echo
@@ -113,6 +114,7 @@ def train(config: Config, *, client: Client | None = None, out: str | Path | Non
     if partitioned(config.data):
         return train_on(config, lambda c: collections.from_files(c, config.data), client=client,
                         out=out, echo=echo)
+    _credentials_ahead(config, client)
     with StopSignals(AT_ONCE) as signals:
         the_plan = plan(config)
         signals.at_edges()                  # the run makes its directory, its cluster
@@ -308,6 +310,7 @@ def _engine(plan: Plan, client: Client | None,
     if strategy.in_process:
         yield SerialEngine(plan)
     elif client is not None:
+        warn_if_theirs(client)              # the user's cluster: its security is theirs
         with contextlib.nullcontext() if broadcast.kept(client) else \
                 plugins.removed_after(client), recorder.attached(client):
             yield engine(plan, client)
@@ -319,6 +322,14 @@ def _engine(plan: Plan, client: Client | None,
                 recorder.attached(own):
             recorder.phases["cluster_seconds"] = round(time.perf_counter() - began, 3)
             yield engine(plan, own)
+
+
+def _credentials_ahead(config: Config, client: Client | None) -> None:
+    """Where the run will start its own cluster: its TLS credentials made while it plans
+    (:func:`dtrain.deploy.options.make_ahead`)."""
+    if client is None and not running_scheduler(config.cluster) and \
+            not strategies.get(config.graph.strategy).in_process:
+        make_ahead(config.cluster)
 
 
 @contextlib.contextmanager
