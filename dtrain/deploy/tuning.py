@@ -41,7 +41,7 @@ from dtrain.core.broadcast import on_workers, register
 INLINE = "dtrain-inline"     # the executor that runs a task in the worker's event loop
 QUIET_MS = {"profile": 100.0, "tick": 250.0}    # a worker's periodic callbacks slowed to
                                                 # these periods (distributed's: 10, 20 ms)
-QUIET_NANNY_MS = {"tick": 250.0, "memory_monitor": 1000.0, "monitor": 10000.0}  # a nanny's
+QUIET_NANNY_MS = {"tick": 1000.0, "memory_monitor": 2000.0, "monitor": 10000.0}  # a nanny's
                                                 # (distributed's: 20, 100, 500 ms)
 
 
