@@ -154,13 +154,13 @@ def test_the_across_table_takes_the_drivers_pace_where_it_is_the_slower():
 
 def test_the_described_step_is_the_nodes_work_plus_the_chosen_sum():
     """costmodel.described: one node is its compute alone; on more, the schedule the engine
-    would pick (halving for P3's buffer on a 10 GB/s network) and its simulated time on top,
+    would pick (a halving for P3's buffer on a 10 GB/s network) and its simulated time on top,
     growing with log2 of the nodes, not with the nodes."""
     from benchmarks.costmodel import Wire, described, strong_rows
     wire = Wire(12e-6, 5e9, 2e-6).across(2e-6, 10e9)
     one, none = described((784, 128, 10), 16, 1, 16, wire, 50e9, 1e-4, 0.1e-9)
     at = {n: described((784, 128, 10), 16, n, 16, wire, 50e9, 1e-4, 0.1e-9) for n in (4, 64)}
-    assert none == "none" and all(s == "halving" for _, s in at.values())
+    assert none == "none" and all(s.startswith("halving") for _, s in at.values())
     assert one < at[4][0] < at[64][0] < one + 3 * (at[4][0] - one)
     rows = strong_rows({"dtrain": Wire(12e-6, 5e9, 2e-6)}, {"P3": ((784, 128, 10), 16, 50e9,
                                                                   1e-4)}, 2e-6, 10e9, 0.1e-9,

@@ -144,11 +144,25 @@ def test_the_schedule_is_chosen_by_its_predicted_time():
     wire = collective.TCP_WIRE
     small, _ = collective.choose(64, 2, _blocks(64, 4), 4, 133, 4, wire)
     large, times = collective.choose(1024, 2, _blocks(1024, 64), 64, 101_772, 4, wire)
-    assert small == DOUBLING and large == HALVING
-    assert times[HALVING] < times[DOUBLING] < times[TREE]
+    assert small == DOUBLING and large in collective.RADIX
+    assert min(times[h] for h in collective.RADIX) < times[DOUBLING] < times[TREE]
     at = {w: collective.choose(16 * w, 2, _blocks(16 * w, w), w, 101_772, 4, wire)[1][HALVING]
           for w in (16, 256)}
     assert at[256] < 2 * at[16]
+
+
+@pytest.mark.parametrize("schedule, radix", [(collective.HALVING4, 4), (collective.HALVING8, 8)])
+def test_a_higher_radix_sums_several_levels_a_round(schedule, radix):
+    """Radix 4 (8) on 64 workers: 3 (2) rounds each way instead of 6, each worker reading
+    from radix - 1 others a round; the same numbers sent as radix 2 (within rounding)."""
+    n, w = 100_003, 64
+    progs = collective.programs(4 * w, 2, _blocks(4 * w, w), w, schedule)
+    two = collective.programs(4 * w, 2, _blocks(4 * w, w), w, HALVING)
+    rounds = {op.round for op in progs[0].ops}
+    assert len(rounds) == 2 * round(math.log(w, radix))
+    assert {len([op for op in p.ops if op.kind == collective.RECV and op.round == r])
+            for p in progs for r in rounds} == {radix - 1}
+    assert abs(progs[0].traffic(n)[1] - two[0].traffic(n)[1]) <= 2 * w
 
 
 def test_a_worker_without_shards_is_refused():

@@ -75,7 +75,7 @@ def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(tmp_path):
     """graph.reduce = segments on 3 worker processes (a net wide enough to cut): the tree's
     params.npz and epochs, its windows' sums reduced in segments, and the bytes it sends
     what its graphs say; the default's described windows (their sum by Rabenseifner's
-    halving here) send no more."""
+    halving here, of some radix) send no more."""
     wide = ["model.layers=[4, 2048, 3]"]
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
@@ -91,7 +91,7 @@ def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(tmp_path):
                  for n in ("tree", "segments"))
     assert tree["segmented_windows"] == 0 and cut["segmented_windows"] == cut["spanned_windows"] > 0
     assert_moved_as_predicted(cut)
-    assert tree["described_windows"] > 0 and tree["step_sum"] == "halving"
+    assert tree["described_windows"] > 0 and tree["step_sum"].startswith("halving")
     assert tree["comm_bytes_measured_per_step"] <= cut["comm_bytes_measured_per_step"]
 
 

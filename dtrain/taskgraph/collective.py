@@ -15,10 +15,13 @@ chosen apart from it, as ReproRed and Rabenseifner's allreduce separate them
 
   ``halving``
       Rabenseifner's reduce-scatter: each upper node's sum is cut into one segment per
-      worker and segment ``j`` is added on worker ``j`` where it lies under the node,
-      else on one of the node's own workers; then an allgather (Bruck's: ``ceil(log2
-      W)`` rounds for any ``W``).  About ``2 log2 W`` messages and ``2 N (W - 1) / W``
-      bytes a worker: what an MPI Allreduce of a large buffer costs.
+      worker under it, laid out so that each worker keeps a piece of what it held one
+      level down; then an allgather (Bruck's: ``ceil(log2 W)`` rounds for any ``W``).
+      About ``2 log2 W`` messages and ``2 N (W - 1) / W`` bytes a worker: what an MPI
+      Allreduce of a large buffer costs.  ``halving4`` and ``halving8`` sum two and
+      three levels of the tree a round (each worker reading from 3 or 7 others, the
+      allgather of radix 4 or 8): half or a third of the rounds, for networks whose
+      latency outweighs the messages' bytes.
   ``doubling``
       recursive doubling: every worker of a node adds the node's whole sum, having been
       sent its sibling subtrees' sums.  ``log2 W`` messages of ``N`` bytes a worker:
@@ -47,7 +50,9 @@ from dtrain.core.arrays import array_module, like, on_gpu, sum_in_order, to_host
 from dtrain.taskgraph.treesum import Tree, flat
 
 HALVING, DOUBLING, TREE = "halving", "doubling", "tree"
-SCHEDULES = (HALVING, DOUBLING, TREE)
+HALVING4, HALVING8 = "halving4", "halving8"     # two, three levels of the tree a round
+SCHEDULES = (HALVING, HALVING4, HALVING8, DOUBLING, TREE)
+RADIX = {HALVING: 2, HALVING4: 4, HALVING8: 8}
 SEND, RECV, ADD = "send", "recv", "add"
 
 
@@ -74,7 +79,7 @@ class Op:
     round: int
     peer: int = -1
     items: tuple[tuple[int, int, int], ...] = ()
-    children: tuple[int, ...] = ()
+    children: tuple = ()        # value ids, nested where a round sums several levels
 
 
 @dataclass(frozen=True)
@@ -200,9 +205,11 @@ def programs(shards: int, k: int, rank_of: tuple[int, ...], members: int, schedu
     if set(rank_of) != set(range(members)):
         raise ValueError(f"every one of {members} workers must hold a shard")
     up = _upper(tree(shards, k), rank_of)
-    segments = members if schedule == HALVING else 1
+    radix = RADIX.get(schedule, 2)
+    halving = schedule in RADIX
+    segments = members if halving else 1
     held: dict[int, dict[int, tuple[int, int]]]
-    if schedule == HALVING:
+    if halving:
         held = _halves(up, members)
     elif schedule == TREE:
         held = {v: {collector if collector in up.under[v] else up.under[v][0]: (0, 1)}
@@ -213,13 +220,24 @@ def programs(shards: int, k: int, rank_of: tuple[int, ...], members: int, schedu
         held[v] = {r: (0, segments)}
     ops: dict[int, list[Op]] = {r: [] for r in range(members)}
     rnd = 0
-    for h in range(1, up.height[up.root] + 1):
+    levels = radix.bit_length() - 1             # levels of the tree summed a round
+    top = up.height[up.root]
+    tops = sorted({*range(levels, top, levels), top})   # the heights whose sums are sent
+
+    def below(c: int) -> Tree:
+        """``c`` as the round reads it: itself where it is sent (a leaf, a round's top),
+        else the nesting of what it sums, down to such values."""
+        if c in up.maker or up.height[c] in tops:
+            return c
+        return tuple(below(g) for g in up.children[c])
+
+    for h in tops:
         moves: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
         adds: list[tuple[int, Op]] = []
         for v in sorted(x for x in up.children if up.height[x] == h):
-            kids = up.children[v]
+            kids = tuple(below(c) for c in up.children[v])
             for at, (a, b) in held[v].items():
-                for c in kids:
+                for c in flat(kids):
                     have = held[c]
                     if at in have:
                         continue
@@ -240,19 +258,22 @@ def programs(shards: int, k: int, rank_of: tuple[int, ...], members: int, schedu
             ops[at].append(op)
         rnd += 1
     root = up.root
-    if schedule == HALVING and members > 1:     # Bruck's allgather over the root's order
-        order = _merged(up, root)
-        dist = 1
+    if halving and members > 1:     # Bruck's allgather over the root's order, radix r:
+        order = _merged(up, root)   # before a round of distance d, position p holds the
+        dist = 1                    # segments p to p + d - 1, after it p to p + r d - 1
         while dist < members:
-            count = min(dist, members - dist)
+            offsets = [j * dist for j in range(1, radix) if j * dist < members]
             for p in range(members):
-                to = (p - dist) % members
-                ops[order[p]].append(Op(SEND, rnd, order[to], _wrapped(root, p, count, members)))
+                for off in offsets:
+                    count = min(dist, members - off)
+                    ops[order[p]].append(Op(SEND, rnd, order[(p - off) % members],
+                                            _wrapped(root, p, count, members)))
             for p in range(members):
-                frm = (p + dist) % members
-                ops[order[p]].append(Op(RECV, rnd, order[frm],
-                                        _wrapped(root, frm, count, members)))
-            dist, rnd = dist * 2, rnd + 1
+                for off in offsets:
+                    count, frm = min(dist, members - off), (p + off) % members
+                    ops[order[p]].append(Op(RECV, rnd, order[frm],
+                                            _wrapped(root, frm, count, members)))
+            dist, rnd = dist * radix, rnd + 1
     elif schedule == TREE:           # a binomial tree down from the collector
         order = [collector, *(r for r in range(members) if r != collector)]
         step = 1
@@ -300,6 +321,12 @@ def run(program: Program, made: Sequence[Any], tag: str,
         first = next((x for x in parts if on_gpu(x)), parts[0])
         return array_module(first).concatenate([like(x, first) for x in parts])
 
+    def folded(children: tuple, a: int, b: int) -> Any:
+        """The children's segments ``a`` to ``b - 1`` summed in order; a nested child (the
+        levels a round sums at once) summed first, as the tree sums it."""
+        return sum_in_order(*(get(c, a, b) if isinstance(c, int) else folded(c, a, b)
+                              for c in children))
+
     for op in program.ops:
         if op.kind == SEND:
             parts = [to_host(get(v, a, b)) for v, a, b in op.items]
@@ -314,7 +341,7 @@ def run(program: Program, made: Sequence[Any], tag: str,
                 at += hi - lo
         else:
             (v, a, b), = op.items
-            pieces[v].append((a, b, sum_in_order(*(get(c, a, b) for c in op.children))))
+            pieces[v].append((a, b, folded(op.children, a, b)))
     return get(program.root, 0, g)
 
 
@@ -365,8 +392,8 @@ def simulate(progs: Sequence[Program], n: int, itemsize: int, wire: Wire) -> flo
                 if op.kind == RECV:
                     clock[p.rank] = max(clock[p.rank], arrive[op.peer, p.rank, rnd]) + wire.op
                 elif op.kind == ADD:
-                    clock[p.rank] += wire.op + numbers(op.items) * (len(op.children) - 1) \
-                        * wire.add
+                    clock[p.rank] += wire.op + numbers(op.items) * \
+                        (len(flat(op.children)) - 1) * wire.add
                 at[p.rank] += 1
     return max(clock)
 
@@ -374,8 +401,8 @@ def simulate(progs: Sequence[Program], n: int, itemsize: int, wire: Wire) -> flo
 def choose(shards: int, k: int, rank_of: tuple[int, ...], members: int, n: int,
            itemsize: int, wire: Wire, collector: int = 0) -> tuple[str, dict[str, float]]:
     """The schedule :func:`simulate` finds fastest for a buffer of ``n`` numbers, and each
-    schedule's predicted seconds (ties go to the first of :data:`SCHEDULES`... in the order
-    doubling, halving, tree: the fewest messages first)."""
+    schedule's predicted seconds (a tie goes to the fewest messages: doubling, then halving
+    by increasing radix, then the tree)."""
     times = {s: simulate(programs(shards, k, rank_of, members, s, collector), n, itemsize, wire)
-             for s in (DOUBLING, HALVING, TREE)}
+             for s in (DOUBLING, HALVING, HALVING4, HALVING8, TREE)}
     return min(times, key=times.__getitem__), times
