@@ -170,3 +170,16 @@ def test_a_worker_without_shards_is_refused():
         collective.programs(4, 2, (0, 0, 1, 1), 3, HALVING)
     with pytest.raises(ValueError, match="no schedule 'ring'"):
         collective.programs(4, 2, (0, 0, 1, 1), 2, "ring")
+
+
+def test_workers_sharing_a_machines_cores_choose_fewer_messages():
+    """32 workers on 2 cores: every message is CPU of both sides on loopback, which the
+    machine can only do so fast: the choice takes the fewest messages' worth of CPU, where
+    32 workers of their own would take a halving of high radix."""
+    args = (1024, 2, _blocks(1024, 32), 32, 25_450, 4, collective.LOCAL_WIRE)
+    apart, _ = collective.choose(*args)
+    shared, times = collective.choose(*args, cores=2)
+    assert apart in collective.RADIX and shared != apart
+    progs = {s: collective.programs(1024, 2, _blocks(1024, 32), 32, s) for s in times}
+    sent = {s: sum(p.traffic(25_450)[0] for p in ps) for s, ps in progs.items()}
+    assert sent[shared] < sent[apart]

@@ -364,10 +364,14 @@ LOCAL_WIRE = Wire(alpha=11e-6, bandwidth=2.6e9, op=2e-6, add=0.4e-9)
 TCP_WIRE = Wire(alpha=12e-6, bandwidth=2.5e9, op=2e-6, add=0.4e-9)
 
 
-def simulate(progs: Sequence[Program], n: int, itemsize: int, wire: Wire) -> float:
+def simulate(progs: Sequence[Program], n: int, itemsize: int, wire: Wire,
+             cores: int | None = None) -> float:
     """Seconds from the moment every worker has made its subtrees' sums until the last one
-    holds the root's sum, with messages and adds costed as ``wire`` says."""
+    holds the root's sum, with messages and adds costed as ``wire`` says; ``cores``: the
+    workers share a machine of so many cores, which cannot do more work than that in all
+    (each message's latency and bytes are then CPU of both sides, on loopback)."""
     g = progs[0].segments
+    work = 0.0
 
     def numbers(items: tuple[tuple[int, int, int], ...]) -> int:
         return _numbers(items, n, g)
@@ -382,9 +386,11 @@ def simulate(progs: Sequence[Program], n: int, itemsize: int, wire: Wire) -> flo
             while at[p.rank] < len(p.ops) and p.ops[at[p.rank]].round == rnd and \
                     p.ops[at[p.rank]].kind == SEND:
                 op = p.ops[at[p.rank]]
-                out += numbers(op.items) * itemsize / wire.bandwidth
+                size = numbers(op.items) * itemsize / wire.bandwidth
+                out += size
                 arrive[p.rank, op.peer, rnd] = clock[p.rank] + wire.alpha + out
                 clock[p.rank] += wire.op
+                work += 2 * (wire.alpha + size + wire.op)
                 at[p.rank] += 1
         for p in progs:             # ... then its reads and adds
             while at[p.rank] < len(p.ops) and p.ops[at[p.rank]].round == rnd:
@@ -392,17 +398,22 @@ def simulate(progs: Sequence[Program], n: int, itemsize: int, wire: Wire) -> flo
                 if op.kind == RECV:
                     clock[p.rank] = max(clock[p.rank], arrive[op.peer, p.rank, rnd]) + wire.op
                 elif op.kind == ADD:
-                    clock[p.rank] += wire.op + numbers(op.items) * \
-                        (len(flat(op.children)) - 1) * wire.add
+                    cost = wire.op + numbers(op.items) * (len(flat(op.children)) - 1) * wire.add
+                    clock[p.rank] += cost
+                    work += cost
                 at[p.rank] += 1
-    return max(clock)
+    path = max(clock)
+    return path if cores is None or cores >= len(progs) else max(path, work / cores)
 
 
 def choose(shards: int, k: int, rank_of: tuple[int, ...], members: int, n: int,
-           itemsize: int, wire: Wire, collector: int = 0) -> tuple[str, dict[str, float]]:
-    """The schedule :func:`simulate` finds fastest for a buffer of ``n`` numbers, and each
-    schedule's predicted seconds (a tie goes to the fewest messages: doubling, then halving
-    by increasing radix, then the tree)."""
-    times = {s: simulate(programs(shards, k, rank_of, members, s, collector), n, itemsize, wire)
+           itemsize: int, wire: Wire, collector: int = 0, cores: int | None = None
+           ) -> tuple[str, dict[str, float]]:
+    """The schedule :func:`simulate` finds fastest for a buffer of ``n`` numbers (``cores``:
+    the workers share a machine of so many), and each schedule's predicted seconds (a tie
+    goes to the fewest messages: doubling, then halving by increasing radix, then the
+    tree)."""
+    times = {s: simulate(programs(shards, k, rank_of, members, s, collector), n, itemsize, wire,
+                         cores)
              for s in (DOUBLING, HALVING, HALVING4, HALVING8, TREE)}
     return min(times, key=times.__getitem__), times

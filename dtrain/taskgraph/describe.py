@@ -69,11 +69,11 @@ def describable(recipe: Recipe, placement: Placement, server: bool, local_sgd: b
 
 
 def layout(recipe: Recipe, placement: Placement, one_machine: bool,
-           workers: Sequence[str] | None = None) -> Layout:
+           workers: Sequence[str] | None = None, cores: int | None = None) -> Layout:
     """The ranks (``workers``, the mesh's order; by default the order of their first
     shard), and the schedule of the step's sum :func:`~dtrain.taskgraph.collective.choose`
     finds fastest for the net's buffer on the mesh's wire (``one_machine``: Unix sockets
-    between workers)."""
+    between workers, which share its ``cores``)."""
     workers = tuple(workers if workers is not None else dict.fromkeys(placement.leaves))
     rank = {w: r for r, w in enumerate(workers)}
     rank_of = tuple(rank[w] for w in placement.leaves)
@@ -81,7 +81,8 @@ def layout(recipe: Recipe, placement: Placement, one_machine: bool,
     itemsize = np.dtype(recipe.net.dtype).itemsize
     wire = collective.LOCAL_WIRE if one_machine else collective.TCP_WIRE
     best, times = collective.choose(len(rank_of), recipe.fan_in, rank_of, len(workers), n,
-                                    itemsize, wire, rank[placement.root])
+                                    itemsize, wire, rank[placement.root],
+                                    cores if one_machine else None)
     progs = collective.programs(len(rank_of), recipe.fan_in, rank_of, len(workers), best,
                                 rank[placement.root])
     return Layout(workers, rank[placement.root], rank_of, best, times, progs)

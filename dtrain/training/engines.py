@@ -34,6 +34,7 @@ from dtrain.core.errors import UserError
 from dtrain.core.modelfile import Normalization
 from dtrain.deploy import p2p, runtime, tuning
 from dtrain.deploy.devices import GPU, is_gpu_worker
+from dtrain.deploy.layout import machine_cores
 from dtrain.deploy.logs import QuietUserErrors, lost_gathers_quiet
 from dtrain.deploy.signals import WorkersIgnoreInterrupts
 from dtrain.deploy.workers import (StrandedTasks, forgotten, free_memory, gather, present,
@@ -744,7 +745,7 @@ class DaskEngine:
         p = self.plan
         hosts = {w.rsplit(":", 1)[0] for w in mesh.workers}
         lay = describe.layout(p.recipe, placement, len(hosts) == 1 and
-                              p.config.cluster.p2p != "tcp", mesh.workers)
+                              p.config.cluster.p2p != "tcp", mesh.workers, machine_cores())
         made = describe.setups(p.recipe, p.schedule, placement, lay, mesh,
                                heldout.refs(val))
         futures = {f.key: f for _, f in self.items} | heldout.futures(val)
