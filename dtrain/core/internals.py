@@ -267,6 +267,25 @@ def log_event_soon(client: Any, topic: str, msg: Any) -> bool:
     return True
 
 
+def call_scheduler_soon(client: Any, op: str, **kwargs: Any) -> bool:
+    """Call the scheduler's handler ``op`` (one a scheduler plugin added to
+    ``Scheduler.handlers``) with ``kwargs``, queued on the client's event loop and never
+    waited for: for data too big or too many for the scheduler's event log (which keeps
+    every event, and sends each to the topic's subscribers).  False where the client has
+    no scheduler rpc to queue it on (nothing is sent)."""
+    scheduler, loop = getattr(client, "scheduler", None), getattr(client, "loop", None)
+    if scheduler is None or loop is None:
+        return False
+
+    async def call() -> None:
+        try:
+            await getattr(scheduler, op)(**kwargs)
+        except Exception:           # a scheduler without the handler: nothing to show
+            pass
+    loop.add_callback(call)
+    return True
+
+
 # (9) -------------------------------------------------------------------------------------
 
 

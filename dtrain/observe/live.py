@@ -32,6 +32,7 @@ from dtrain.core import broadcast, events, internals, keys
 from dtrain.observe.runlog import BUSY_WINDOW, KEEP_RUNS, RunLog
 
 PLUGIN_NAME = "dtrain"
+SPANS_HANDLER = "dtrain_spans"      # the scheduler's handler for a window's spans
 
 
 _PLUGINS: weakref.WeakSet[DtrainPlugin] = weakref.WeakSet()
@@ -54,6 +55,10 @@ class DtrainPlugin(SchedulerPlugin):
         self.scheduler = scheduler
         _PLUGINS.add(self)
         self.installed = internals.relabel_tasks(keys.kind_of, keys.COLORS)
+        handlers = getattr(scheduler, "handlers", None)
+        if isinstance(handlers, dict):
+            handlers[SPANS_HANDLER] = self.on_spans
+            self.installed.append(SPANS_HANDLER)
         if livepage.install(scheduler, self):
             self.installed.append("/dtrain")
         if _register_prometheus():
@@ -72,6 +77,13 @@ class DtrainPlugin(SchedulerPlugin):
             while len(self.runs) > KEEP_RUNS:
                 del self.runs[next(iter(self.runs))]
         log.on_event(msg)
+
+    def on_spans(self, run: str | None = None, groups: Any = None) -> None:
+        """The scheduler's ``dtrain_spans`` handler: a window's spans and timings, sent by
+        the driver as the window ends (:func:`send_spans`)."""
+        log = self.runs.get(run) if isinstance(run, str) else None
+        if log is not None and isinstance(groups, list | tuple):
+            log.on_spans(list(groups))
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if start == "processing" and finish == "memory":
@@ -97,6 +109,13 @@ def install(client: Client) -> None:
     cluster that keeps dtrain's plugins, once: :func:`dtrain.core.broadcast.once`)."""
     broadcast.once(client, PLUGIN_NAME,
                    lambda: client.register_plugin(DtrainPlugin(), name=PLUGIN_NAME))
+
+
+def send_spans(client: Client, run: str, groups: tuple) -> bool:
+    """Send a window's spans and timings (:attr:`dtrain.taskgraph.fuse.Ran.spans`) to the
+    scheduler's plugin, never waiting for it; not as an event, which the scheduler would
+    keep in its event log and send to the topic's subscribers."""
+    return internals.call_scheduler_soon(client, SPANS_HANDLER, run=run, groups=groups)
 
 
 def _timeline_on_scheduler(dask_scheduler: Any, run: str) -> dict[str, Any] | None:
@@ -162,7 +181,8 @@ class _Collector:
                         g[name].add_metric(labels, log.epochs[-1][name])
             names = plugin.worker_names()
             for addr, shares in log.busy(time.time(), plugin.nthreads()).items():
-                g["busy"].add_metric([log.run, names.get(addr, addr)], 1.0 - shares["idle"])
+                g["busy"].add_metric([log.run, names.get(addr, addr)],
+                                     max(0.0, 1.0 - shares["idle"] - shares.get("recv-wait", 0.0)))
         yield from g.values()
 
 

@@ -27,7 +27,7 @@ OVERHEAD_COLOR = "#BBBBBB"
 
 
 def _records(timeline: dict[str, Any] | None) -> list[dict[str, Any]]:
-    if not timeline:
+    if not timeline or "rows" not in timeline:     # (a run's spans alone: no task records)
         return []
     cols = timeline["columns"]
     return [dict(zip(cols, r)) for r in timeline["rows"]]

@@ -18,7 +18,10 @@ false`` turns the pass off.
 
 Inside, each task is timed by kind, and each output marked with when it was
 done (seconds before the window's end), so the engine can still say how long
-each epoch and each kind of work took.
+each epoch and each kind of work took; and each task (of a sample of steps, in
+a long window) is kept as a span, ``(key, kind, start, end)``, for the
+``/dtrain`` page's stream of spans and ``report.html``
+(:mod:`dtrain.observe.spans` reads them).
 """
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ from dtrain.taskgraph.window import Window
 
 META = "meta"       # the part that names a fused window's timings key
 CRITICAL = "critical"   # a Ran's seconds on the window's critical path (its maths, one chain)
+SPAN_NODES = 512    # at most about this many of a chain's tasks kept as spans (whole steps)
+ALWAYS_KEPT = (keys.STATE, keys.KEPT, keys.EVALUATE)   # kept as spans in any sample
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,9 @@ class Ran:
     sent: tuple[int, int] = (0, 0)      # messages and bytes sent to other workers ...
     via: tuple[str, ...] = ()           # ... and how: "unix", "tcp", "tls" (deploy.p2p)
     ended: float = 0.0                  # when it ended, by the worker's wall clock
+    # per chain run (several once a spanning window's are merged): (worker, start, end,
+    # seconds by kind, spans), its spans (key, kind, start, end) by the worker's wall clock
+    spans: tuple[tuple[str, float, float, dict[str, float], tuple], ...] = ()
 
 
 class _Runs:
@@ -202,20 +210,65 @@ def run_window(chain: Chain | Packed, *inputs: Any) -> Ran:
     return run_chain(chain, *inputs)
 
 
-def run_chain(chain: Chain | Packed, *inputs: Any) -> Ran:
-    """Run a fused window's tasks in order, in this thread; see :class:`Chain`."""
+def run_chain(chain: Chain | Packed, *inputs: Any, spans: int = SPAN_NODES) -> Ran:
+    """Run a fused window's tasks in order, in this thread; see :class:`Chain`.  About
+    ``spans`` of its tasks, whole steps of them, are kept as spans (:func:`sampled`)."""
     if isinstance(chain, Packed):
         chain = chain.open()
     if chain.run in _runs.ended:
         raise RunEnded(f"run {chain.run} ended")
     _runs.enter(chain.run)
     try:
-        return _run_chain(chain, inputs)
+        return _run_chain(chain, inputs, spans)
     finally:
         _runs.leave(chain.run)
 
 
-def _run_chain(chain: Chain, inputs: tuple[Any, ...]) -> Ran:
+class _Notes(threading.local):
+    """Parts of the running task timed inside it (a step's sum: the waits in ``recv``),
+    by the thread that runs a chain; None outside one."""
+
+    parts: list[tuple[str, float, float]] | None = None
+
+
+_notes = _Notes()
+
+
+def note(kind: str, start: float, end: float) -> None:
+    """Inside a chain's task: ``start`` to ``end`` (``time.perf_counter``) of it was
+    ``kind`` (``recv-wait``: waiting for a peer's message).  It becomes a span drawn over
+    the task's, and its seconds a kind of their own in the chain's timings (still counted
+    in the task's too).  Nothing outside a chain."""
+    parts = _notes.parts
+    if parts is not None:
+        parts.append((kind, start, end))
+
+
+def sampled(kinds: tuple[str | None, ...], budget: int) -> list[bool] | None:
+    """Which of a chain's tasks (by their ``kinds``) to keep as spans: all (None) where
+    there are at most ``budget``; else every k-th step whole (a step ends with its
+    ``update``), and the window's state, kept state and evaluations."""
+    if len(kinds) <= budget:
+        return None
+    every = -(-len(kinds) // max(budget, 1))
+    mask, step = [], 0
+    for kind in kinds:
+        mask.append(not step % every or kind in ALWAYS_KEPT)
+        step += kind == keys.UPDATE
+    if not step:                                    # no steps to cut at: every k-th task
+        mask = [not i % every for i in range(len(kinds))]
+    return mask
+
+
+def _here() -> str:
+    try:
+        from distributed import get_worker
+        return get_worker().address
+    except (ImportError, ValueError):
+        return ""
+
+
+def _run_chain(chain: Chain, inputs: tuple[Any, ...], budget: int = SPAN_NODES) -> Ran:
     cache: dict[str, Any] = dict(zip(chain.inputs, inputs))
     left = dict(chain.uses)
     wanted = set(chain.outputs)
@@ -223,27 +276,60 @@ def _run_chain(chain: Chain, inputs: tuple[Any, ...]) -> Ran:
     done: dict[str, float] = {}
     clock = time.perf_counter
     ended = _runs.ended
-    for at, ((key, fn, args), kind) in enumerate(zip(chain.nodes, chain.kinds)):
-        if not at % CHECK_EVERY and chain.run in ended:
-            raise RunEnded(f"run {chain.run} ended")
-        start = clock()
-        values = [cache[a.key] if type(a) is TaskRef else a for a in args]
-        cache[key] = fn(*values) if fn is not None else values[0]
-        now = clock()
-        seconds[kind or "other"] += now - start
-        if key in wanted:
-            done[key] = now
-        for a in args:
-            if type(a) is TaskRef:
-                dep = a.key
-                left[dep] -= 1
-                if not left[dep] and dep not in wanted:
-                    del cache[dep]
+    mask = sampled(chain.kinds, budget)
+    kept: list[tuple[int, float, float]] = []       # (task, start, end) of the spans kept
+    notes: list[tuple[str, float, float]] = []
+    _notes.parts = notes
+    began = clock()
+    try:
+        for at, ((key, fn, args), kind) in enumerate(zip(chain.nodes, chain.kinds)):
+            if not at % CHECK_EVERY and chain.run in ended:
+                raise RunEnded(f"run {chain.run} ended")
+            start = clock()
+            values = [cache[a.key] if type(a) is TaskRef else a for a in args]
+            cache[key] = fn(*values) if fn is not None else values[0]
+            now = clock()
+            seconds[kind or "other"] += now - start
+            if mask is None or mask[at]:
+                kept.append((at, start, now))
+            if key in wanted:
+                done[key] = now
+            for a in args:
+                if type(a) is TaskRef:
+                    dep = a.key
+                    left[dep] -= 1
+                    if not left[dep] and dep not in wanted:
+                        del cache[dep]
+    finally:
+        _notes.parts = None
     end = clock()
     seconds[CRITICAL] = sum(seconds[k] for k in (*keys.WORK, keys.REDUCE, keys.UPDATE))
+    for kind, a, b in notes:
+        seconds[kind] += b - a
+    wall = time.time()
     return Ran(tuple(cache[k] for k in chain.outputs), dict(seconds),
                tuple(end - done.get(k, end) for k in chain.outputs), chain.steps,
-               ended=time.time())
+               ended=wall, spans=(_spans(chain, kept, notes, began, end, wall - end,
+                                         dict(seconds)),))
+
+
+def _spans(chain: Chain, kept: list[tuple[int, float, float]],
+           notes: list[tuple[str, float, float]], began: float, end: float, shift: float,
+           seconds: dict[str, float]) -> tuple[str, float, float, dict[str, float], tuple]:
+    """A chain's run as :attr:`Ran.spans` holds it: the tasks kept, each followed by the
+    notes timed inside it, by the wall clock (``shift`` added)."""
+    out: list[tuple[str, str, float, float]] = []
+    n = 0
+    for at, a, b in kept:
+        key, kind = chain.nodes[at][0], chain.kinds[at] or "other"
+        out.append((key, kind, a + shift, b + shift))
+        while n < len(notes) and notes[n][2] <= a:      # inside a task not kept
+            n += 1
+        while n < len(notes) and notes[n][1] < b:
+            what, x, y = notes[n]
+            out.append((key, what, x + shift, y + shift))
+            n += 1
+    return (_here(), began + shift, end + shift, seconds, tuple(out))
 
 
 def in_order(dsk: dict[str, GraphNode]) -> list[str]:
