@@ -90,10 +90,11 @@ class RunLog:
         """The spans of the last ``seconds`` before the latest window's end (at most
         ``limit``, the newest), oldest first."""
         lo, out = self.spans_end - seconds, []
-        for row in reversed(self.spans):
-            if row[3] < lo or len(out) >= limit:
+        for row in reversed(self.spans):    # by window, each worker's spans in turn
+            if len(out) >= limit or row[2] < lo - 60.0:
                 break
-            out.append(row)
+            if row[3] >= lo:
+                out.append(row)
         return out[::-1]
 
     @property
