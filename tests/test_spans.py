@@ -136,3 +136,32 @@ def test_the_summary_shares_and_the_reports_sample_stay_bounded():
     assert len(rec["windows"]) <= 4 and rec["windows_seen"] == 20
     starts = [w[0][2] for w in rec["windows"]]
     assert starts[0] == 10.0 and starts == sorted(starts) and starts[-1] >= 10.0 + 2 * 8
+
+
+# --- the Dask dashboard: a window's bar, the Progress panel's steps ------------------------
+
+def test_the_progress_panel_counts_steps_beside_the_window_tasks():
+    from distributed.dashboard.components import scheduler as components
+
+    from dtrain.core import internals
+    from dtrain.observe import live
+
+    assert internals.add_progress_rows(live._progress_rows)
+    plugin = live.DtrainPlugin()
+    log = plugin.runs["r"] = RunLog("r")
+    log.on_event({"kind": "start", "steps_per_epoch": 7, "epochs": 10, "train_samples": 70})
+    log.on_event({"kind": "step", "step": 21, "epoch": 3, "seen": 70, "t": 1.0,
+                  "loss": 0.1, "epoch_loss": 0.1, "epoch_accuracy": 0.5})
+    live._PLUGINS.add(plugin)
+    try:
+        msg = {s: {"window": 1} for s in ("memory", "erred", "released", "processing",
+                                          "waiting", "queued", "no_worker")}
+        msg["all"] = {"window": 7}
+        quads = components.progress_quads(msg)
+    finally:
+        live._PLUGINS.discard(plugin)
+    done = dict(zip(quads["name"], quads["done"]))
+    assert done["steps"] == "21 / 70" and "window" in done
+    assert keys.color(keys.WINDOW) not in (keys.color(keys.FORWARD_BACKWARD),
+                                           keys.color(keys.UPDATE))
+    assert keys.kind_of(f"window-0-13-w0-{RUN}") == keys.WINDOW

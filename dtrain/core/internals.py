@@ -163,6 +163,32 @@ def relabel_tasks(kind_of: Callable[[object], str | None],
     return [name for name in done if name]
 
 
+def add_progress_rows(rows: Callable[[], dict[str, tuple[int, int]]]) -> str | None:
+    """Add rows to the dashboard's Progress panel: ``rows()`` gives ``{name: (done,
+    total)}`` each time the panel is drawn (a failure or ``{}``: none), shown beside the
+    task prefixes' bars (:func:`distributed.diagnostics.progress_stream.progress_quads`,
+    as the dashboard's scheduler components imported it).  Once per process; returns the
+    ``module.attribute`` wrapped, None where distributed has changed."""
+    def quads(original: Callable[..., dict]) -> Callable[..., dict]:
+        def wrapped(msg: Any, *args: Any, **kwargs: Any) -> dict:
+            try:
+                extra = rows() if isinstance(msg, dict) and "all" in msg else {}
+            except Exception:
+                extra = {}
+            if extra:
+                msg = {k: dict(v) if isinstance(v, dict) else v for k, v in msg.items()}
+                for name, (done, total) in extra.items():
+                    for v in msg.values():
+                        if isinstance(v, dict):
+                            v[name] = 0
+                    msg["all"][name] = max(total, done, 1)
+                    msg["memory"][name] = done
+            return original(msg, *args, **kwargs)
+        return wrapped
+
+    return _wrap("distributed.dashboard.components.scheduler", "progress_quads", quads)
+
+
 def unwrapped(function: Callable) -> Callable:
     """The original of a function :func:`relabel_tasks` wrapped (itself if not wrapped)."""
     return getattr(function, _MARK, function)

@@ -33,6 +33,7 @@ from dtrain.observe.runlog import BUSY_WINDOW, KEEP_RUNS, RunLog
 
 PLUGIN_NAME = "dtrain"
 SPANS_HANDLER = "dtrain_spans"      # the scheduler's handler for a window's spans
+STEPS = "steps"     # the Progress panel's row of training steps, beside the task prefixes'
 
 
 _PLUGINS: weakref.WeakSet[DtrainPlugin] = weakref.WeakSet()
@@ -54,7 +55,11 @@ class DtrainPlugin(SchedulerPlugin):
 
         self.scheduler = scheduler
         _PLUGINS.add(self)
-        self.installed = internals.relabel_tasks(keys.kind_of, keys.COLORS)
+        self.installed = internals.relabel_tasks(keys.kind_of,
+                                                 {**keys.COLORS, STEPS: keys.color(keys.UPDATE)})
+        progress = internals.add_progress_rows(_progress_rows)
+        if progress:
+            self.installed.append(progress)
         handlers = getattr(scheduler, "handlers", None)
         if isinstance(handlers, dict):
             handlers[SPANS_HANDLER] = self.on_spans
@@ -100,6 +105,21 @@ class DtrainPlugin(SchedulerPlugin):
 
     def nthreads(self) -> dict[str, int]:
         return {addr: max(ws.nthreads, 1) for addr, ws in self.scheduler.workers.items()}
+
+
+def _progress_rows() -> dict[str, tuple[int, int]]:
+    """The Progress panel's ``steps`` row: the training steps done and to do of the latest
+    run still training on a live plugin of this process (a window task counts as one task,
+    whatever its steps)."""
+    for plugin in list(_PLUGINS):
+        log = plugin.latest()
+        if log is None or log.finished or not log.meta:
+            continue
+        total = int(log.meta.get("steps_per_epoch", 0)) * int(log.meta.get("epochs", 0))
+        done = log.last_step["step"] if log.last_step else 0
+        if total:
+            return {STEPS: (done, total)}
+    return {}
 
 
 # --- driver side --------------------------------------------------------------------------

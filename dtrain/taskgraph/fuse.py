@@ -7,7 +7,7 @@ as on a laptop, one node or one GPU, nothing crosses between workers and each
 step's scheduler round trip (3-5 ms) buys nothing.  This pass, run by the
 engine after the builder, turns such a window into what Dask's own
 ``fuse_linear_task_spec`` makes of a linear chain: one task,
-``window-<first step>-<last step>-<run>``, that runs the window's tasks in
+``window-<first step>-<last step>-w0-<run>``, that runs the window's tasks in
 order in one call on that worker (the tasks as plain ``(function,
 arguments)`` tuples, which pickle fast), with a tiny task under the end
 state's own key that picks it out of the window's result, and
@@ -421,7 +421,7 @@ def steps(win: Window, first: int, last: int, run: str,
     chain = chain_of([plain(win.dsk[k]) for k in order], list(map(keys.kind_of, order)),
                      outputs, last - first + 1, run)
     external = chain.inputs
-    name = keys.make(keys.WINDOW, first, last, run=run)
+    name = keys.make(keys.WINDOW, first, last, "w0", run=run)   # as a spanning window names rank 0
     out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
     out.add(Task(name, run_window, Packed.of(chain), *map(TaskRef, external)), worker,
             sum(win.nbytes.get(k, 0) for k in outputs))
