@@ -165,3 +165,26 @@ def test_the_progress_panel_counts_steps_beside_the_window_tasks():
     assert keys.color(keys.WINDOW) not in (keys.color(keys.FORWARD_BACKWARD),
                                            keys.color(keys.UPDATE))
     assert keys.kind_of(f"window-0-13-w0-{RUN}") == keys.WINDOW
+
+
+def test_the_report_draws_a_sample_of_windows_and_each_workers_time_by_kind():
+    from dtrain.observe import htmlreport
+    from dtrain.observe.taskcharts import spans_data
+
+    totals, sample = spans.Totals(), spans.Sample(keep=2)
+    for i in range(5):
+        groups = [_group("a", 10.0 + 2 * i), _group("b", 10.1 + 2 * i)]
+        totals.add(groups)
+        sample.add(groups)
+    timeline = {"spans": sample.record(), "workers": {"a": "0", "b": "1"}}
+    lanes, cols, note = spans_data(timeline)
+    assert lanes == ["steps 0-0, worker 0", "steps 0-0, worker 1",
+                     "steps 0-0 (window 2), worker 0", "steps 0-0 (window 2), worker 1"]
+    assert cols["start"][0] == 0.0 and "2 of the run's 5 windows" in note
+    run = htmlreport.RunData("r", {"data": {"dataset": "iris"}},
+                             [{"epoch": 1, "train_loss": 1.0}],
+                             {"worker_time_shares": totals.summary({"a": "0", "b": "1"})},
+                             timeline)
+    body, roots = htmlreport.build([run])
+    assert "spans-0" in roots and roots["spans-0"].name == "report-spans-0"
+    assert "time by kind, per worker" in body and "recv-wait" in body

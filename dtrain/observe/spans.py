@@ -165,10 +165,10 @@ class Sample:
         self.seen += 1
         if (self.seen - 1) % self.every:
             return
-        rows = flatten(groups)
-        if len(rows) > self.max_spans // self.keep:       # a huge window: its first spans
-            rows = rows[:self.max_spans // self.keep]
-        self.windows.append(rows)
+        groups = list(groups)
+        each = max(1, self.max_spans // self.keep // max(len(groups), 1))
+        # a huge window: each chain's first spans
+        self.windows.append(flatten((*g[:4], g[4][:each]) for g in groups))
         if len(self.windows) > self.keep:
             self.windows = self.windows[::2]
             self.every *= 2
