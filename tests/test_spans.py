@@ -100,12 +100,16 @@ def test_busy_comes_from_the_windows_that_ended_and_idle_is_between_them():
     log = RunLog("r")
     log.on_spans([_group("w0", 100.0), _group("w1", 100.0)])
     log.on_spans([_group("w0", 102.0)])                     # w1 sat out the second window
-    shares = log.busy(200.0, {"w0": 1, "w1": 1}, window=4.0)   # the 4 s before 103
+    shares = log.busy(200.0, {"w0": 1, "w1": 1}, window=2.0)   # the 2 s before 103
     assert shares["w0"]["forward-backward"] == pytest.approx(0.25)
     assert shares["w0"]["idle"] == pytest.approx(0.5)
-    assert shares["w1"]["forward-backward"] == pytest.approx(0.125)
-    assert shares["w1"]["idle"] == pytest.approx(0.75)
+    assert shares["w1"]["forward-backward"] == 0 and shares["w1"]["idle"] == 1
     assert sum(shares["w0"].values()) == pytest.approx(1.0)
+    shares = log.busy(200.0, {"w0": 1, "w1": 1}, window=10.0)  # not before the first window
+    assert shares["w0"]["forward-backward"] == pytest.approx(1 / 3)
+    assert shares["w1"]["idle"] == pytest.approx(2 / 3)
+    half = log.busy(102.5, {"w0": 1}, window=1.0)["w0"]     # half of a window inside
+    assert half["forward-backward"] == pytest.approx(0.25) and half["idle"] == pytest.approx(0.5)
     rows = log.recent_spans(2.5)
     assert {r[0] for r in rows} == {"w0", "w1"}
     assert all([r[2] for r in rows if r[0] == w] == sorted(r[2] for r in rows if r[0] == w)

@@ -54,6 +54,7 @@ class RunLog:
         self.spans: deque[tuple[str, str, float, float, str]] = deque(maxlen=SPAN_ROWS)
         self.spans_seen = 0                         # groups of spans ever received
         self.spans_end = 0.0                        # the latest end of a window among them
+        self.spans_start: float | None = None       # the earliest start (the first window's)
 
     def on_event(self, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")
@@ -83,19 +84,22 @@ class RunLog:
             self.spans.extend((worker, spanlib.kind_of(kind), x, y, key)
                               for key, kind, x, y in rows)
             self.spans_end = max(self.spans_end, b)
+            self.spans_start = a if self.spans_start is None else min(self.spans_start, a)
         self.spans_seen += 1
 
     def recent_spans(self, seconds: float = SPAN_SECONDS, limit: int = 5_000
                      ) -> list[tuple[str, str, float, float, str]]:
-        """The spans of the last ``seconds`` before the latest window's end (at most
-        ``limit``, the newest), oldest first."""
+        """The spans of the last ``seconds`` before the latest window's end, oldest first
+        (as they arrived: by window, each worker's in turn); of more than ``limit``, every
+        k-th."""
         lo, out = self.spans_end - seconds, []
         for row in reversed(self.spans):    # by window, each worker's spans in turn
-            if len(out) >= limit or row[2] < lo - 60.0:
+            if row[2] < lo - 60.0:
                 break
             if row[3] >= lo:
                 out.append(row)
-        return out[::-1]
+        every = -(-len(out) // max(limit, 1))       # more: every k-th, over all the seconds
+        return out[::-1][::every]
 
     @property
     def last_step(self) -> dict[str, Any] | None:
@@ -105,13 +109,15 @@ class RunLog:
              window: float = BUSY_WINDOW) -> dict[str, dict[str, float]]:
         """Per worker, the fraction of ``window`` seconds spent in each kind of work; ``idle``
         is the rest.  Where windows ran as a task per worker and sent their timings
-        (:meth:`on_spans`): the ``window`` seconds before the latest window's end, from the
+        (:meth:`on_spans`): the ``window`` seconds before the latest window's end (but not
+        before the first window's start), from the
         chains' own timings (:func:`dtrain.observe.spans.busy`); else from the scheduler's
         records of finished tasks, each task type's share (times threads) or receiving
         data (:meth:`task_busy`)."""
         if self.windows:
             hi = min(now, self.spans_end)
-            return spanlib.busy(self.windows, nthreads, hi - window, hi)
+            lo = max(hi - window, self.spans_start or 0.0)    # not before the first window
+            return spanlib.busy(self.windows, nthreads, lo, hi)
         return self.task_busy(now, nthreads, window)
 
     def task_busy(self, now: float, nthreads: dict[str, int],
