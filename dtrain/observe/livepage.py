@@ -14,6 +14,7 @@ import math
 import time
 from typing import Any
 
+import numpy as np
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, Div, FactorRange
 
@@ -26,7 +27,7 @@ REFRESH_MS = 500
 STEP_COLUMNS = ("epoch", "step", "loss", "epoch_loss", "rate")
 EPOCH_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
                  "samples_per_second")
-SPAN_LIMIT = 5_000      # spans the page holds at most (the newest)
+SPAN_LIMIT = 3_000      # spans the page holds at most (beyond: every k-th step's)
 BUSY_NOTE = (f"<b>Inside the windows</b>: each worker's tasks as its window ran them, over the "
              f"last {SPAN_SECONDS:g} s of windows that ended (a window's spans arrive as it "
              "ends; of a long window, a sample of its steps), coloured as in the task stream; "
@@ -118,8 +119,11 @@ class LivePage:
         self._update_busy(plugin, log)
         if log.spans_seen != self.spans_seen:       # a window ended: its spans, the last s
             self.spans_seen = log.spans_seen
-            cols = spans.columns(log.recent_spans(SPAN_SECONDS, SPAN_LIMIT),
-                                 plugin.worker_names())
+            cols: dict[str, Any] = spans.columns(log.recent_spans(SPAN_SECONDS, SPAN_LIMIT),
+                                                 plugin.worker_names())
+            for name, kind in (("start", "f8"), ("end", "f8"), ("ms", "f4"), ("step", "i4"),
+                               ("shard", "i4")):
+                cols[name] = np.asarray(cols[name], dtype=kind)     # sent as binary
             lanes = sorted(set(cols["worker"]), key=lambda w: (len(w), w))
             self.spans.data = cols
             self.spans_fig.y_range.factors = lanes

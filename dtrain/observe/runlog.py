@@ -90,16 +90,26 @@ class RunLog:
     def recent_spans(self, seconds: float = SPAN_SECONDS, limit: int = 5_000
                      ) -> list[tuple[str, str, float, float, str]]:
         """The spans of the last ``seconds`` before the latest window's end, oldest first
-        (as they arrived: by window, each worker's in turn); of more than ``limit``, every
-        k-th."""
+        (as they arrived: by window, each worker's in turn); of more than ``limit``, those of
+        every k-th step."""
         lo, out = self.spans_end - seconds, []
         for row in reversed(self.spans):    # by window, each worker's spans in turn
             if row[2] < lo - 60.0:
                 break
             if row[3] >= lo:
                 out.append(row)
-        every = -(-len(out) // max(limit, 1))       # more: every k-th, over all the seconds
-        return out[::-1][::every]
+        out.reverse()
+        if len(out) <= limit:
+            return out
+        every = -(-len(out) // max(limit, 1))       # more: every k-th step of each worker's
+        steps: dict[str, int] = {}                  # (a step ends with its update)
+        kept = []
+        for row in out:
+            at = steps.get(row[0], 0)
+            if not at % every:
+                kept.append(row)
+            steps[row[0]] = at + (row[1] == "update")
+        return kept if len(kept) <= 2 * limit else kept[::every]
 
     @property
     def last_step(self) -> dict[str, Any] | None:
@@ -117,7 +127,12 @@ class RunLog:
         if self.windows:
             hi = min(now, self.spans_end)
             lo = max(hi - window, self.spans_start or 0.0)    # not before the first window
-            return spanlib.busy(self.windows, nthreads, lo, hi)
+            recent = []
+            for record in reversed(self.windows):   # they arrive by window: stop well before
+                if record[2] < lo - 60.0:
+                    break
+                recent.append(record)
+            return spanlib.busy(recent, nthreads, lo, hi)
         return self.task_busy(now, nthreads, window)
 
     def task_busy(self, now: float, nthreads: dict[str, int],
