@@ -105,8 +105,9 @@ def main() -> None:
         browser.quit()
     diffs = [p - n for p, n in zip(got["page"], got["none"])]
     none, page = statistics.median(got["none"]), statistics.median(got["page"])
+    diff = statistics.median(diffs)
     print(f"median ms/step: none {none:.3f}, page {page:.3f}; median paired difference "
-          f"{statistics.median(diffs):+.3f} ms/step ({100 * statistics.median(diffs) / none:+.1f} %)")
+          f"{diff:+.3f} ms/step ({100 * diff / none:+.1f} %)")
 
 
 if __name__ == "__main__":
