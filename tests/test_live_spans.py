@@ -30,11 +30,8 @@ for (const m of models) {
 }
 return out;
 """
-WORK = {"forward-backward", "reduce", "update"}
-# one worker sums a step's shards inside its forward-backward task (a group of shards on its
-# cores): no reduce task of its own there
-ONE = {"forward-backward", "update"}
-
+WORK = {"forward-backward", "reduce", "update"}   # on one worker the reduce is the group's
+# sum, timed inside its forward-backward task
 
 def _watch(cmd: list[str], tmp_path, port: int, workers: int, shot: str,
            env: dict[str, str] | None = None, work: set[str] = WORK) -> dict:
@@ -114,8 +111,8 @@ def test_the_page_shows_the_steps_inside_a_window_fused_on_one_worker(tmp_path):
     port = _free_port()
     got = _watch([sys.executable, "-m", "dtrain", "--workers", "1",
                   *_run_args(port, tmp_path, epochs=100_000)], tmp_path, port, 1,
-                 "live-spans-fused.png", work=ONE)
-    _check(got, 1, ONE)
+                 "live-spans-fused.png")
+    _check(got, 1)
 
 
 @pytest.mark.slow

@@ -12,6 +12,12 @@ from dtrain.taskgraph import fuse
 from windows import RUN, inputs as _inputs, run as _run, window as _window
 
 
+def _tasks(chain, rows):
+    """The spans of ``rows`` that are tasks of ``chain`` (not parts timed inside one)."""
+    pairs = {(n[0], k or "other") for n, k in zip(chain.nodes, chain.kinds)}
+    return [r for r in rows if r[:2] in pairs]
+
+
 def _steps(keys_: list[str]) -> list[int]:
     """The steps whose forward-backward tasks ``keys_`` holds, in the order they appear."""
     return list(dict.fromkeys(keys.parse(k).step for k in keys_
@@ -25,10 +31,16 @@ def test_a_fused_window_keeps_every_task_it_ran_in_order_as_spans():
     ran = got[fused.meta]
     (worker, start, end, seconds, rows), = ran.spans         # one chain, here not on a worker
     chain = fused.steps_fused
-    assert worker == "" and [r[0] for r in rows] == [n[0] for n in chain.nodes]
-    assert [r[1] for r in rows] == [k or "other" for k in chain.kinds]
+    tasks = _tasks(chain, rows)
+    assert worker == "" and [r[0] for r in tasks] == [n[0] for n in chain.nodes]
+    assert [r[1] for r in tasks] == [k or "other" for k in chain.kinds]
+    # a group's sum timed inside its forward-backward, drawn after it
+    inner = [(i, r) for i, r in enumerate(rows) if r not in tasks]
+    assert inner and all(r[1] == "reduce" and rows[i - 1][0] == r[0] and
+                         rows[i - 1][2] <= r[2] <= r[3] <= rows[i - 1][3] for i, r in inner)
+    assert seconds["reduce/forward-backward"] > 0
     assert _steps([r[0] for r in rows]) == list(range(14))     # every step, in order
-    times = [t for r in rows for t in r[2:]]
+    times = [t for r in tasks for t in r[2:]]
     assert times == sorted(times) and start <= times[0] and times[-1] <= end
     assert seconds == ran.seconds and seconds["forward-backward"] > 0
     assert abs(end - ran.ended) < 1e-3
@@ -44,7 +56,7 @@ def test_a_long_window_keeps_whole_steps_of_a_sample():
     kept = _steps([r[0] for r in rows])
     assert kept[0] == 0 and len(kept) >= 3 and kept == sorted(kept)
     for step in kept:                                       # ... of whole steps
-        mine = [r[0] for r in rows if keys.parse(r[0]).step == step
+        mine = [r[0] for r in _tasks(chain, rows) if keys.parse(r[0]).step == step
                 and keys.kind_of(r[0]) in (keys.FORWARD_BACKWARD, keys.REDUCE, keys.UPDATE)]
         whole = [n[0] for n in chain.nodes if keys.parse(n[0]).step == step
                  and keys.kind_of(n[0]) in (keys.FORWARD_BACKWARD, keys.REDUCE, keys.UPDATE)]
@@ -68,11 +80,11 @@ def test_a_window_across_workers_brings_each_workers_spans_of_its_own_chain():
         # which chain: the one whose tasks these are, every one of them in its order
         mine = [c for c in by_piece.values() if [(n[0], k or "other") for n, k in
                                                    zip(c.nodes, c.kinds)] ==
-                [r[:2] for r in rows if r[1] != spans.RECV_WAIT]]
+                [r[:2] for r in _tasks(c, rows)]]
         assert len(mine) == 1
         assert _steps([r[0] for r in rows]) == list(range(14))
         assert {spans.kind_of(r[1]) for r in rows} >= {"forward-backward", "update"}
-        times = [t for r in rows for t in r[2:]]
+        times = [t for r in _tasks(mine[0], rows) for t in r[2:]]
         assert times == sorted(times)
     assert len({tuple(r[0] for r in g[4]) for g in ran.spans}) == 2      # two chains
 
@@ -84,7 +96,7 @@ def _group(worker, start, fb=0.5, reduce=0.2, wait=0.1):
             ("allreduce-0-w0-r", "allreduce", start + fb, start + fb + reduce),
             ("allreduce-0-w0-r", spans.RECV_WAIT, start + fb, start + fb + wait),
             ("update-0-0-r", "update", start + fb + reduce, start + 1.0))
-    seconds = {"forward-backward": fb, "allreduce": reduce, spans.RECV_WAIT: wait,
+    seconds = {"forward-backward": fb, "allreduce": reduce, "recv-wait/allreduce": wait,
                "update": 1.0 - fb - reduce, "critical": 1.0}
     return (worker, start, start + 1.0, seconds, rows)
 

@@ -44,16 +44,19 @@ def kind_of(kind: str | None) -> str:
 
 
 def shares(seconds: dict[str, float]) -> dict[str, float]:
-    """A chain's seconds by task kind as seconds by shown kind: the waits timed inside the
-    step's sum (``recv-wait``) taken out of its ``reduce``; ``critical`` (a sum of the
-    others) dropped."""
+    """A chain's seconds by task kind as seconds by shown kind: a part timed inside a task
+    (``<kind>/<inside>``: ``recv-wait/allreduce``, the waits inside the step's sum;
+    ``reduce/forward-backward``, a group's sum) taken out of the task's kind; ``critical``
+    (a sum of the others) dropped."""
     out = dict.fromkeys(KINDS, 0.0)
     for kind, s in seconds.items():
-        if kind != "critical":
-            out[kind_of(kind)] += s
-    inside = seconds.get(RECV_WAIT, 0.0)          # noted inside allreduce nodes
-    out["reduce"] = max(0.0, out["reduce"] - inside)
-    return out
+        if kind == "critical":
+            continue
+        part, _, inside = kind.partition("/")
+        out[kind_of(part)] += s
+        if inside:
+            out[kind_of(inside)] -= s
+    return {k: max(0.0, v) for k, v in out.items()}
 
 
 def flatten(groups: Iterable[Group]) -> list[tuple[str, str, float, float, str]]:

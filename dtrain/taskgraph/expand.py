@@ -177,7 +177,7 @@ def step_sum(program: collective.Program, tag: str, *made: Any) -> Any:
     def recv(rank: int, name: str) -> Any:       # its waits drawn as their own spans
         start = clock()
         got = link.recv(rank, name)
-        fuse.note(span.RECV_WAIT, start, clock())
+        fuse.note(span.RECV_WAIT, start, clock(), keys.ALLREDUCE)
         return got
 
     return collective.run(program, made, tag, lambda r, t, x: link.send((r,), t, x), recv)

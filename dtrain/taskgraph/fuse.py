@@ -228,20 +228,22 @@ class _Notes(threading.local):
     """Parts of the running task timed inside it (a step's sum: the waits in ``recv``),
     by the thread that runs a chain; None outside one."""
 
-    parts: list[tuple[str, float, float]] | None = None
+    parts: list[tuple[str, str, float, float]] | None = None
 
 
 _notes = _Notes()
 
 
-def note(kind: str, start: float, end: float) -> None:
-    """Inside a chain's task: ``start`` to ``end`` (``time.perf_counter``) of it was
-    ``kind`` (``recv-wait``: waiting for a peer's message).  It becomes a span drawn over
-    the task's, and its seconds a kind of their own in the chain's timings (still counted
-    in the task's too).  Nothing outside a chain."""
+def note(kind: str, start: float, end: float, inside: str = "") -> None:
+    """Inside a chain's task of kind ``inside``: ``start`` to ``end``
+    (``time.perf_counter``) of it was ``kind`` (``recv-wait`` inside ``allreduce``: waiting
+    for a peer's message; ``reduce`` inside ``forward-backward``: a group's sum).  It
+    becomes a span drawn over the task's, and its seconds are the chain's timings'
+    ``<kind>/<inside>`` (still counted in the task's own kind too).  Nothing outside a
+    chain."""
     parts = _notes.parts
     if parts is not None:
-        parts.append((kind, start, end))
+        parts.append((kind, inside, start, end))
 
 
 def sampled(kinds: tuple[str | None, ...], budget: int) -> list[bool] | None:
@@ -278,7 +280,7 @@ def _run_chain(chain: Chain, inputs: tuple[Any, ...], budget: int = SPAN_NODES) 
     ended = _runs.ended
     mask = sampled(chain.kinds, budget)
     kept: list[tuple[int, float, float]] = []       # (task, start, end) of the spans kept
-    notes: list[tuple[str, float, float]] = []
+    notes: list[tuple[str, str, float, float]] = []
     _notes.parts = notes
     began = clock()
     try:
@@ -304,8 +306,8 @@ def _run_chain(chain: Chain, inputs: tuple[Any, ...], budget: int = SPAN_NODES) 
         _notes.parts = None
     end = clock()
     seconds[CRITICAL] = sum(seconds[k] for k in (*keys.WORK, keys.REDUCE, keys.UPDATE))
-    for kind, a, b in notes:
-        seconds[kind] += b - a
+    for kind, inside, a, b in notes:
+        seconds[f"{kind}/{inside}" if inside else kind] += b - a
     wall = time.time()
     return Ran(tuple(cache[k] for k in chain.outputs), dict(seconds),
                tuple(end - done.get(k, end) for k in chain.outputs), chain.steps,
@@ -314,7 +316,7 @@ def _run_chain(chain: Chain, inputs: tuple[Any, ...], budget: int = SPAN_NODES) 
 
 
 def _spans(chain: Chain, kept: list[tuple[int, float, float]],
-           notes: list[tuple[str, float, float]], began: float, end: float, shift: float,
+           notes: list[tuple[str, str, float, float]], began: float, end: float, shift: float,
            seconds: dict[str, float]) -> tuple[str, float, float, dict[str, float], tuple]:
     """A chain's run as :attr:`Ran.spans` holds it: the tasks kept, each followed by the
     notes timed inside it, by the wall clock (``shift`` added)."""
@@ -323,10 +325,10 @@ def _spans(chain: Chain, kept: list[tuple[int, float, float]],
     for at, a, b in kept:
         key, kind = chain.nodes[at][0], chain.kinds[at] or "other"
         out.append((key, kind, a + shift, b + shift))
-        while n < len(notes) and notes[n][2] <= a:      # inside a task not kept
+        while n < len(notes) and notes[n][3] <= a:      # inside a task not kept
             n += 1
-        while n < len(notes) and notes[n][1] < b:
-            what, x, y = notes[n]
+        while n < len(notes) and notes[n][2] < b:
+            what, _, x, y = notes[n]
             out.append((key, what, x + shift, y + shift))
             n += 1
     return (_here(), began + shift, end + shift, seconds, tuple(out))
