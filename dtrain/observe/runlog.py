@@ -16,7 +16,7 @@ KEEP_RUNS = 5            # runs remembered by the scheduler plugin
 STEP_POINTS = 20_000     # step events kept per run
 TIMELINE_LIMIT = 20_000  # task records kept per run (the newest)
 BUSY_WINDOW = 10.0       # seconds over which busy vs idle is measured
-SPAN_SECONDS = 10.0      # the spans the page shows: the last this many seconds of them ...
+SPAN_SECONDS = 2.0       # the spans the page shows: the last this many seconds of them ...
 SPAN_ROWS = 20_000       # ... at most this many kept per run (the newest)
 WINDOW_RECORDS = 4_096   # windows' timings kept per run, for busy vs idle
 

@@ -53,7 +53,7 @@ from dtrain.taskgraph.window import Window
 
 SEND, RECV = "send", "recv"     # the message nodes' kinds in a chain's timings
 RECV_WAIT = "recv-wait"         # the waits for a peer inside a node (fuse.note)
-SPANS = 4096        # spans a window keeps over all its workers (each chain its share)
+SPANS = 2048        # spans a window keeps over all its workers (each chain its share)
 REPORT = "report"   # the tag of a chain's timings, sent to the collector once it ran
 DIRECT = 3          # a value read on up to this many other workers is sent to each by its maker
 
