@@ -222,6 +222,7 @@ def run_chain(chain: Chain | Packed, *inputs: Any, spans: int = SPAN_NODES) -> R
         return _run_chain(chain, inputs, spans)
     finally:
         _runs.leave(chain.run)
+        _notes.parts = None
 
 
 class _Notes(threading.local):
@@ -281,29 +282,27 @@ def _run_chain(chain: Chain, inputs: tuple[Any, ...], budget: int = SPAN_NODES) 
     mask = sampled(chain.kinds, budget)
     kept: list[tuple[int, float, float]] = []       # (task, start, end) of the spans kept
     notes: list[tuple[str, str, float, float]] = []
-    _notes.parts = notes
+    _notes.parts = notes                    # (run_chain takes it away, whatever happens)
     began = clock()
-    try:
-        for at, ((key, fn, args), kind) in enumerate(zip(chain.nodes, chain.kinds)):
-            if not at % CHECK_EVERY and chain.run in ended:
-                raise RunEnded(f"run {chain.run} ended")
-            start = clock()
-            values = [cache[a.key] if type(a) is TaskRef else a for a in args]
-            cache[key] = fn(*values) if fn is not None else values[0]
-            now = clock()
-            seconds[kind or "other"] += now - start
-            if mask is None or mask[at]:
-                kept.append((at, start, now))
-            if key in wanted:
-                done[key] = now
-            for a in args:
-                if type(a) is TaskRef:
-                    dep = a.key
-                    left[dep] -= 1
-                    if not left[dep] and dep not in wanted:
-                        del cache[dep]
-    finally:
-        _notes.parts = None
+    for at, ((key, fn, args), kind) in enumerate(zip(chain.nodes, chain.kinds)):
+        if not at % CHECK_EVERY and chain.run in ended:
+            raise RunEnded(f"run {chain.run} ended")
+        start = clock()
+        values = [cache[a.key] if type(a) is TaskRef else a for a in args]
+        cache[key] = fn(*values) if fn is not None else values[0]
+        now = clock()
+        seconds[kind or "other"] += now - start
+        if mask is None or mask[at]:
+            kept.append((at, start, now))
+        if key in wanted:
+            done[key] = now
+        for a in args:
+            if type(a) is TaskRef:
+                dep = a.key
+                left[dep] -= 1
+                if not left[dep] and dep not in wanted:
+                    del cache[dep]
+    _notes.parts = None
     end = clock()
     seconds[CRITICAL] = sum(seconds[k] for k in (*keys.WORK, keys.REDUCE, keys.UPDATE))
     for kind, inside, a, b in notes:
@@ -423,7 +422,7 @@ def steps(win: Window, first: int, last: int, run: str,
     chain = chain_of([plain(win.dsk[k]) for k in order], list(map(keys.kind_of, order)),
                      outputs, last - first + 1, run)
     external = chain.inputs
-    name = keys.make(keys.WINDOW, first, last, "w0", run=run)   # as a spanning window names rank 0
+    name = keys.make(keys.WINDOW, first, last, "w0", run=run)   # (as a spanning window's)
     out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
     out.add(Task(name, run_window, Packed.of(chain), *map(TaskRef, external)), worker,
             sum(win.nbytes.get(k, 0) for k in outputs))
