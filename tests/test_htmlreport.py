@@ -125,7 +125,7 @@ def test_default_iris_report_renders_without_errors(iris_run, iris_page):
     has no step-time split (it says why) and the rest of its figures."""
     assert iris_page["errors"] == []
     drawn = {f["name"] for f in iris_page["sizes"] if f["width"] > 100 and f["height"] > 100}
-    assert drawn == {*EPOCH_FIGURES, "report-timeline"}
+    assert drawn == {*EPOCH_FIGURES, "report-timeline", "report-spans-0"}
     assert "no step-time split" in (iris_run / "report.html").read_text()
     assert (ARTIFACTS / "report-iris.png").stat().st_size > 10_000
 

@@ -121,6 +121,40 @@ def test_an_event_logged_soon_reaches_the_scheduler_in_order(client):
     assert [m["n"] for _, m in client.get_events(topic)] == list(range(20))
 
 
+def _add_handler(dask_scheduler) -> None:
+    got = dask_scheduler._dtrain_test_calls = []
+    dask_scheduler.handlers["dtrain_test"] = lambda **kwargs: got.append(kwargs)
+
+
+def _calls(dask_scheduler) -> list:
+    return dask_scheduler._dtrain_test_calls
+
+
+def test_a_handler_called_soon_reaches_the_scheduler_in_order(client):
+    """call_scheduler_soon queues a call of a handler a plugin added (Server.handlers) on
+    the client's loop: the calls arrive with their nested data, in the order sent; a
+    handler the scheduler does not have is no error."""
+    client.run_on_scheduler(_add_handler)
+    groups = [["w", 1.5, 2.5, {"update": 0.25}, [["update-0-r", "update", 1.5, 1.75]]]]
+    assert internals.call_scheduler_soon(client, "dtrain_not_there", run="r")
+    assert all(internals.call_scheduler_soon(client, "dtrain_test", n=n, groups=groups)
+               for n in range(10))
+    deadline = time.monotonic() + 10
+    while len(client.run_on_scheduler(_calls)) < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    calls = client.run_on_scheduler(_calls)
+    assert [c["n"] for c in calls] == list(range(10))
+    assert [list(g) for g in calls[0]["groups"]][0][3] == {"update": 0.25}
+
+
+def test_the_progress_panel_is_drawn_by_progress_quads():
+    pytest.importorskip("bokeh")
+    from distributed.dashboard.components import scheduler as components
+    assert callable(components.progress_quads)
+    assert internals.add_progress_rows(dict) == \
+        "distributed.dashboard.components.scheduler.progress_quads"
+
+
 def _one(x: int) -> int:
     return x + 1
 

@@ -261,15 +261,16 @@ def test_prometheus_gauges_next_to_dask_metrics(training):
 def test_live_page_renders_and_updates_in_chromium(training):
     with open_browser() as browser:
         browser.get(f"{training}/dtrain")
-        figs = bokeh_figures(browser, 4)
+        figs = bokeh_figures(browser, 5)
         time.sleep(3)
-        later = bokeh_figures(browser, 4)
+        later = bokeh_figures(browser, 5)
         screenshot(browser, "live-page.png")
         header = browser.execute_script(
             "return Bokeh.documents[0].get_model_by_name('dtrain-header').text")
         assert errors(browser) == []
     drawn = {f["name"]: f for f in later if f["width"] > 100 and f["height"] > 100}
-    assert set(drawn) == {"dtrain-loss", "dtrain-accuracy", "dtrain-rate", "dtrain-busy"}
+    assert set(drawn) == {"dtrain-loss", "dtrain-accuracy", "dtrain-rate", "dtrain-busy",
+                          "dtrain-spans"}
     steps = {f["name"]: f["rows"][0] for f in figs}["dtrain-loss"]
     assert drawn["dtrain-loss"]["rows"][0] > steps > 0                 # points keep coming
     assert drawn["dtrain-busy"]["rows"][0] == 2                        # one bar per worker

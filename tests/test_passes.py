@@ -26,7 +26,7 @@ from windows import RUN, inputs as _inputs, run as _run, window as _window
 def test_the_pipeline_hands_over_then_fuses_a_window_on_one_worker():
     p, win = _window(["graph.update=root"])
     done = passes.optimize(win, passes.Options(RUN, 0, 14, take=True))
-    assert list(done.win.dsk) == [f"window-0-13-{RUN}", f"kept-14-{RUN}",
+    assert list(done.win.dsk) == [f"window-0-13-w0-{RUN}", f"kept-14-{RUN}",
                                   f"window-0-13-meta-{RUN}"]
     chain = done.win.steps_fused
     assert chain.nodes[0][0] == f"state-0-{RUN}" and chain.nodes[0][1] is handoff.take
@@ -61,7 +61,7 @@ def test_the_pipeline_cuts_a_window_across_workers_on_the_mesh_it_is_given():
 def test_a_window_on_one_worker_is_one_task_that_keeps_the_keys_the_engine_reads():
     p, win = _window(["graph.update=root"])
     fused = fuse.steps(win, 0, 13, RUN)
-    body = f"window-0-13-{RUN}"
+    body = f"window-0-13-w0-{RUN}"
     assert list(fused.dsk) == [body, *win.ends, f"window-0-13-meta-{RUN}"]   # evals: in meta
     assert keys.kind_of(body) == keys.WINDOW and keys.label(body) == "window\\nsteps 0-13"
     assert all(w == ["w0"] for w in fused.where.values())
@@ -91,7 +91,7 @@ def test_a_packed_chain_stays_bytes_but_in_a_worker_process(monkeypatch):
     worker's process (``OpenChains`` set it up) it is opened as its task arrives, as
     distributed unpickles any task, not later on the window's critical path."""
     _, win = _window(["graph.update=root"])
-    packed = fuse.steps(win, 0, 13, RUN).dsk[f"window-0-13-{RUN}"].args[0]
+    packed = fuse.steps(win, 0, 13, RUN).dsk[f"window-0-13-w0-{RUN}"].args[0]
     monkeypatch.setattr(fuse._runs(), "opens_chains", False)   # (an in-process worker set it)
     assert type(pickle.loads(pickle.dumps(packed))) is fuse.Packed
     fuse.OpenChains().setup(None)

@@ -48,6 +48,11 @@ distributed, so a change underneath fails a test rather than going unseen.
     its tasks' ``who_has``: a partition a run moved between workers is held on both once
     the run ends, and distributed's public ``replicate`` drops a random copy, where the
     one to drop is the one the run made (:func:`drop_copies`).
+12. A scheduler's RPC handlers (``Server.handlers``), for a handler a plugin adds and
+    the driver calls without waiting (:func:`call_scheduler_soon`: a window's spans,
+    too many for the scheduler's event log); and the dashboard's ``progress_quads`` as
+    its scheduler components imported it, for rows of the Progress panel that are not
+    task prefixes (:func:`add_progress_rows`: the training steps).
 """
 from __future__ import annotations
 
@@ -351,3 +356,62 @@ def drop_copies(copies: list[tuple[Any, str]], dask_scheduler: Any = None) -> in
     for address, keys in by_worker.items():
         request(address, keys, stimulus_id=f"dtrain-moved-{time.time()}")
     return sum(map(len, by_worker.values()))
+
+
+# (12) ------------------------------------------------------------------------------------
+
+
+def call_scheduler_soon(client: Any, op: str, **kwargs: Any) -> bool:
+    """Call the scheduler's handler ``op`` (one a scheduler plugin added to
+    ``Scheduler.handlers``) with ``kwargs``, queued on the client's event loop and never
+    waited for: for data too big or too many for the scheduler's event log (which keeps
+    every event, and sends each to the topic's subscribers).  False where the client has
+    no scheduler rpc to queue it on (nothing is sent)."""
+    scheduler, loop = getattr(client, "scheduler", None), getattr(client, "loop", None)
+    if scheduler is None or loop is None:
+        return False
+
+    async def call() -> None:
+        try:
+            await getattr(scheduler, op)(**kwargs)
+        except Exception:           # a scheduler without the handler: nothing to show
+            pass
+    loop.add_callback(call)
+    return True
+
+
+_progress_rows: list[Callable[[], dict[str, tuple[int, int]]]] = []
+
+
+def add_progress_rows(rows: Callable[[], dict[str, tuple[int, int]]]) -> str | None:
+    """Add rows to the dashboard's Progress panel: ``rows()`` gives ``{name: (done,
+    total)}`` each time the panel is drawn (a failure or ``{}``: none), shown beside the
+    task prefixes' bars (:func:`distributed.diagnostics.progress_stream.progress_quads`,
+    as the dashboard's scheduler components imported it, wrapped once per process; each
+    ``rows`` is asked once per drawing).  Returns the ``module.attribute`` wrapped, None
+    where distributed has changed."""
+    if rows not in _progress_rows:
+        _progress_rows.append(rows)
+
+    def quads(original: Callable[..., dict]) -> Callable[..., dict]:
+        def wrapped(msg: Any, *args: Any, **kwargs: Any) -> dict:
+            extra: dict[str, tuple[int, int]] = {}
+            if isinstance(msg, dict) and isinstance(msg.get("all"), dict):
+                for source in list(_progress_rows):
+                    try:
+                        extra.update(source() or {})
+                    except Exception:
+                        pass
+            if extra:
+                msg = {k: dict(v) if isinstance(v, dict) else v for k, v in msg.items()}
+                for name, (done, total) in extra.items():
+                    for v in msg.values():
+                        if isinstance(v, dict):
+                            v[name] = 0
+                    msg["all"][name] = max(total, done, 1)
+                    if isinstance(msg.get("memory"), dict):
+                        msg["memory"][name] = done
+            return original(msg, *args, **kwargs)
+        return wrapped
+
+    return _wrap("distributed.dashboard.components.scheduler", "progress_quads", quads)

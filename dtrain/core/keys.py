@@ -7,8 +7,9 @@ several runs share a cluster::
     forward-backward-<step>-<shard>-<run>      reduce-<step>-<level>-<first shard>-<run>
     update-<step>-<run>  (root)                update-<step>-<first shard>-<run>  (replicated)
     state-<step>-<run>   evaluate-<epoch>-<run>  evaluate-test-<run>
-    window-<first step>-<last step>-<run>  (a window fused into one task), its
-    window-<first step>-<last step>-meta-<run>  (the fused window's timings)
+    window-<first step>-<last step>-w<rank>-<run>  (a window as one task per worker; ``w0``
+    the one task of a window fused on one worker), and its
+    window-<first step>-<last step>-meta-<run>  (the window's timings)
     lbfgs-<first evaluation>-<run>  (a full-batch L-BFGS loop on the one worker holding
     every shard; elsewhere each evaluation is forward-backward-<evaluation>-<shard>, the
     reduce tree, and reduce-<evaluation>-total-<run>)
@@ -56,7 +57,7 @@ CONTEXT = "context"         # a worker's share of a run on a mesh, for the windo
 # with their kind.  Order matters: longer names first, so "evaluate-test" wins over "evaluate".
 COLORS: dict[str, str] = {
     FORWARD_BACKWARD: "#0072B2",    # blue: the compute of a step
-    WINDOW: "#0072B2",              # (a fused window: many steps of it)
+    WINDOW: "#332288",              # indigo: a window of steps as one task (many of each)
     LBFGS: "#0072B2",               # (an L-BFGS loop: many full-batch evaluations of it)
     LOCAL_SGD: "#0072B2",           # (local SGD: several steps of it)
     FORWARD: "#56B4E9",             # sky blue: model-parallel halves of it

@@ -49,6 +49,10 @@ class LiveFeed:
     def epoch(self, row: dict[str, Any]) -> None:
         internals.log_event_soon(self.client, self.topic, {"kind": "epoch", **row})
 
+    def spans(self, groups: tuple) -> None:
+        """A window's spans and timings, to the scheduler's plugin (never waited for)."""
+        live.send_spans(self.client, self.run, groups)
+
     def close(self, timeline: bool) -> dict[str, Any] | None:
         """Say the run has ended; return its task records if ``timeline``."""
         self.console.stop_following()

@@ -19,11 +19,13 @@ from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
 from dtrain.core.keys import COLORS
+from dtrain.observe.spans import COLORS as SPAN_COLORS
 
 RUN_COLORS = Category10_10
 TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
-BUSY_PARTS = ("forward-backward", "reduce", "update", "evaluate", "load", "transfer", "idle")
-BUSY_COLORS = {**COLORS, "load": COLORS["load-shard"], "transfer": "#F0E442",
+BUSY_PARTS = ("forward-backward", "reduce", "update", "evaluate", "load", "transfer", "send",
+              "recv-wait", "other", "idle")
+BUSY_COLORS = {**COLORS, **SPAN_COLORS, "load": COLORS["load-shard"], "transfer": "#F0E442",
                "idle": "#EEEEEE"}
 
 
@@ -104,3 +106,15 @@ def add_rate(fig: figure, source: ColumnDataSource, y: str, color: str,
     _hover(fig, [line], y, "{0,0}")
     fig.yaxis.formatter = NumeralTickFormatter(format="0,0")
     legend_outside(fig)
+
+
+def add_spans(fig: figure, source: ColumnDataSource) -> None:
+    """The spans of ``source`` (columns of :func:`dtrain.observe.spans.columns`) as Dask's
+    task stream draws tasks: a bar per span from ``start`` to ``end``, a row per ``worker``
+    (``fig``'s y range a ``FactorRange``), coloured by kind; hovering names the task."""
+    bars = fig.hbar(y="worker", left="start", right="end", height=0.8, color="color",
+                    line_color=None, source=source)
+    fig.add_tools(HoverTool(renderers=[bars], tooltips=[
+        ("task", "@key"), ("kind", "@kind"), ("step", "@step"), ("shard", "@shard"),
+        ("duration", "@ms{0.000} ms")]))
+    fig.ygrid.grid_line_color = None

@@ -4,11 +4,11 @@ Built from the run directory's files alone (``config.toml``,
 ``metrics.jsonl``, ``summary.json``, ``timeline.json``), so
 ``python -m dtrain report DIR [DIR...]`` rebuilds it any time and overlays
 several runs.  It shows the training and validation loss and accuracy per
-epoch, throughput, each run's summary, step-time split and per-worker
-timeline (:mod:`~dtrain.observe.taskcharts`), how its work was split over
-the workers, and its config.  The page (:mod:`~dtrain.observe.htmlpage`)
-stays small: long series are thinned and say so, BokehJS and the figures
-go in deflated.
+epoch, throughput, each run's summary, step-time split, per-worker timeline
+and the tasks inside a sample of windows (:mod:`~dtrain.observe.taskcharts`),
+each worker's time by kind, how its work was split over the workers, and its
+config.  The page (:mod:`~dtrain.observe.htmlpage`) stays small: long series
+are thinned and say so, BokehJS and the figures go in deflated.
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ from bokeh.models import ColumnDataSource
 
 from dtrain.core import files
 from dtrain.core.errors import UserError
-from dtrain.observe import figures, htmlpage
-from dtrain.observe.taskcharts import ordinal, step_figure, step_times, timeline_figure
+from dtrain.observe import figures, htmlpage, spans as spanlib
+from dtrain.observe.taskcharts import (ordinal, spans_figure, step_figure, step_times,
+                                       timeline_figure)
 
 __all__ = ["RunData", "build", "step_times", "write"]
 
@@ -176,11 +177,25 @@ def build(runs: list[RunData]) -> tuple[str, dict[str, Model]]:
             parts.append('<p class="note"><i>No task record of each step for this run (serial '
                          'runs have none, and a window run as one task per worker records '
                          'only that task: graph.fuse_steps = false records every step): no '
-                         'step-time split.</i></p>')
+                         'step-time split' + ('; the tasks inside a sample of windows are '
+                                              'drawn below' if (run.timeline or {}).get(
+                                                  "spans") else '') + '.</i></p>')
         timeline = timeline_figure(run.timeline)
         if timeline is not None:
             roots[f"timeline-{i}"] = timeline
             parts.append(f'<div class="wide"><!--root:timeline-{i}--></div>')
+        inside = spans_figure(run.timeline, name=f"report-spans-{i}")
+        if inside is not None:
+            roots[f"spans-{i}"] = inside
+            parts.append(f'<div class="wide"><!--root:spans-{i}--></div>')
+        shares = (run.summary or {}).get("worker_time_shares") or {}
+        if shares:
+            kinds = [k for k in (*spanlib.KINDS, "idle")
+                     if any(row.get(k) for row in shares.values())]
+            parts.append("<h3>time by kind, per worker (windows' own timings)</h3>" +
+                         _table(["worker", *kinds],
+                                [[w, *(row.get(k) for k in kinds)]
+                                 for w, row in shares.items()]))
         parts.append(f"<h3>work split</h3>{work_split_table(run.summary)}")
     title = "config (keys that differ)" if len(runs) > 1 else "config"
     config = _table(["config key", *(r.name for r in runs)], _config_rows(runs))

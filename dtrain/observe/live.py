@@ -32,6 +32,8 @@ from dtrain.core import broadcast, events, internals, keys
 from dtrain.observe.runlog import BUSY_WINDOW, KEEP_RUNS, RunLog
 
 PLUGIN_NAME = "dtrain"
+SPANS_HANDLER = "dtrain_spans"      # the scheduler's handler for a window's spans
+STEPS = "steps"     # the Progress panel's row of training steps, beside the task prefixes'
 
 
 _PLUGINS: weakref.WeakSet[DtrainPlugin] = weakref.WeakSet()
@@ -53,7 +55,15 @@ class DtrainPlugin(SchedulerPlugin):
 
         self.scheduler = scheduler
         _PLUGINS.add(self)
-        self.installed = internals.relabel_tasks(keys.kind_of, keys.COLORS)
+        self.installed = internals.relabel_tasks(keys.kind_of,
+                                                 {**keys.COLORS, STEPS: keys.color(keys.UPDATE)})
+        progress = internals.add_progress_rows(_progress_rows)
+        if progress:
+            self.installed.append(progress)
+        handlers = getattr(scheduler, "handlers", None)
+        if isinstance(handlers, dict):
+            handlers[SPANS_HANDLER] = self.on_spans
+            self.installed.append(SPANS_HANDLER)
         if livepage.install(scheduler, self):
             self.installed.append("/dtrain")
         if _register_prometheus():
@@ -73,6 +83,13 @@ class DtrainPlugin(SchedulerPlugin):
                 del self.runs[next(iter(self.runs))]
         log.on_event(msg)
 
+    def on_spans(self, run: str | None = None, groups: Any = None) -> None:
+        """The scheduler's ``dtrain_spans`` handler: a window's spans and timings, sent by
+        the driver as the window ends (:func:`send_spans`)."""
+        log = self.runs.get(run) if isinstance(run, str) else None
+        if log is not None and isinstance(groups, list | tuple):
+            log.on_spans(list(groups))
+
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if start == "processing" and finish == "memory":
             log = self.runs.get(keys.run_of(key))   # type: ignore[arg-type]
@@ -90,6 +107,21 @@ class DtrainPlugin(SchedulerPlugin):
         return {addr: max(ws.nthreads, 1) for addr, ws in self.scheduler.workers.items()}
 
 
+def _progress_rows() -> dict[str, tuple[int, int]]:
+    """The Progress panel's ``steps`` row: the training steps done and to do of the latest
+    run still training on a live plugin of this process (a window task counts as one task,
+    whatever its steps)."""
+    for plugin in list(_PLUGINS):
+        log = plugin.latest()
+        if log is None or log.finished or not log.meta:
+            continue
+        total = int(log.meta.get("steps_per_epoch", 0)) * int(log.meta.get("epochs", 0))
+        done = log.last_step["step"] if log.last_step else 0
+        if total:
+            return {STEPS: (done, total)}
+    return {}
+
+
 # --- driver side --------------------------------------------------------------------------
 
 def install(client: Client) -> None:
@@ -97,6 +129,13 @@ def install(client: Client) -> None:
     cluster that keeps dtrain's plugins, once: :func:`dtrain.core.broadcast.once`)."""
     broadcast.once(client, PLUGIN_NAME,
                    lambda: client.register_plugin(DtrainPlugin(), name=PLUGIN_NAME))
+
+
+def send_spans(client: Client, run: str, groups: tuple) -> bool:
+    """Send a window's spans and timings (:attr:`dtrain.taskgraph.fuse.Ran.spans`) to the
+    scheduler's plugin, never waiting for it; not as an event, which the scheduler would
+    keep in its event log and send to the topic's subscribers."""
+    return internals.call_scheduler_soon(client, SPANS_HANDLER, run=run, groups=groups)
 
 
 def _timeline_on_scheduler(dask_scheduler: Any, run: str) -> dict[str, Any] | None:
@@ -162,7 +201,8 @@ class _Collector:
                         g[name].add_metric(labels, log.epochs[-1][name])
             names = plugin.worker_names()
             for addr, shares in log.busy(time.time(), plugin.nthreads()).items():
-                g["busy"].add_metric([log.run, names.get(addr, addr)], 1.0 - shares["idle"])
+                g["busy"].add_metric([log.run, names.get(addr, addr)],
+                                     max(0.0, 1.0 - shares["idle"] - shares.get("recv-wait", 0.0)))
         yield from g.values()
 
 

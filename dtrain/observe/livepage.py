@@ -14,23 +14,29 @@ import math
 import time
 from typing import Any
 
+import numpy as np
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, Div, FactorRange
 
 from dtrain.core import internals
-from dtrain.observe import figures
-from dtrain.observe.runlog import BUSY_WINDOW, STEP_POINTS, RunLog
+from dtrain.observe import figures, spans
+from dtrain.observe.runlog import BUSY_WINDOW, SPAN_SECONDS, STEP_POINTS, RunLog
 
 ROUTE = "/dtrain"
 REFRESH_MS = 500
 STEP_COLUMNS = ("epoch", "step", "loss", "epoch_loss", "rate")
 EPOCH_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
                  "samples_per_second")
-BUSY_NOTE = (f"<b>Busy vs idle</b>: the share of the last {BUSY_WINDOW:g} s each worker "
-             "spent computing this run's tasks (by type) or receiving their inputs (transfer), "
-             "from the scheduler's records of finished tasks (what the task stream shows); "
-             "<i>idle</i> is the rest: waiting for the scheduler, for other workers' results "
-             "or for the driver between windows.")
+SPAN_LIMIT = 3_000      # spans the page holds at most (beyond: every k-th step's)
+BUSY_NOTE = (f"<b>Inside the windows</b>: each worker's tasks as its window ran them, over the "
+             f"last {SPAN_SECONDS:g} s of windows that ended (a window's spans arrive as it "
+             "ends; of a long window, a sample of its steps), coloured as in the task stream; "
+             "<i>send</i> and <i>recv-wait</i> are the messages between workers and the waits "
+             f"for them. <b>Busy vs idle</b>: the share of the last {BUSY_WINDOW:g} s each "
+             "worker spent in each kind of work, from the windows' own timings (a run whose "
+             "steps are tasks of their own: from the scheduler's records of finished tasks, "
+             "<i>transfer</i> their inputs); <i>idle</i> is the rest: between windows, waiting "
+             "for the driver or the scheduler.")
 
 
 # distributed's page template, plus a line for readers without JavaScript (and for curl).
@@ -57,6 +63,8 @@ class LivePage:
         self.epochs = ColumnDataSource({c: [] for c in EPOCH_COLUMNS}, name="dtrain-epochs")
         self.busy = ColumnDataSource({"worker": [], **{p: [] for p in figures.BUSY_PARTS}},
                                      name="dtrain-busy")
+        self.spans = ColumnDataSource({c: [] for c in spans.COLUMNS}, name="dtrain-spans")
+        self.spans_seen = 0
         self.header = Div(text="<h2>dtrain</h2><p>waiting for a dtrain run on this cluster</p>",
                           sizing_mode="stretch_width", name="dtrain-header")
         loss = figures.new_figure("Loss", "loss", name="dtrain-loss")
@@ -74,8 +82,14 @@ class LivePage:
         self.busy_fig.legend.orientation = "horizontal"
         self.busy_fig.legend.label_text_font_size = "8pt"
         self.busy_fig.add_layout(self.busy_fig.legend[0], "below")
+        self.spans_fig = figures.new_figure(
+            f"Inside the windows (last {SPAN_SECONDS:g} s of spans)", "worker",
+            x_label="time", x_axis_type="datetime", y_range=FactorRange(),
+            name="dtrain-spans", height=120 + 40 * 2)
+        figures.add_spans(self.spans_fig, self.spans)
         self.root = column(self.header, row(loss, acc, sizing_mode="stretch_width"),
                            row(rate, self.busy_fig, sizing_mode="stretch_width"),
+                           self.spans_fig,
                            Div(text=BUSY_NOTE, sizing_mode="stretch_width"),
                            sizing_mode="stretch_width")
 
@@ -85,7 +99,8 @@ class LivePage:
         if log is None:
             return
         if log.run != self.run:                    # a new run: start the figures afresh
-            self.run, self.steps_seen, self.epochs_seen = log.run, 0, 0
+            self.run, self.steps_seen, self.epochs_seen, self.spans_seen = log.run, 0, 0, 0
+            self.spans.data = {c: [] for c in spans.COLUMNS}
             self.steps.data = {c: [] for c in STEP_COLUMNS}
             self.epochs.data = {c: [] for c in EPOCH_COLUMNS}
         per_epoch = log.meta.get("steps_per_epoch") or 1
@@ -102,13 +117,24 @@ class LivePage:
             self.epochs.stream({c: [_num(r.get(c)) for r in rows] for c in EPOCH_COLUMNS})
             self.epochs_seen = len(log.epochs)
         self._update_busy(plugin, log)
+        if log.spans_seen != self.spans_seen:       # a window ended: its spans, the last s
+            self.spans_seen = log.spans_seen
+            cols: dict[str, Any] = spans.columns(log.recent_spans(SPAN_SECONDS, SPAN_LIMIT),
+                                                 plugin.worker_names())
+            for name, kind in (("start", "f8"), ("end", "f8"), ("ms", "f4"), ("step", "i4"),
+                               ("shard", "i4")):
+                cols[name] = np.asarray(cols[name], dtype=kind)     # sent as binary
+            lanes = sorted(set(cols["worker"]), key=lambda w: (len(w), w))
+            self.spans.data = cols
+            self.spans_fig.y_range.factors = lanes
+            self.spans_fig.height = 120 + 40 * max(len(lanes), 2)
         self.header.text = self._header(log)
 
     def _update_busy(self, plugin: Any, log: RunLog) -> None:
         names = plugin.worker_names()
         shares = log.busy(time.time(), plugin.nthreads())
-        order = sorted(shares, key=lambda a: (len(names[a]), names[a]))
-        labels = [f"worker {names[a]}" for a in order]
+        order = sorted(shares, key=lambda a: (len(names.get(a, a)), names.get(a, a)))
+        labels = [f"worker {names.get(a, a)}" for a in order]
         self.busy.data = {"worker": labels, **{p: [shares[a].get(p, 0.0) for a in order]
                                                for p in figures.BUSY_PARTS}}
         self.busy_fig.y_range.factors = labels

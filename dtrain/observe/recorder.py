@@ -21,7 +21,7 @@ import numpy as np
 from dtrain.core import layerspec
 from dtrain.core.config import Config
 from dtrain.core.modelfile import ModelSpec
-from dtrain.observe import console
+from dtrain.observe import console, spans
 from dtrain.observe.console import Console, Echo, summary_lines
 from dtrain.observe.feed import LiveFeed
 from dtrain.observe.rundir import RunDir
@@ -75,6 +75,8 @@ class Recorder:
         self.phases: dict[str, float] = {}             # seconds of the run's fixed costs
         self.cpu: list[tuple[int, float]] = []  # (epoch, this process's CPU seconds) per row
         self.tracker = Tracker(config, self.path, resume_epochs is not None, self.say)
+        self.span_totals = spans.Totals()      # each worker's time by kind, for the summary
+        self.span_sample = spans.Sample()      # a sample of windows' spans, for the report
 
     def __enter__(self) -> Recorder:
         return self
@@ -142,6 +144,17 @@ class Recorder:
         if self.on_epoch is not None:
             self.on_epoch(row)
 
+    def window(self, groups: tuple) -> None:
+        """A window ran as a task per worker; ``groups``: its chains' spans and timings
+        (:mod:`dtrain.observe.spans`), sent on to the live page and kept for the report and
+        the summary."""
+        if not groups:
+            return
+        if self.feed is not None:
+            self.feed.spans(groups)
+        self.span_totals.add(groups)
+        self.span_sample.add(groups)
+
     def checkpointed(self, step: int, path: Path) -> None:
         """The engine saved a checkpoint of ``step`` steps at ``path``."""
         self.saved = (step, path)
@@ -158,8 +171,16 @@ class Recorder:
         """The run is done: its parameters, ``model.json`` and summary are written (the last
         checkpoint is kept, for going on, if ``keep_checkpoint``)."""
         self.console.close()
+        names = (self.timeline or {}).get("workers") or {}
+        shares = self.span_totals.summary(names)
+        if shares:
+            summary = {**summary, "worker_time_shares": shares}
+        sample = self.span_sample.record()
+        timeline = self.timeline
+        if sample is not None:
+            timeline = {**(timeline or {}), "spans": sample, "workers": names}
         if self.run_dir is not None:
-            self.run_dir.finish(params, summary, self.timeline, model, keep_checkpoint)
+            self.run_dir.finish(params, summary, timeline, model, keep_checkpoint)
         self.tracker.finish(summary)
         for line in summary_lines(summary):
             self.say(line)

@@ -1,9 +1,10 @@
-"""The report's charts of a run's task records (``timeline.json``): step time and timeline.
+"""The report's charts of a run's task records (``timeline.json``): step time, timeline, spans.
 
 Each step's time split into compute (the critical path through the step's
 tasks) and overhead (the rest: messages, scheduling, transfers, the driver),
-on a y axis that a few slow steps do not flatten (:func:`robust_top`); and a
-per-worker timeline of the task intervals.  Long series are thinned to what a
+on a y axis that a few slow steps do not flatten (:func:`robust_top`); a
+per-worker timeline of the task intervals; and the tasks inside a sample of
+windows as their chains ran them (:func:`spans_figure`).  Long series are thinned to what a
 page can hold (every k-th step, the last intervals), and the chart says so.
 """
 from __future__ import annotations
@@ -13,11 +14,11 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
-from bokeh.models import ColumnDataSource, FixedTicker, HoverTool, Range1d, Title
+from bokeh.models import ColumnDataSource, FactorRange, FixedTicker, HoverTool, Range1d, Title
 from bokeh.plotting import figure
 
 from dtrain.core import keys
-from dtrain.observe import figures
+from dtrain.observe import figures, spans as spanlib
 
 STEP_TYPES = (keys.FORWARD_BACKWARD, keys.REDUCE, keys.UPDATE)
 MAX_STEP_BARS = 600         # more steps than this: every k-th step's bar
@@ -27,7 +28,7 @@ OVERHEAD_COLOR = "#BBBBBB"
 
 
 def _records(timeline: dict[str, Any] | None) -> list[dict[str, Any]]:
-    if not timeline:
+    if not timeline or "rows" not in timeline:     # (a run's spans alone: no task records)
         return []
     cols = timeline["columns"]
     return [dict(zip(cols, r)) for r in timeline["rows"]]
@@ -197,4 +198,61 @@ def timeline_figure(timeline: dict[str, Any] | None,
     if note:
         _note(fig, note)
     figures.legend_outside(fig, ncols=len(drawn))
+    return fig
+
+
+MAX_SPAN_LANES = 48     # report.html's spans figure: at most this many rows (window, worker)
+
+
+def spans_data(timeline: dict[str, Any] | None) -> tuple[list[str], dict[str, list], str]:
+    """The sample of windows' spans ``timeline.json`` keeps (``spans``: see
+    :class:`dtrain.observe.spans.Sample`) as one source: a lane per window and worker
+    (``steps a-b, worker n``), each span's ``start`` and ``end`` in milliseconds since its
+    window began; and a note on what the sample is ("" for nothing)."""
+    record = (timeline or {}).get("spans")
+    if not record or not record.get("windows"):
+        return [], {}, ""
+    names = (timeline or {}).get("workers", {})
+    lanes: list[str] = []
+    rows: list[tuple[str, str, float, float, str]] = []
+    shown = 0
+    for window in record["windows"]:
+        if not window:
+            continue
+        steps = [k.step for k in map(keys.parse, (r[4] for r in window))
+                 if k is not None and k.kind in keys.WORK and k.step is not None]
+        what = f"steps {min(steps)}-{max(steps)}" if steps else f"window {shown + 1}"
+        if any(lane.startswith(f"{what}, ") for lane in lanes):      # (the same steps again)
+            what = f"{what} (window {shown + 1})"
+        t0 = min(r[2] for r in window)
+        workers = list(dict.fromkeys(r[0] for r in window))
+        if lanes and len(lanes) + len(workers) > MAX_SPAN_LANES:
+            break
+        shown += 1
+        for worker, kind, a, b, key in window:
+            lane = f"{what}, worker {names.get(worker, worker) or 'driver'}"
+            if lane not in lanes:
+                lanes.append(lane)
+            rows.append((lane, kind, a - t0, b - t0, key))
+    cols = spanlib.columns(rows)
+    seen, every = record.get("windows_seen", shown), record.get("every", 1)
+    note = (f"{shown} of the run's {seen:,} windows" +
+            (f" (every {ordinal(every)})" if every > 1 else "") +
+            "; of a long window, a sample of its steps")
+    return lanes, cols, note
+
+
+def spans_figure(timeline: dict[str, Any] | None,
+                 name: str = "report-spans") -> figure | None:
+    """The tasks inside a sample of the run's windows, as each worker's chain ran them (the
+    ``/dtrain`` page's stream of spans); None where the run kept none."""
+    lanes, cols, note = spans_data(timeline)
+    if not lanes:
+        return None
+    fig = figures.new_figure("Inside the windows: a sample", "",
+                             x_label="milliseconds since the window's start",
+                             y_range=FactorRange(*reversed(lanes)), name=name,
+                             height=max(220, 28 * len(lanes) + 110))
+    figures.add_spans(fig, ColumnDataSource(cols))
+    _note(fig, note)
     return fig

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import pickle
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,8 +172,15 @@ def step_sum(program: collective.Program, tag: str, *made: Any) -> Any:
     """``allreduce-<t>-w<rank>``: this worker's part of the step's sum, over the running
     window's connections; returns the whole sum."""
     link = span.current()
-    return collective.run(program, made, tag, lambda r, t, x: link.send((r,), t, x),
-                          link.recv)
+    clock = time.perf_counter
+
+    def recv(rank: int, name: str) -> Any:       # its waits drawn as their own spans
+        start = clock()
+        got = link.recv(rank, name)
+        fuse.note(span.RECV_WAIT, start, clock(), keys.ALLREDUCE)
+        return got
+
+    return collective.run(program, made, tag, lambda r, t, x: link.send((r,), t, x), recv)
 
 
 def _group(shards: tuple[int, ...], subtree: Tree, rows: tuple[tuple[int, int], ...],

@@ -7,7 +7,7 @@ as on a laptop, one node or one GPU, nothing crosses between workers and each
 step's scheduler round trip (3-5 ms) buys nothing.  This pass, run by the
 engine after the builder, turns such a window into what Dask's own
 ``fuse_linear_task_spec`` makes of a linear chain: one task,
-``window-<first step>-<last step>-<run>``, that runs the window's tasks in
+``window-<first step>-<last step>-w0-<run>``, that runs the window's tasks in
 order in one call on that worker (the tasks as plain ``(function,
 arguments)`` tuples, which pickle fast), with a tiny task under the end
 state's own key that picks it out of the window's result, and
@@ -18,7 +18,10 @@ false`` turns the pass off.
 
 Inside, each task is timed by kind, and each output marked with when it was
 done (seconds before the window's end), so the engine can still say how long
-each epoch and each kind of work took.
+each epoch and each kind of work took; and each task (of a sample of steps, in
+a long window) is kept as a span, ``(key, kind, start, end)``, for the
+``/dtrain`` page's stream of spans and ``report.html``
+(:mod:`dtrain.observe.spans` reads them).
 """
 from __future__ import annotations
 
@@ -41,6 +44,8 @@ from dtrain.taskgraph.window import Window
 
 META = "meta"       # the part that names a fused window's timings key
 CRITICAL = "critical"   # a Ran's seconds on the window's critical path (its maths, one chain)
+SPAN_NODES = 512    # at most about this many of a chain's tasks kept as spans (whole steps)
+ALWAYS_KEPT = (keys.STATE, keys.KEPT, keys.EVALUATE)   # kept as spans in any sample
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,9 @@ class Ran:
     sent: tuple[int, int] = (0, 0)      # messages and bytes sent to other workers ...
     via: tuple[str, ...] = ()           # ... and how: "unix", "tcp", "tls" (deploy.p2p)
     ended: float = 0.0                  # when it ended, by the worker's wall clock
+    # per chain run (several once a spanning window's are merged): (worker, start, end,
+    # seconds by kind, spans), its spans (key, kind, start, end) by the worker's wall clock
+    spans: tuple[tuple[str, float, float, dict[str, float], tuple], ...] = ()
 
 
 class _Runs:
@@ -205,8 +213,9 @@ def run_window(chain: Chain | Packed, *inputs: Any) -> Ran:
     return run_chain(chain, *inputs)
 
 
-def run_chain(chain: Chain | Packed, *inputs: Any) -> Ran:
-    """Run a fused window's tasks in order, in this thread; see :class:`Chain`."""
+def run_chain(chain: Chain | Packed, *inputs: Any, spans: int = SPAN_NODES) -> Ran:
+    """Run a fused window's tasks in order, in this thread; see :class:`Chain`.  About
+    ``spans`` of its tasks, whole steps of them, are kept as spans (:func:`sampled`)."""
     if isinstance(chain, Packed):
         chain = chain.open()
     runs = _runs()
@@ -214,18 +223,71 @@ def run_chain(chain: Chain | Packed, *inputs: Any) -> Ran:
         raise RunEnded(f"run {chain.run} ended")
     runs.enter(chain.run)
     try:
-        return _run_chain(chain, inputs, runs.ended)
+        return _run_chain(chain, inputs, runs.ended, spans)
     finally:
         runs.leave(chain.run)
+        _notes.parts = None
 
 
-def _run_chain(chain: Chain, inputs: tuple[Any, ...], ended: set[str]) -> Ran:
+class _Notes(threading.local):
+    """Parts of the running task timed inside it (a step's sum: the waits in ``recv``),
+    by the thread that runs a chain; None outside one."""
+
+    parts: list[tuple[str, str, float, float]] | None = None
+
+
+_notes = _Notes()
+
+
+def note(kind: str, start: float, end: float, inside: str = "") -> None:
+    """Inside a chain's task of kind ``inside``: ``start`` to ``end``
+    (``time.perf_counter``) of it was ``kind`` (``recv-wait`` inside ``allreduce``: waiting
+    for a peer's message; ``reduce`` inside ``forward-backward``: a group's sum).  It
+    becomes a span drawn over the task's, and its seconds are the chain's timings'
+    ``<kind>/<inside>`` (still counted in the task's own kind too).  Nothing outside a
+    chain."""
+    parts = _notes.parts
+    if parts is not None:
+        parts.append((kind, inside, start, end))
+
+
+def sampled(kinds: tuple[str | None, ...], budget: int) -> list[bool] | None:
+    """Which of a chain's tasks (by their ``kinds``) to keep as spans: all (None) where
+    there are at most ``budget``; else every k-th step whole (a step ends with its
+    ``update``), and the window's state, kept state and evaluations."""
+    if len(kinds) <= budget:
+        return None
+    every = -(-len(kinds) // max(budget, 1))
+    mask, step = [], 0
+    for kind in kinds:
+        mask.append(not step % every or kind in ALWAYS_KEPT)
+        step += kind == keys.UPDATE
+    if not step:                                    # no steps to cut at: every k-th task
+        mask = [not i % every for i in range(len(kinds))]
+    return mask
+
+
+def _here() -> str:
+    try:
+        from distributed import get_worker
+        return get_worker().address
+    except (ImportError, ValueError):
+        return ""
+
+
+def _run_chain(chain: Chain, inputs: tuple[Any, ...], ended: set[str],
+               budget: int = SPAN_NODES) -> Ran:
     cache: dict[str, Any] = dict(zip(chain.inputs, inputs))
     left = dict(chain.uses)
     wanted = set(chain.outputs)
     seconds: Counter[str] = Counter()
     done: dict[str, float] = {}
     clock = time.perf_counter
+    mask = sampled(chain.kinds, budget)
+    kept: list[tuple[int, float, float]] = []       # (task, start, end) of the spans kept
+    notes: list[tuple[str, str, float, float]] = []
+    _notes.parts = notes                    # (run_chain takes it away, whatever happens)
+    began = clock()
     for at, ((key, fn, args), kind) in enumerate(zip(chain.nodes, chain.kinds)):
         if not at % CHECK_EVERY and chain.run in ended:
             raise RunEnded(f"run {chain.run} ended")
@@ -234,6 +296,8 @@ def _run_chain(chain: Chain, inputs: tuple[Any, ...], ended: set[str]) -> Ran:
         cache[key] = fn(*values) if fn is not None else values[0]
         now = clock()
         seconds[kind or "other"] += now - start
+        if mask is None or mask[at]:
+            kept.append((at, start, now))
         if key in wanted:
             done[key] = now
         for a in args:
@@ -242,11 +306,35 @@ def _run_chain(chain: Chain, inputs: tuple[Any, ...], ended: set[str]) -> Ran:
                 left[dep] -= 1
                 if not left[dep] and dep not in wanted:
                     del cache[dep]
+    _notes.parts = None
     end = clock()
     seconds[CRITICAL] = sum(seconds[k] for k in (*keys.WORK, keys.REDUCE, keys.UPDATE))
+    for kind, inside, a, b in notes:
+        seconds[f"{kind}/{inside}" if inside else kind] += b - a
+    wall = time.time()
     return Ran(tuple(cache[k] for k in chain.outputs), dict(seconds),
                tuple(end - done.get(k, end) for k in chain.outputs), chain.steps,
-               ended=time.time())
+               ended=wall, spans=(_spans(chain, kept, notes, began, end, wall - end,
+                                         dict(seconds)),))
+
+
+def _spans(chain: Chain, kept: list[tuple[int, float, float]],
+           notes: list[tuple[str, str, float, float]], began: float, end: float, shift: float,
+           seconds: dict[str, float]) -> tuple[str, float, float, dict[str, float], tuple]:
+    """A chain's run as :attr:`Ran.spans` holds it: the tasks kept, each followed by the
+    notes timed inside it, by the wall clock (``shift`` added)."""
+    out: list[tuple[str, str, float, float]] = []
+    n = 0
+    for at, a, b in kept:
+        key, kind = chain.nodes[at][0], chain.kinds[at] or "other"
+        out.append((key, kind, a + shift, b + shift))
+        while n < len(notes) and notes[n][3] <= a:      # inside a task not kept
+            n += 1
+        while n < len(notes) and notes[n][2] < b:
+            what, _, x, y = notes[n]
+            out.append((key, what, x + shift, y + shift))
+            n += 1
+    return (_here(), began + shift, end + shift, seconds, tuple(out))
 
 
 def in_order(dsk: dict[str, GraphNode]) -> list[str]:
@@ -338,7 +426,7 @@ def steps(win: Window, first: int, last: int, run: str,
     chain = chain_of([plain(win.dsk[k]) for k in order], list(map(keys.kind_of, order)),
                      outputs, last - first + 1, run)
     external = chain.inputs
-    name = keys.make(keys.WINDOW, first, last, run=run)
+    name = keys.make(keys.WINDOW, first, last, "w0", run=run)   # (as a spanning window's)
     out = Window(ends=list(win.ends), join=win.join, evals=dict(win.evals), fused=win.fused)
     out.add(Task(name, run_window, Packed.of(chain), *map(TaskRef, external)), worker,
             sum(win.nbytes.get(k, 0) for k in outputs))

@@ -52,6 +52,8 @@ from dtrain.taskgraph.treesum import Tree, even_parts, nested_sum
 from dtrain.taskgraph.window import Window
 
 SEND, RECV = "send", "recv"     # the message nodes' kinds in a chain's timings
+RECV_WAIT = "recv-wait"         # the waits for a peer inside a node (fuse.note)
+SPANS = 2048        # spans a window keeps over all its workers (each chain its share)
 REPORT = "report"   # the tag of a chain's timings, sent to the collector once it ran
 DIRECT = 3          # a value read on up to this many other workers is sent to each by its maker
 
@@ -180,7 +182,8 @@ def run_on(node: p2p.Node, piece: Piece, *inputs: Any) -> Ran:
         _local().link = link = node.link(piece.mesh, to, (*piece.frm, *piece.collect),
                                          piece.timeout)
         try:
-            ran = run_chain(piece.chain, *inputs)
+            ran = run_chain(piece.chain, *inputs,
+                            spans=max(64, SPANS // len(piece.mesh.workers)))
             ran = dataclasses.replace(ran, sent=(link.messages, link.bytes), via=link.via())
             if piece.report is not None:
                 link.send([piece.report], REPORT, dataclasses.replace(ran, values=()))
@@ -207,7 +210,8 @@ def merged(mine: Ran, others: list[Ran]) -> Ran:
     return dataclasses.replace(
         mine, seconds=dict(seconds), steps=max(ran.steps for ran in rans),
         sent=(sum(r.sent[0] for r in rans), sum(r.sent[1] for r in rans)),
-        via=tuple(sorted({v for r in rans for v in r.via})))
+        via=tuple(sorted({v for r in rans for v in r.via})),
+        spans=tuple(g for r in rans for g in r.spans))
 
 
 def span_meta(evals: tuple[int, ...], outputs: int, trim: Callable[[tuple], tuple] | None,

@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from dtrain.core import events, internals
+from dtrain.core import events, internals, keys
 from dtrain.core.arrays import like, on_device, on_gpu, sum_in_order, to_host
 from dtrain.data.shards import Shard, group_batch
 from dtrain.maths.model import Network, noise
 from dtrain.maths.optim import (Optimizer, Step, TrainState, average, local_sgd, settle,
                                 update)
 from dtrain.maths.scores import TargetSums
-from dtrain.taskgraph import cores
+from dtrain.taskgraph import cores, fuse
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
                                       Reduce, Update, Updates)
 from dtrain.taskgraph.treesum import even_parts, nested_sum
@@ -68,10 +68,20 @@ def _worker_threads() -> int:
         return 1
 
 
-def _summed(group: Group, one: Callable[[int], Any]) -> Any:
+def _tree_sum(tree: Any, bufs: Any, inside: str = keys.FORWARD_BACKWARD) -> Any:
+    """``nested_sum(tree, bufs)``, timed as a ``reduce`` inside the task (of kind
+    ``inside``) where a chain runs it (:func:`dtrain.taskgraph.fuse.note`)."""
+    start = time.perf_counter()
+    total = nested_sum(tree, bufs)
+    fuse.note(keys.REDUCE, start, time.perf_counter(), inside)
+    return total
+
+
+def _summed(group: Group, one: Callable[[int], Any], inside: str = keys.FORWARD_BACKWARD
+            ) -> Any:
     """``one(p)`` for each position ``p`` of the group, on up to ``group.threads`` of the
     worker's threads, summed as the group's reduce subtree would sum them: the same buffer,
-    bit for bit, in one task instead of several."""
+    bit for bit, in one task instead of several (``inside``: the task's kind)."""
     def run(positions: range) -> list:
         return [one(p) for p in positions]
 
@@ -80,7 +90,7 @@ def _summed(group: Group, one: Callable[[int], Any]) -> Any:
     parts = even_parts(n, ways)
     helpers = [_helpers().submit(run, part) for part in parts[1:]]
     bufs = run(parts[0]) + [b for f in helpers for b in f.result()]
-    return nested_sum(group.tree, bufs)
+    return _tree_sum(group.tree, bufs, inside)
 
 
 def _group_sum(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
@@ -112,7 +122,7 @@ def _one_thread(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
     bufs = np.empty((len(shards), net.buffer_size), state.vector.dtype)   # (S, P + 2)
     cores.shard_grads(net, state.vector[: net.size], shards, task.epoch, task.shuffle_seed,
                       task.group.rows, bufs)
-    return nested_sum(task.group.tree, bufs)
+    return _tree_sum(task.group.tree, bufs)
 
 
 def _one_pass(task: ForwardBackward, state: TrainState, shards: tuple) -> Any:
@@ -224,7 +234,7 @@ def local_steps(task: LocalSteps, *inputs) -> Any:
                                     shard.weights(s.epoch, *s.bounds[i], task.shuffle_seed)),
                          lambda s: noise(s.epoch, [(shard.index, *s.bounds[i])]))
 
-    out = _summed(task.group, one)
+    out = _summed(task.group, one, keys.LOCAL_SGD)
     return to_host(out) if task.host else out
 
 

@@ -767,6 +767,7 @@ class DaskEngine:
         (their evaluations all arrive with the window's end, which was at ``ended``; the
         window before ended at ``before``)."""
         book.arrived.update(fuse.epoch_ends(win, ran, ended, before))
+        book.recorder.window(ran.spans)
         self.fused_seconds.update(ran.seconds)
         self.fused_steps += ran.steps
         self.fused_windows += not win.pieces
