@@ -125,7 +125,7 @@ def test_lenet_gradient_matches_torch_autograd_in_float64():
     ((12, Dropout(0.3), 5, 3), ()),
 ], ids=["conv-max", "strided-avg", "dropout", "dense-dropout"])
 @pytest.mark.parametrize("activation", ["tanh", "sigmoid"])
-def test_gradient_matches_central_differences(layers, shape, activation):
+def test_conv_gradients_match_central_differences(layers, shape, activation):
     """Each layer's backward is its forward's derivative; dropout with a fixed mask (the
     same ``noise`` key each call) is a fixed linear map."""
     net = Network(layers, activation, "cross-entropy", "float64", input_shape=shape, seed=4)
@@ -141,7 +141,7 @@ def test_gradient_matches_central_differences(layers, shape, activation):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_a_stack_of_shards_gives_each_shard_its_own_bytes(dtype):
+def test_a_stack_of_conv_shards_gives_each_shard_its_own_bytes(dtype):
     net = Network(LENET, "relu", "cross-entropy", dtype, input_shape=(1, 28, 28))
     rng = np.random.default_rng(5)
     params = net.init(0).astype(dtype)

@@ -28,3 +28,22 @@ def test_the_wheel_ships_py_typed_so_type_checkers_read_the_annotations():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "py.typed" in project["tool"]["setuptools"]["package-data"]["dtrain"]
     assert (REPO / "dtrain" / "py.typed").is_file()
+
+
+def _test_names() -> dict[str, list[str]]:
+    import ast
+    import collections
+    names = collections.defaultdict(list)
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.name.startswith("test_"):
+                names[node.name].append(path.name)
+    return names
+
+
+def test_no_test_name_is_defined_twice():
+    """A test is found by its name: one name, one test, in one file."""
+    twice = {name: files for name, files in _test_names().items() if len(files) > 1}
+    assert not twice, twice
+    assert len(_test_names()) > 500           # (the check reads the suite it guards)

@@ -71,7 +71,7 @@ def test_bit_identical_whatever_the_worker_count(client, tmp_path):
 
 
 @pytest.mark.slow
-def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(tmp_path):
+def test_a_run_with_segmented_sums_has_the_trees_bytes(tmp_path):
     """graph.reduce = segments on 3 worker processes (a net wide enough to cut): the tree's
     params.npz and epochs, its windows' sums reduced in segments, and the bytes it sends
     what its graphs say; the default's described windows (their sum by Rabenseifner's
