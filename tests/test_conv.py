@@ -10,18 +10,12 @@ from dtrain.core import layerspec
 from dtrain.core.layerspec import Conv, Dropout, Flatten, Pool
 from dtrain.maths import conv as cv
 from dtrain.maths.model import Network
+from test_model import _numeric
 
 LENET = (Conv(6, 5, padding=2), Pool("max", 2), Conv(16, 5), Pool("max", 2), Flatten(),
          400, 120, 84, 10)
 
 
-def _numeric(f, params: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    out = np.empty(params.size)
-    for i in range(params.size):
-        e = np.zeros(params.size)
-        e[i] = eps
-        out[i] = (f(params + e) - f(params - e)) / (2 * eps)
-    return out
 
 
 def _rel(a, b) -> float:
