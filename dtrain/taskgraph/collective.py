@@ -27,8 +27,9 @@ chosen apart from it, as ReproRed and Rabenseifner's allreduce separate them
       sent its sibling subtrees' sums.  ``log2 W`` messages of ``N`` bytes a worker:
       the fewest messages, for small buffers.
   ``tree``
-      today's reduce: each node added where its first worker is (the root's on the
-      collector), then the sum sent down a binomial tree.
+      each node added where its first worker is (the root's on the collector), then the
+      sum sent down a binomial tree; ``tree2``: the root added on both of its makers,
+      each sending it down its half of the others (the top of recursive doubling).
 
 For a power-of-two number of workers holding equal blocks of shards, ``halving`` is
 exactly Rabenseifner's schedule; for other counts it is the same rule, with a few more
@@ -51,7 +52,8 @@ from dtrain.taskgraph.treesum import Tree, flat
 
 HALVING, DOUBLING, TREE = "halving", "doubling", "tree"
 HALVING4, HALVING8 = "halving4", "halving8"     # two, three levels of the tree a round
-SCHEDULES = (HALVING, HALVING4, HALVING8, DOUBLING, TREE)
+TREE2 = "tree2"                                 # the tree, its root added on both makers
+SCHEDULES = (HALVING, HALVING4, HALVING8, DOUBLING, TREE, TREE2)
 RADIX = {HALVING: 2, HALVING4: 4, HALVING8: 8}
 SEND, RECV, ADD = "send", "recv", "add"
 
@@ -211,9 +213,14 @@ def programs(shards: int, k: int, rank_of: tuple[int, ...], members: int, schedu
     held: dict[int, dict[int, tuple[int, int]]]
     if halving:
         held = _halves(up, members)
-    elif schedule == TREE:
+    elif schedule in (TREE, TREE2):
         held = {v: {collector if collector in up.under[v] else up.under[v][0]: (0, 1)}
                 for v in up.children}
+        kids = up.children.get(up.root, ())
+        if schedule == TREE2 and len(kids) == 2:    # both makers of the root add it
+            makers = [up.maker[c] if c in up.maker else next(iter(held[c])) for c in kids]
+            if makers[0] != makers[1]:
+                held[up.root] = {m: (0, 1) for m in makers}
     else:
         held = {v: {r: (0, 1) for r in sorted(up.under[v])} for v in up.children}
     for v, r in up.maker.items():
@@ -274,15 +281,25 @@ def programs(shards: int, k: int, rank_of: tuple[int, ...], members: int, schedu
                     ops[order[p]].append(Op(RECV, rnd, order[frm],
                                             _wrapped(root, frm, count, members)))
             dist, rnd = dist * radix, rnd + 1
-    elif schedule == TREE:           # a binomial tree down from the collector
-        order = [collector, *(r for r in range(members) if r != collector)]
-        step = 1
-        while step < members:
-            for at in range(min(step, members - step)):
-                src, dst = order[at], order[at + step]
-                ops[src].append(Op(SEND, rnd, dst, ((root, 0, 1),)))
-                ops[dst].append(Op(RECV, rnd, src, ((root, 0, 1),)))
-            step, rnd = step * 2, rnd + 1
+    elif schedule in (TREE, TREE2):  # binomial trees down from the root's makers, each
+        sources = sorted(held[root]) if root in held else [collector]    # to its share
+        if collector in sources:
+            sources.remove(collector)
+            sources.insert(0, collector)
+        others = [r for r in range(members) if r not in sources]
+        shares = [others[len(others) * i // len(sources):len(others) * (i + 1) // len(sources)]
+                  for i in range(len(sources))]
+        last = rnd
+        for src0, share in zip(sources, shares):
+            order, step, r = [src0, *share], 1, rnd
+            while step < len(order):
+                for at in range(min(step, len(order) - step)):
+                    src, dst = order[at], order[at + step]
+                    ops[src].append(Op(SEND, r, dst, ((root, 0, 1),)))
+                    ops[dst].append(Op(RECV, r, src, ((root, 0, 1),)))
+                step, r = step * 2, r + 1
+            last = max(last, r)
+        rnd = last
     return tuple(Program(r, schedule, tuple(up.made[r]), tuple(ops[r]), root, segments)
                  for r in range(members))
 
@@ -355,21 +372,25 @@ class Wire:
     bandwidth: float
     op: float = 0.0
     add: float = 0.0
+    cpu: float = 0.0        # each side's CPU a message takes beyond alpha where cores are shared
 
 
 # What the engine's choice assumes of the mesh, from ``python -m benchmarks.p2p`` on a
 # 2-core AMD EPYC machine (half a round trip; the figures in ARCHITECTURE.md's table):
 # between workers of one machine (a Unix socket) and between machines (TCP).
-LOCAL_WIRE = Wire(alpha=11e-6, bandwidth=2.6e9, op=2e-6, add=0.4e-9)
-TCP_WIRE = Wire(alpha=12e-6, bandwidth=2.5e9, op=2e-6, add=0.4e-9)
+# ``cpu``: what a message cost beyond that where 4 workers shared 2 cores (P3, the tree with
+# its root added twice against Rabenseifner's halving: 10 messages fewer, 0.3 ms a step less).
+LOCAL_WIRE = Wire(alpha=11e-6, bandwidth=2.6e9, op=2e-6, add=0.4e-9, cpu=30e-6)
+TCP_WIRE = Wire(alpha=12e-6, bandwidth=2.5e9, op=2e-6, add=0.4e-9, cpu=30e-6)
 
 
 def simulate(progs: Sequence[Program], n: int, itemsize: int, wire: Wire,
              cores: int | None = None) -> float:
     """Seconds from the moment every worker has made its subtrees' sums until the last one
     holds the root's sum, with messages and adds costed as ``wire`` says; ``cores``: the
-    workers share a machine of so many cores, which cannot do more work than that in all
-    (each message's latency and bytes are then CPU of both sides, on loopback)."""
+    workers share a machine of fewer cores, whose CPU every message takes on both sides
+    (on loopback its latency and bytes are CPU): that work over the cores comes on top of
+    the longest chain, which waits for it."""
     g = progs[0].segments
     work = 0.0
 
@@ -390,7 +411,7 @@ def simulate(progs: Sequence[Program], n: int, itemsize: int, wire: Wire,
                 out += size
                 arrive[p.rank, op.peer, rnd] = clock[p.rank] + wire.alpha + out
                 clock[p.rank] += wire.op
-                work += 2 * (wire.alpha + size + wire.op)
+                work += 2 * (wire.alpha + size + wire.op + wire.cpu)
                 at[p.rank] += 1
         for p in progs:             # ... then its reads and adds
             while at[p.rank] < len(p.ops) and p.ops[at[p.rank]].round == rnd:
@@ -403,7 +424,7 @@ def simulate(progs: Sequence[Program], n: int, itemsize: int, wire: Wire,
                     work += cost
                 at[p.rank] += 1
     path = max(clock)
-    return path if cores is None or cores >= len(progs) else max(path, work / cores)
+    return path if cores is None or cores >= len(progs) else path + work / cores
 
 
 def choose(shards: int, k: int, rank_of: tuple[int, ...], members: int, n: int,
@@ -415,5 +436,5 @@ def choose(shards: int, k: int, rank_of: tuple[int, ...], members: int, n: int,
     tree)."""
     times = {s: simulate(programs(shards, k, rank_of, members, s, collector), n, itemsize, wire,
                          cores)
-             for s in (DOUBLING, HALVING, HALVING4, HALVING8, TREE)}
+             for s in (DOUBLING, HALVING, HALVING4, HALVING8, TREE2, TREE)}
     return min(times, key=times.__getitem__), times
