@@ -143,20 +143,26 @@ def _bytes(c, name, sets, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layers", ["[4, 64, 3]", "[4, 8192, 3]"])
-def test_described_windows_give_the_step_by_step_bytes(tmp_path, layers):
-    """4 worker processes: described windows (their sum by doubling for a small net, by
-    halving for a wide one), the step-by-step graph, and one worker give the same bytes."""
-    sets = [f"model.layers={layers}", "train.epochs=3"]
+def test_described_windows_give_the_step_by_step_bytes(tmp_path, monkeypatch):
+    """4 worker processes: described windows, their step's sum by each schedule (forced on
+    the driver, where the engine chooses it), the step-by-step graph and one worker give the
+    same bytes, and the described windows send what their programs say."""
+    sets = ["model.layers=[4, 512, 3]", "train.epochs=3"]
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
         one, _ = _bytes(c, "one", sets, tmp_path)
+    choose = collective.choose
+    runs = {}
     with LocalCluster(n_workers=4, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
-        described, summary = _bytes(c, "described", sets, tmp_path)
         steps, plain = _bytes(c, "steps", [*sets, "graph.fuse_steps=false"], tmp_path)
-    assert summary["described_windows"] > 0 and plain["described_windows"] == 0
-    assert (summary["step_sum"] in collective.RADIX) == ("8192" in layers)
-    assert summary["step_sum"] == "doubling" or "8192" in layers
-    assert summary["comm_bytes_measured_per_step"] == summary["comm_bytes_per_step"]
-    assert described == one == steps
+        for schedule in (collective.DOUBLING, collective.HALVING, collective.HALVING4,
+                         collective.TREE2):
+            monkeypatch.setattr(describe.collective, "choose",
+                                lambda *a, s=schedule, **k: (s, choose(*a, **k)[1]))
+            runs[schedule] = _bytes(c, schedule, sets, tmp_path)
+    assert plain["described_windows"] == 0 and steps == one
+    for schedule, (blob, summary) in runs.items():
+        assert summary["described_windows"] > 0 and summary["step_sum"] == schedule
+        assert summary["comm_bytes_measured_per_step"] == summary["comm_bytes_per_step"]
+        assert blob == one, schedule

@@ -67,7 +67,7 @@ def _none_left(timeout: float, after: str) -> UserError:
 
 
 def gather(client: Client, futures: list[Future], timeout: float, after: str = "",
-           needs: frozenset[str] = frozenset()) -> list:
+           needs: frozenset[str] = frozenset(), watch: list[Future] = ()) -> list:
     """``client.gather(futures)``, except that a cluster left with no worker for ``timeout``
     seconds raises a UserError (``after`` ends its message) instead of waiting for ever:
     the scheduler keeps tasks that no worker can run until one comes, and none may.  That
@@ -77,7 +77,9 @@ def gather(client: Client, futures: list[Future], timeout: float, after: str = "
     up, that thread ends once the caller releases the futures).  A worker of ``needs``
     (where the tasks were placed) that has left raises :class:`WorkerLeft`: distributed
     would run the lost tasks again, and a window's tasks take a state that was kept on the
-    lost worker."""
+    lost worker.  A future of ``watch`` that failed raises its error: a window's task per
+    worker that failed (its worker lost, run again elsewhere and found misplaced) fails the
+    window even before the tasks that wait for it do."""
     got: dict[str, object] = {}
     fetched = threading.Event()
 
@@ -96,6 +98,9 @@ def gather(client: Client, futures: list[Future], timeout: float, after: str = "
         gone = sorted(needs - there.keys())
         if gone:
             raise WorkerLeft(f"worker {', '.join(gone)} left")
+        failed = next((f for f in watch if f.status == "error"), None)
+        if failed is not None:
+            raise failed.exception()
         if there:
             alone = None
         elif alone is None:

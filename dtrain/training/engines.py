@@ -585,7 +585,7 @@ class DaskEngine:
                     launched()
                 book.pending = list(zip(cur.win.evals, cur.evals))
                 values = gather(self.client, cur.ends + cur.meta, p.config.cluster.timeout,
-                                _lost_note(recorder), frozenset(placement.workers))
+                                _lost_note(recorder), frozenset(placement.workers), cur.pieces)
                 return cur, placement, values, nxt
             except (StateGone, p2p.Broken) as exc:
                 error = self._cause(exc, cur)
