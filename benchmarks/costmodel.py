@@ -453,29 +453,6 @@ def driver_seconds(layers: tuple[int, ...], rows: int, nodes: int, node_cores: i
     return best
 
 
-def cut_driver_seconds(layers: tuple[int, ...], rows: int, nodes: int, node_cores: int,
-                       n: int = 16) -> float:
-    """What the driver took per step when it built every step of every worker's chain and
-    cut it (:func:`dtrain.taskgraph.span.steps`; what a parameter server or local SGD window
-    across workers still costs): the builder's graph, the count of its crossings, the
-    cut, each chain pickled."""
-    from dtrain.deploy import p2p
-    from dtrain.training.engines import gc_paused
-
-    p, names, placement, refs = _spanning(layers, rows, nodes, node_cores, n + 1)
-    mesh = p2p.Mesh("m", tuple(names), (p2p.Place("", 0),) * nodes)
-    best = math.inf
-    with gc_paused():
-        for _ in range(2):
-            start = time.perf_counter()
-            win = p.builder.window([p.schedule[t] for t in range(n)], p.initial_state(), refs,
-                                   None, placement, "m")
-            win.transfers({})                   # the engine's count of what crosses
-            span.steps(win, 0, n - 1, "m", mesh, 10.0)
-            best = min(best, (time.perf_counter() - start) / n)
-    return best
-
-
 @functools.lru_cache(maxsize=8)
 def _spanning(layers: tuple[int, ...], rows: int, nodes: int, node_cores: int, steps: int
               ) -> tuple[Any, list[str], Any, list[TaskRef]]:

@@ -35,6 +35,7 @@ def test_a_part_is_made_once_and_closed_with_the_runtime():
         t.join()
     assert len(made) == 1 and all(p is made[0] for p in parts)
     assert rt.part("y", list) == [] and rt.parts() == ["x", "y"]
+    assert rt.find("x") is made[0] and rt.find("z") is None and "z" not in rt.parts()
     rt.close()
     assert closed == made and rt.parts() == []
 

@@ -75,8 +75,7 @@ def here() -> Wire | None:
     """This process's :class:`Wire`, if its rank installed one."""
     from dtrain.deploy import runtime
 
-    rt = runtime.here()
-    return rt.part("mpi-wire", lambda: None) if "mpi-wire" in rt.parts() else None
+    return runtime.here().find("mpi-wire")
 
 
 class Link:

@@ -41,6 +41,10 @@ class Runtime:
                     found = self._parts[name] = make()
         return found
 
+    def find(self, name: str) -> Any:
+        """The part ``name`` if it was made, else None (nothing is made)."""
+        return self._parts.get(name)
+
     def parts(self) -> list[str]:
         """The parts made so far (tests and diagnostics)."""
         with self._lock:
