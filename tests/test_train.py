@@ -391,3 +391,24 @@ def test_a_run_keeps_the_process_objects_out_of_full_collections_and_gives_them_
                  client=client, echo=lambda line: during.append(gc.get_freeze_count()))
     assert max(during, default=0) > 10_000, during      # the epoch lines: while it trains
     assert gc.get_freeze_count() == 0
+
+
+def test_the_test_splits_evaluation_sends_the_state_where_the_kept_one_is_gone(client):
+    """The end of a run evaluates the state the root worker kept; where that worker holds
+    none (lost and started again), the same graph goes again with the state sent.  Sent at
+    once, the same keys came back with the first graph's failure about half the time."""
+    from dtrain.core import keys
+    from dtrain.deploy.workers import forgotten
+
+    p = plan(dtrain.load_config(None, ["data.shards=4"]))
+    engine = DaskEngine(p, client)
+    placement = engine.place()
+    held = heldout.load(client, p, placement, engine.data, engine._key)
+    state = p.initial_state()
+    ours = [keys.make(keys.STATE, len(p.schedule), run=p.run),
+            keys.make(keys.EVALUATE_TEST, run=p.run)]
+    sent = heldout.evaluate_test(client, p, p.run, state, held.test, placement)
+    for attempt in range(10):                   # no worker keeps a state of step 10**6
+        forgotten(client, ours, 10)             # (else the last call's state is taken)
+        assert heldout.evaluate_test(client, p, p.run, state, held.test, placement,
+                                     kept=10**6, attempt=attempt) == sent

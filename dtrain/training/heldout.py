@@ -22,6 +22,7 @@ from dtrain.core.modelfile import Normalization
 from dtrain.data import partitions
 from dtrain.data.prepare import clear_cache, normalization
 from dtrain.data.shards import load_part
+from dtrain.deploy.workers import forgotten
 from dtrain.maths.optim import TrainState
 from dtrain.taskgraph import handoff
 from dtrain.taskgraph.dataparallel import HeldOut, add_evaluation
@@ -133,6 +134,6 @@ def evaluate_test(client: Client, plan: Plan, run: str, state: TrainState, test:
         try:
             with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True):
                 return client.get(win.dsk, key)
-        except StateGone:
-            continue
+        except StateGone:       # the same keys next, with the state sent: once the failed
+            forgotten(client, list(win.dsk), plan.config.cluster.timeout)   # ones are gone, not their outcome
     raise AssertionError("unreachable: the literal state always evaluates")
