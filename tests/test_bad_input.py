@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import dtrain
-import mpirun
 from dtrain import cli
-from test_data import make_images, tiny_mnist, write_idx
+from helpers import mpirun
+from helpers.datafiles import make_images, tiny_mnist, write_idx
 
 MNIST = ["--set", "data.dataset=mnist", "--set", "model.layers=[784, 10]"]
 

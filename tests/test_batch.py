@@ -19,13 +19,13 @@ import yaml
 from distributed import Client
 
 import dtrain
-import mpirun
 from conftest import REPO, run_cli
 from dtrain.core.config import ClusterConfig
 from dtrain.core.errors import UserError
 from dtrain.deploy import jobqueue
 from dtrain.deploy.options import security_for
-from sockets import family, listening, outside_loopback
+from helpers import mpirun
+from helpers.sockets import family, listening, outside_loopback
 
 pytest.importorskip("dask_jobqueue", reason="pip install -e '.[jobqueue]'")
 

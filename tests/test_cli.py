@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -13,7 +12,8 @@ import dtrain
 from conftest import REPO, run_cli
 from dtrain import cli
 from dtrain.cli import advice, train
-from test_data import make_images
+from helpers.datafiles import make_images
+from helpers.live import free_port
 
 
 def test_train_writes_a_run_directory(tmp_path):
@@ -114,18 +114,11 @@ TYPOS = {   # what each leaves on stderr
     "broken CSV row": (_csv_with_a_broken_row, "table.csv"),
     "unreadable image (found on a worker)": (_unreadable_image, "cannot read image"),
     "nothing at the scheduler address": (
-        lambda t: ["--scheduler-address", f"tcp://127.0.0.1:{_free_port()}"], "nothing listens"),
+        lambda t: ["--scheduler-address", f"tcp://127.0.0.1:{free_port()}"], "nothing listens"),
     "parameter server on one worker": (
         lambda t: ["--set", "graph.strategy=parameter-server", "--workers", "1"],
         "needs 2 workers"),
 }
-
-
-def _free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (it was free a moment ago)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -149,7 +142,7 @@ def test_failed_commands_leave_runs_as_it_was(tmp_path, capfd, monkeypatch, runs
 @pytest.mark.slow      # the fast tier: test_bad_input's "unreachable scheduler"
 def test_unreachable_scheduler_fails_within_the_timeout(tmp_path):
     start = time.monotonic()
-    proc = run_cli("--scheduler-address", f"tcp://127.0.0.1:{_free_port()}",
+    proc = run_cli("--scheduler-address", f"tcp://127.0.0.1:{free_port()}",
                    "--set", "cluster.timeout=10", "--out", str(tmp_path / "run"))
     seconds = time.monotonic() - start             # the whole command, imports included
     assert proc.returncode == 2, proc.stderr

@@ -10,7 +10,7 @@ from dtrain.core import layerspec
 from dtrain.core.layerspec import Conv, Dropout, Flatten, Pool
 from dtrain.maths import conv as cv
 from dtrain.maths.model import Network
-from test_model import _numeric
+from helpers.gradients import central_differences
 
 LENET = (Conv(6, 5, padding=2), Pool("max", 2), Conv(16, 5), Pool("max", 2), Flatten(),
          400, 120, 84, 10)
@@ -129,8 +129,8 @@ def test_conv_gradients_match_central_differences(layers, shape, activation):
     y = rng.integers(0, 3, 5)
     noise = (((0, 7, 1), 5),)
     grad = net.loss_and_grad(params, x, y, noise=noise)[:net.size]
-    numeric = _numeric(lambda p: float(net.loss_and_grad(p, x, y, noise=noise)[net.size]),
-                       params)
+    numeric = central_differences(
+        lambda p: float(net.loss_and_grad(p, x, y, noise=noise)[net.size]), params)
     np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8)
 
 

@@ -2,7 +2,7 @@
 
 ``dask scheduler --scheduler-file`` with ``dask worker``, ``mpiexec -n N dask-mpi
 --scheduler-file F`` and a script that calls ``dask_mpi.initialize()`` under ``mpiexec``
-(the MPICH wheel's, as tests/mpirun.py finds it): dtrain trains on each, by the scheduler
+(the MPICH wheel's, as tests/helpers/mpirun.py finds it): dtrain trains on each, by the scheduler
 file or by the ``scheduler-address`` that Dask's config holds, leaves the cluster running
 (the scheduler file ones) without its plugins, and nothing hangs when the script fails."""
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-import mpirun
 from conftest import REPO
+from helpers import mpirun
 
 QUICK = ["--set", "train.epochs=2", "--set", "data.shards=2", "--dashboard-address", ""]
 BIN = Path(sys.executable).parent

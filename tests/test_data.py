@@ -1,31 +1,13 @@
 from __future__ import annotations
 
-import gzip
-import struct
-
 import numpy as np
 import pytest
-from PIL import Image
 
 from dtrain.core.config import DataConfig, load_config
 from dtrain.core.errors import DataError
 from dtrain.data import prepare, readers
 from dtrain.data.shards import ShardSource, epoch_bounds, load_shard, shard_ranges
-
-
-def write_idx(path, array: np.ndarray, magic: bytes | None = None, cut: int = 0):
-    """An IDX file (gzipped if the name ends in .gz), optionally corrupted."""
-    header = (magic or bytes([0, 0, 8, array.ndim])) + struct.pack(f">{array.ndim}I", *array.shape)
-    blob = header + array.astype(np.uint8).tobytes()
-    blob = blob[: len(blob) - cut] if cut else blob
-    path.write_bytes(gzip.compress(blob) if path.suffix == ".gz" else blob)
-
-
-def tiny_mnist(directory, n=40, prefix="t10k", **corrupt):
-    rng = np.random.default_rng(0)
-    write_idx(directory / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)),
-              **corrupt)
-    write_idx(directory / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n))
+from helpers.datafiles import make_images, tiny_mnist, write_idx
 
 
 # --- minibatch order ----------------------------------------------------------------------
@@ -146,15 +128,6 @@ def test_missing_mnist_dir(tmp_path):
         prepare.describe(DataConfig(dataset="mnist", path=str(tmp_path / "nope")))
     with pytest.raises(DataError, match="no MNIST IDX files"):
         prepare.describe(DataConfig(dataset="mnist", path=str(tmp_path)))
-
-
-def make_images(root, classes=("cat", "dog", "emu"), per_class=4, size=(9, 7)):
-    rng = np.random.default_rng(0)
-    for c, name in enumerate(classes):
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / name / f"{i}.png")
 
 
 def test_image_folder(tmp_path):

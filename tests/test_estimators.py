@@ -34,8 +34,8 @@ from dtrain.core import keys
 from dtrain.core.config import ClusterConfig
 from dtrain.deploy.layout import local_shape
 
-from estimators_common import FEATURES, QUICK, SPECIES, _clf, _frame, _iris, _same_bytes
-from estimators_common import _close_the_embedded_cluster  # noqa: F401  (autouse fixture)
+from helpers.estimators_common import FEATURES, QUICK, SPECIES, _clf, _frame, _iris, _same_bytes
+from helpers.estimators_common import _close_the_embedded_cluster  # noqa: F401  (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 

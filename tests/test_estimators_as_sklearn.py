@@ -24,8 +24,8 @@ import dask.array as da
 import dask.dataframe as dd
 import dtrain
 from conftest import REPO
-from estimators_common import _frame, _iris, _same_bytes
-from estimators_common import _close_the_embedded_cluster  # noqa: F401  (autouse fixture)
+from helpers.estimators_common import _close_the_embedded_cluster  # noqa: F401  (autouse fixture)
+from helpers.estimators_common import _frame, _iris, _same_bytes
 
 BOTH = [pytest.param((sk.MLPClassifier, dtrain.MLPClassifier), id="classifier"),
         pytest.param((sk.MLPRegressor, dtrain.MLPRegressor), id="regressor")]

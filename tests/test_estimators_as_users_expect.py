@@ -18,8 +18,8 @@ import dask.dataframe as dd
 import dtrain
 from conftest import REPO
 from dtrain.core.config import ClusterConfig
-from estimators_common import FEATURES, QUICK, SPECIES, _clf, _frame, _iris, _same_bytes
-from estimators_common import _close_the_embedded_cluster  # noqa: F401  (autouse fixture)
+from helpers.estimators_common import FEATURES, QUICK, SPECIES, _clf, _frame, _iris, _same_bytes
+from helpers.estimators_common import _close_the_embedded_cluster  # noqa: F401  (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 

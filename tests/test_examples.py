@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import mpirun
 from conftest import REPO
 from dtrain.core.arrays import gpu_count
+from helpers import mpirun
 
 EXAMPLES = REPO / "examples"
 PAGE = REPO / "docs" / "examples.md"

@@ -10,8 +10,8 @@ code that says the run's state: 0 with every file complete (a late signal change
 or 75/130 with the checkpoint kept and how to go on, and ``--resume`` ends with the bytes of
 the run never disturbed (or, stopped before it made anything, no run directory at all);
 never a directory that looks finished and is not; nothing left running.  The same on
-``dtrain.train()`` and an estimator's ``fit`` in a user's script (``sweep_child.py``, one
-process, call after call): they return, or raise ``dtrain.Stopped`` (a Ctrl-C before
+``dtrain.train()`` and an estimator's ``fit`` in a user's script (``helpers/sweep_child.py``,
+one process, call after call): they return, or raise ``dtrain.Stopped`` (a Ctrl-C before
 anything was made: ``KeyboardInterrupt``), a stopped run resumes to the same bytes, no
 signal reaches the script's own handlers while dtrain's call runs, and no process, thread or
 socket is left behind.
@@ -48,7 +48,7 @@ SEED = 38
 # iris, 12 epochs of 7 steps in windows of 7: a window edge and a checkpoint each epoch
 SETTINGS = ["train.epochs=12", "graph.window=7"]
 ARGS = [arg for s in SETTINGS for arg in ("--set", s)] + ["--dashboard-address", ""]
-CHILD = Path(__file__).with_name("sweep_child.py")
+CHILD = Path(__file__).parent / "helpers" / "sweep_child.py"
 INT, TERM, USR1, KILL_WORKER, KILL_DRIVER = ("SIGINT to the group", "SIGTERM", "SIGUSR1",
                                              "SIGKILL a worker", "SIGKILL the driver")
 SIGNALLED = {INT: signal.SIGINT, TERM: signal.SIGTERM, USR1: signal.SIGUSR1}
@@ -362,8 +362,9 @@ def _try_cli(tried: Tried, out: Path, life: Life) -> None:
 # --- a user's script ----------------------------------------------------------------------
 
 class Script:
-    """A user's script (``sweep_child.py``) in one Python process, call after call: each call
-    must leave the process as it found it.  A process that died or hung is started again."""
+    """A user's script (``helpers/sweep_child.py``) in one Python process, call after call:
+    each call must leave the process as it found it.  A process that died or hung is started
+    again."""
 
     def __init__(self, mode: str):
         self.mode, self.err = mode, []

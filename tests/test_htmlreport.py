@@ -15,9 +15,9 @@ import pytest
 from bokeh.models import ColumnDataSource, Legend
 
 import dtrain
-from browser import ARTIFACTS, bokeh_figures, errors, open_browser
 from conftest import run_cli
 from dtrain.observe import figures, htmlpage
+from helpers.browser import ARTIFACTS, bokeh_figures, errors, open_browser
 
 # Every Bokeh figure on the page, as its model says: where its legends are, its y range,
 # the texts above it (title and notes) and the rows of data per renderer.

@@ -22,7 +22,7 @@ from conftest import REPO
 from dtrain.core.config import ClusterConfig
 from dtrain.deploy.local import local_cluster, local_gpu_cluster
 from dtrain.deploy.options import http_address
-from sockets import family, listening, loopback, outside_loopback, poll_until_exit
+from helpers.sockets import family, listening, loopback, outside_loopback, poll_until_exit
 
 TESTS = Path(__file__).resolve().parent
 
@@ -34,7 +34,7 @@ from sklearn.datasets import load_iris
 
 import dtrain
 from dtrain.estimators import cluster
-from sockets import Watch, family, listening
+from helpers.sockets import Watch, family, listening
 
 
 def main():

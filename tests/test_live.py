@@ -8,12 +8,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import dask
@@ -22,7 +19,6 @@ from dask.task_spec import DataNode, TaskRef
 from distributed import Client, LocalCluster
 
 import dtrain
-from browser import bokeh_figures, errors, open_browser, screenshot
 from conftest import REPO
 from dtrain.core import events, internals, keys
 from dtrain.core.keys import kind_of, parse, run_of
@@ -31,6 +27,8 @@ from dtrain.observe.runlog import RunLog
 from dtrain.taskgraph.dataparallel import window_graph
 from dtrain.taskgraph.placement import place
 from dtrain.training.plan import plan
+from helpers.browser import bokeh_figures, errors, open_browser, screenshot
+from helpers.live import free_port, gauge, get, stop
 
 
 # --- names --------------------------------------------------------------------------------
@@ -176,41 +174,11 @@ def test_busy_shares_from_task_records():
 
 # --- the page, while a real run trains ----------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except OSError:
-        return 0, ""
-
-
-def _gauge(text: str, name: str) -> float | None:
-    m = re.search(rf"^dtrain_{name}\{{[^}}]*\}} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else None
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Interrupt a process we started (Ctrl-C), then kill its group if it lingers."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def training(tmp_path_factory):
     """``python -m dtrain`` on an embedded LocalCluster, long enough to be watched; yields
     the dashboard's base URL once /dtrain answers and steps are flowing."""
-    port, tmp = _free_port(), tmp_path_factory.mktemp("live")
+    port, tmp = free_port(), tmp_path_factory.mktemp("live")
     log = open(tmp / "stdout.txt", "w")
     proc = subprocess.Popen([sys.executable, "-m", "dtrain", "--set", "train.epochs=5000",
                              "--workers", "2",      # two workers: a busy bar and a gauge each
@@ -220,40 +188,40 @@ def training(tmp_path_factory):
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
-        while not _gauge(_get(f"{base}/metrics")[1], "step"):
+        while not gauge(get(f"{base}/metrics")[1], "step"):
             assert proc.poll() is None, (tmp / "stdout.txt").read_text()
             assert time.monotonic() < deadline, "no steps reported within 90 s"
             time.sleep(0.5)
         yield base
         assert proc.poll() is None, "the run should still be training"
     finally:
-        _stop(proc)
+        stop(proc)
         log.close()
 
 
 def test_curl_dtrain_while_training(training):
-    status, page = _get(f"{training}/dtrain")
+    status, page = get(f"{training}/dtrain")
     assert status == 200
     assert "dtrain live training page" in page and "static/js/bokeh.min.js" in page
     assert re.search(r'"token": ?"[\w.-]+"', page)                  # a Bokeh server session
-    assert 'href="dtrain"' in _get(f"{training}/status")[1]          # in the navigation bar
+    assert 'href="dtrain"' in get(f"{training}/status")[1]          # in the navigation bar
 
 
 def test_prometheus_gauges_next_to_dask_metrics(training):
-    first = _get(f"{training}/metrics")[1]
+    first = get(f"{training}/metrics")[1]
     assert "dask_scheduler_workers" in first                         # distributed's own
     deadline = time.monotonic() + 60
     while True:
-        later = _get(f"{training}/metrics")[1]
-        moved = (_gauge(later, "step") or 0) > (_gauge(first, "step") or 0)
-        if (moved and _gauge(later, "val_accuracy") is not None) or \
+        later = get(f"{training}/metrics")[1]
+        moved = (gauge(later, "step") or 0) > (gauge(first, "step") or 0)
+        if (moved and gauge(later, "val_accuracy") is not None) or \
                 time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert _gauge(later, "step") > _gauge(first, "step")
-    assert 0 <= _gauge(later, "val_accuracy") <= 1
-    assert _gauge(later, "samples_per_second") > 0 and _gauge(later, "train_loss") > 0
-    assert 0 <= _gauge(later, "train_accuracy") <= 1
+    assert gauge(later, "step") > gauge(first, "step")
+    assert 0 <= gauge(later, "val_accuracy") <= 1
+    assert gauge(later, "samples_per_second") > 0 and gauge(later, "train_loss") > 0
+    assert 0 <= gauge(later, "train_accuracy") <= 1
     assert re.search(r'^dtrain_worker_busy_fraction\{run="\w+",worker="1"\} ', later, re.M)
 
 
@@ -284,7 +252,7 @@ def test_live_page_renders_and_updates_in_chromium(training):
 def test_plugin_reaches_a_scheduler_in_another_process(tmp_path):
     """``dask scheduler`` + ``dask worker`` processes; the driver registers the plugin, which
     then serves /dtrain and /metrics there and names the tasks readably."""
-    port, info = _free_port(), tmp_path / "scheduler.json"
+    port, info = free_port(), tmp_path / "scheduler.json"
     procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler",
                                "--host", "127.0.0.1", "--port", "0", "--scheduler-file",
                                str(info), "--dashboard-address", f"127.0.0.1:{port}"],
@@ -308,10 +276,10 @@ def test_plugin_reaches_a_scheduler_in_another_process(tmp_path):
             pid = client.run_on_scheduler(os.getpid)
         assert pid != os.getpid()
         assert "forward-backward" in names["prefixes"] and "forward" not in names["prefixes"]
-        status, page = _get(f"http://127.0.0.1:{port}/dtrain")
+        status, page = get(f"http://127.0.0.1:{port}/dtrain")
         assert status == 200 and "dtrain live training page" in page
-        metrics = _get(f"http://127.0.0.1:{port}/metrics")[1]
-        assert _gauge(metrics, "step") == 21 and _gauge(metrics, "epoch") == 3
+        metrics = get(f"http://127.0.0.1:{port}/metrics")[1]
+        assert gauge(metrics, "step") == 21 and gauge(metrics, "epoch") == 3
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop(proc)

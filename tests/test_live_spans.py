@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-import mpirun
-from browser import errors, open_browser, screenshot
 from conftest import REPO
-from test_live import _free_port, _gauge, _get, _stop
+from helpers import mpirun
+from helpers.browser import errors, open_browser, screenshot
+from helpers.live import free_port, gauge, get, stop
 
 # The page's sources by name: the data of each ColumnDataSource named dtrain-*.
 SOURCES_JS = """
@@ -44,7 +44,7 @@ def _watch(cmd: list[str], tmp_path, port: int, workers: int, shot: str,
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
-        while not _gauge(_get(f"{base}/metrics")[1], "step"):
+        while not gauge(get(f"{base}/metrics")[1], "step"):
             assert proc.poll() is None, (tmp_path / "stdout.txt").read_text()
             assert time.monotonic() < deadline, "no steps reported within 120 s"
             time.sleep(0.5)
@@ -64,7 +64,7 @@ def _watch(cmd: list[str], tmp_path, port: int, workers: int, shot: str,
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
-        _stop(proc)
+        stop(proc)
         log.close()
 
 
@@ -99,7 +99,7 @@ def _run_args(port: int, tmp_path, *sets: str, epochs: int = 5000) -> list[str]:
 
 @pytest.mark.slow
 def test_the_page_shows_the_steps_inside_windows_on_two_flat_workers(tmp_path):
-    port = _free_port()
+    port = free_port()
     got = _watch([sys.executable, "-m", "dtrain", "--workers", "2",
                   *_run_args(port, tmp_path, "cluster.layout=flat")], tmp_path, port, 2,
                  "live-spans-flat.png")
@@ -108,7 +108,7 @@ def test_the_page_shows_the_steps_inside_windows_on_two_flat_workers(tmp_path):
 
 @pytest.mark.slow
 def test_the_page_shows_the_steps_inside_a_window_fused_on_one_worker(tmp_path):
-    port = _free_port()
+    port = free_port()
     got = _watch([sys.executable, "-m", "dtrain", "--workers", "1",
                   *_run_args(port, tmp_path, epochs=100_000)], tmp_path, port, 1,
                  "live-spans-fused.png")
@@ -118,7 +118,7 @@ def test_the_page_shows_the_steps_inside_a_window_fused_on_one_worker(tmp_path):
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_the_page_shows_the_steps_inside_windows_under_mpiexec(tmp_path):
-    port = _free_port()
+    port = free_port()
     got = _watch(mpirun.command(3, *_run_args(port, tmp_path, "cluster.layout=flat")),
                  tmp_path, port, 2,
                  "live-spans-mpi.png", env=mpirun.environment())

@@ -9,6 +9,7 @@ from dtrain.core.arrays import aligned
 from dtrain.core.config import OptimConfig
 from dtrain.maths.model import Network, l2_penalty
 from dtrain.maths.optim import Optimizer, Step, TrainState
+from helpers.gradients import central_differences
 
 
 def _objective(net: Network, l2: float, params, x, y) -> float:
@@ -36,16 +37,6 @@ def _targets(net: Network, rng: np.random.Generator, rows: int) -> np.ndarray:
     return rng.integers(0, outputs, rows)
 
 
-def _numeric(f, params: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """Central differences of ``f`` at ``params``."""
-    out = np.empty(params.size)
-    for i in range(params.size):
-        e = np.zeros(params.size)
-        e[i] = eps
-        out[i] = (f(params + e) - f(params - e)) / (2 * eps)
-    return out
-
-
 @pytest.mark.parametrize("activation", ["sigmoid", "tanh", "relu", "identity"])
 @pytest.mark.parametrize("loss", ["cross-entropy", "mse", "squared-error", "binary-cross-entropy"])
 @pytest.mark.parametrize("layers", [(5, 4), (5, 7, 4), (5, 6, 6, 4)], ids=["0h", "1h", "2h"])
@@ -57,7 +48,7 @@ def test_gradient_matches_central_differences(activation, loss, layers):
     y = _targets(net, rng, 9)                     # real targets (B, T), indicators or classes
     l2 = 0.03
     grad = _analytic(net, l2, params, x, y)
-    numeric = _numeric(lambda p: _objective(net, l2, p, x, y), params)
+    numeric = central_differences(lambda p: _objective(net, l2, p, x, y), params)
     np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8)
 
 
@@ -112,7 +103,8 @@ def test_weighted_loss_and_gradient_match_central_differences(loss, outputs):
 
     buf = net.loss_and_grad(params, x, y, w)
     assert buf[P] == pytest.approx(weighted(params), rel=1e-12)
-    np.testing.assert_allclose(buf[:P], _numeric(weighted, params), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(buf[:P], central_differences(weighted, params), rtol=1e-6,
+                               atol=1e-8)
     assert buf[P + 1] == net.loss_and_grad(params, x, y)[P + 1]      # rows, not weights
     counts = np.array([0, 1, 2, 3, 0, 1, 4, 1])
     repeated = net.loss_and_grad(params, x.repeat(counts, axis=0), y.repeat(counts, axis=0))
@@ -273,7 +265,8 @@ def test_lbfgs_raw_units_are_the_gradient_on_raw_features():
 
     raw = net.init(2) + 0.1 * rng.standard_normal(net.size)
     inputs = (x - shift) / scale
-    numeric = _numeric(lambda p: _objective(net, 0.03, normalized(p), inputs, y), raw)
+    numeric = central_differences(lambda p: _objective(net, 0.03, normalized(p), inputs, y),
+                                  raw)
     grad = raw_units(net, shift, scale)(_analytic(net, 0.03, normalized(raw), inputs, y))
     np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8)
     assert raw_units(net, None, None) is None

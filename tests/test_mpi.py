@@ -15,18 +15,18 @@ import pytest
 from distributed import Client, Security
 
 import dtrain
-import mpirun
+from conftest import REPO
 from dtrain.core import internals
 from dtrain.deploy import layout, mpi
 from dtrain.training import checkpoint
-from conftest import REPO
-from sockets import family, listening, outside_loopback
+from helpers import mpirun
+from helpers.sockets import family, listening, outside_loopback
 
 pytestmark = pytest.mark.mpi
 
 QUICK = ["train.epochs=4", "optim.name=momentum", "data.shards=5", "graph.fan_in=2"]
 QUIET = ["--dashboard-address", "127.0.0.1:0"]     # 8787 may be taken on a shared machine
-FAULT = REPO / "tests" / "mpi_fault.py"
+FAULT = REPO / "tests" / "helpers" / "mpi_fault.py"
 
 
 def _log_noise(stderr: str) -> list[str]:

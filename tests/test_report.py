@@ -15,10 +15,10 @@ import termios
 import pytest
 
 import dtrain
-from browser import bokeh_figures, errors, open_browser, screenshot
 from conftest import REPO, run_cli
 from dtrain.core.keys import kind_of
 from dtrain.observe import htmlpage, htmlreport
+from helpers.browser import bokeh_figures, errors, open_browser, screenshot
 
 QUICK = ["train.epochs=3", "data.shards=4"]
 

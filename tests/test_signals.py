@@ -14,10 +14,10 @@ import psutil
 import pytest
 
 import dtrain
-import mpirun
 from conftest import REPO
 from dtrain.core.errors import EXIT_INTERRUPTED, EXIT_STOPPED
 from dtrain.training.plan import plan
+from helpers import mpirun
 
 EPOCHS = 2000          # iris: 14,000 steps, a few seconds in windows of a second or so
 LONG = ["--set", f"train.epochs={EPOCHS}", "--dashboard-address", ""]

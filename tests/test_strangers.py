@@ -1,7 +1,7 @@
 """Nobody else on the machine runs code in a cluster dtrain starts (issue 53).
 
 While a run of the command line, ``dtrain.train`` and an estimator's embedded cluster go on,
-another process (``tests/stranger.py``) calls ``distributed.Client`` on every TCP port that
+another process (``tests/helpers/stranger.py``) calls ``distributed.Client`` on every TCP port that
 the driver and its children listen on, with no certificate and with another run's: none
 may run code.  Refused handshakes are one DEBUG line each, not a warning per try; a cluster
 dtrain did not start is the user's, and dtrain warns once where it has no TLS.
@@ -28,7 +28,7 @@ from dtrain.deploy.logs import RefusedOnce, quiet_refusals
 from dtrain.deploy.options import warn_if_open
 
 TESTS = Path(__file__).resolve().parent
-STRANGER = [sys.executable, str(TESTS / "stranger.py")]
+STRANGER = [sys.executable, str(TESTS / "helpers" / "stranger.py")]
 ENV = {**os.environ, "PYTHONPATH": str(TESTS)}
 
 SCRIPT = '''
@@ -39,7 +39,7 @@ from sklearn.datasets import load_iris
 
 import dtrain
 from dtrain.estimators import cluster
-from sockets import family, listening
+from helpers.sockets import family, listening
 
 me = os.getpid()
 said = {}
@@ -107,7 +107,7 @@ def test_a_stranger_cannot_run_code_in_train_or_an_estimators_cluster(tmp_path):
     script = tmp_path / "strangers.py"
     script.write_text(SCRIPT)
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "run"),
-                           str(TESTS / "stranger.py")], cwd=REPO, capture_output=True,
+                           str(TESTS / "helpers" / "stranger.py")], cwd=REPO, capture_output=True,
                           text=True, timeout=300, env=ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -19,7 +19,7 @@ from conftest import run_cli
 from dtrain import cli
 from dtrain.core.modelfile import ModelSpec
 from dtrain.data.prepare import fit_normalization, prepared
-from test_data import make_images, write_idx
+from helpers.datafiles import make_images, write_idx
 
 SPECIES = ("setosa", "versicolor", "virginica")
 FEATURES = ("sepal length", "sepal width", "petal length", "petal width")

@@ -1,5 +1,5 @@
 """Launching real ``mpiexec`` jobs from the tests: the venv's MPICH, or Open MPI if that is what
-is found.  Used by test_mpi.py and test_batch.py."""
+is found.  Used by every test that runs mpiexec."""
 from __future__ import annotations
 
 import functools

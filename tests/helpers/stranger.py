@@ -1,10 +1,11 @@
 """Another process on the same machine, knowing nothing of a dtrain run, tries to run code in it.
 
-``python tests/stranger.py PID WORKERS``: waits until the process ``PID`` and at least
-``WORKERS`` of its children listen, then, on every TCP port that process tree listens on,
-calls ``distributed.Client`` twice, as a stranger would: with no certificate (``tcp://``)
-and with a certificate of its own (``tls://``, ``Security.temporary()``: another run's).
-Where a client connects it calls ``client.run(os.getpid)``.  Prints one JSON line:
+``python tests/helpers/stranger.py PID WORKERS`` (with ``tests/`` on ``PYTHONPATH``): waits
+until the process ``PID`` and at least ``WORKERS`` of its children listen, then, on every TCP
+port that process tree listens on, calls ``distributed.Client`` twice, as a stranger would:
+with no certificate (``tcp://``) and with a certificate of its own (``tls://``,
+``Security.temporary()``: another run's).  Where a client connects it calls
+``client.run(os.getpid)``.  Prints one JSON line:
 ``tried`` (``[pid, address, port]`` each), ``ran`` (what ran code: ``[port, how, pids]``),
 ``refused`` and ``hung`` (counts of attempts that failed, or did not finish within
 ``TRY_S``: an HTTP server never answers Dask's handshake), ``alive`` (every attempt that
@@ -22,7 +23,7 @@ import time
 
 from distributed import Client, Security
 
-from sockets import Listener, family, listening
+from helpers.sockets import Listener, family, listening
 
 TRY_S = 4.0         # a client's time to connect
 WAIT_S = 120.0      # for the cluster to listen
