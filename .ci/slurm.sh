@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Best effort, for CI: a single-node SLURM (Debian's slurm-wlm daemons) so that the batch-system
-# tests in tests/test_batch.py run against a real sbatch; without it they are skipped.  Needs
+# tests in tests/test_slurm_pbs.py run against a real sbatch; without it they are skipped.  Needs
 # root and apt; takes well under a minute.  Idempotent: running daemons are left as they are.
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "slurm.sh: not root, no SLURM"; exit 1; }

@@ -1,4 +1,5 @@
-"""Batch systems: the jobqueue route's worker job scripts, and the mpirun-form scripts."""
+"""Batch systems (SLURM and PBS): the jobqueue route's worker job scripts, and the mpirun-form
+scripts."""
 from __future__ import annotations
 
 import gc
