@@ -1,12 +1,18 @@
-"""What the estimator tests share: iris as the tests take it, a quick classifier, and
-the embedded cluster closed with each module."""
+"""What the estimator tests share: iris and digits as the tests take them, a quick classifier,
+scikit-learn's MLPs beside dtrain's, scikit-learn's stopping rule, and the embedded cluster
+closed with each module."""
 from __future__ import annotations
+
+import math
+import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
 from distributed import Client
-from sklearn.datasets import load_iris
+from sklearn import neural_network as sk
+from sklearn.datasets import load_digits, load_iris
+from sklearn.exceptions import ConvergenceWarning
 
 import dtrain
 
@@ -45,3 +51,33 @@ def _clf(client: Client | None = None, **params) -> dtrain.MLPClassifier:
 def _same_bytes(a: dtrain.MLPClassifier, b: dtrain.MLPClassifier) -> bool:
     return all(x.tobytes() == y.tobytes() for x, y in
                zip(a.coefs_ + a.intercepts_, b.coefs_ + b.intercepts_))
+
+
+BOTH = [pytest.param((sk.MLPClassifier, dtrain.MLPClassifier), id="classifier"),
+        pytest.param((sk.MLPRegressor, dtrain.MLPRegressor), id="regressor")]
+
+
+def _digits(n: int | None = None, binary: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    x, y = load_digits(return_X_y=True)
+    if binary:
+        x, y = x[y < 2], y[y < 2]
+    return (x[:n], y[:n]) if n else (x, y)
+
+
+def _quiet(fit, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return fit(*args, **kwargs)
+
+
+def sklearn_stop(losses: list[float], patience: float, tol: float) -> int | None:
+    """The epoch after which scikit-learn's rule stops a fit with these training losses
+    (``_update_no_improvement_count``: more than ``patience`` epochs whose loss is not
+    below the best before it by ``tol``), or None."""
+    best, count = math.inf, 0
+    for epoch, loss in enumerate(losses, start=1):
+        count = count + 1 if loss > best - tol else 0
+        best = min(best, loss)
+        if count > patience:
+            return epoch
+    return None
