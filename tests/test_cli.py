@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -12,6 +13,9 @@ import dtrain
 from conftest import REPO, run_cli
 from dtrain import cli
 from dtrain.cli import advice, train
+from dtrain.core.config import DataConfig
+from dtrain.core.errors import EXIT_STOPPED
+from dtrain.training.trainer import default_out_dir
 from helpers.datafiles import make_images
 from helpers.live import free_port
 
@@ -34,7 +38,7 @@ def test_default_run_directory_is_under_runs(tmp_path):
     assert run.name.endswith("-iris") and (run / "summary.json").exists()
 
 
-# --- what a newcomer meets first (issue 19) ---------------------------------------------------
+# --- what a newcomer meets first ---------------------------------------------------------------
 
 def _hashes(root: Path) -> dict[str, str]:
     """SHA-256 of every file under ``root``, by relative path."""
@@ -215,3 +219,52 @@ def test_a_run_directory_that_cannot_be_made_is_a_user_error(tmp_path):
         with pytest.raises(dtrain.UserError, match=f"{tmp_path / 'notes.txt'} is a file"):
             dtrain.train(cfg, out=out, echo=None)
     assert (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
+# --- exit codes, --workers 0, the run directory's name ----------------------------------------
+
+def test_the_docs_list_every_exit_code_in_one_table():
+    """The exit codes are one table, on the troubleshooting page (README.md is a first visit
+    now): a row per code, in order, every code dtrain's errors and the CLI give among them,
+    and no second exit-code table on any page to disagree with it."""
+    from dtrain.cli.main import EXIT_BROKEN_PIPE
+    from dtrain.core.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USER_ERROR
+
+    docs = REPO / "docs"
+    text = (docs / "troubleshooting.md").read_text()
+    section = text.split("(exit-codes)=\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    table = re.search(r"^\| exit code \| what happened \| what to do \|\n\| --- \| --- \| --- \|\n"
+                      r"((?:\|.*\|\n)+)", section, re.M)
+    assert table, "no exit-code table under 'Exit codes' in docs/troubleshooting.md"
+    codes = [row.split("|")[1].strip().strip("`") for row in table.group(1).splitlines()]
+    assert codes == ["0", "2", "3", "75", "130", "141", "any other"], codes
+    assert {str(c) for c in (EXIT_USER_ERROR, EXIT_DIVERGED, EXIT_STOPPED, EXIT_INTERRUPTED,
+                             EXIT_BROKEN_PIPE)} <= set(codes)
+    assert "Python is still importing Dask" in section and "dtrain.Stopped" in section
+    pages = {p.name: p.read_text() for p in [REPO / "README.md", *docs.glob("*.md")]}
+    tables = [name for name, page in pages.items()
+              for _ in re.finditer(r"^\| (exit )?code \|", page, re.M)]
+    assert tables == ["troubleshooting.md"], tables
+
+
+def test_workers_0_means_the_layouts_default_as_the_config_key_does():
+    job = train.prepare(["--workers", "0", "--set", "graph.strategy=serial"])
+    assert job.config.cluster.workers == 0
+    assert job.config == train.prepare(["--set", "cluster.workers=0", "--set",
+                                        "graph.strategy=serial"]).config
+
+
+def test_a_run_on_a_csv_is_named_after_the_data(tmp_path, monkeypatch, capfd):
+    from sklearn.datasets import load_iris
+
+    frame = load_iris(as_frame=True).frame
+    frame.to_csv(tmp_path / "flowers.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["--set", "data.dataset=csv", "--set", "data.path=flowers.csv",
+                     "--set", "graph.strategy=serial", "--set", "train.epochs=1"])
+    assert code == 0, capfd.readouterr().err
+    assert [p.name.split("-", 2)[-1] for p in (tmp_path / "runs").iterdir()] == ["flowers"]
+    assert default_out_dir(DataConfig(dataset="parquet", path="/d/sales/part-*.parquet")) \
+        .name.endswith("-sales")
+    assert default_out_dir(None).name.endswith("-iris")
+    assert default_out_dir("configs/mnist.toml").name.endswith("-mnist")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from distributed import Client, Security
@@ -238,3 +239,20 @@ def test_a_run_says_nothing_of_a_call_that_found_a_worker_gone():
     with lost_gathers_quiet():
         assert not log.filter(gone) and log.filter(other)
     assert log.filter(gone)
+
+
+# --- what a worker imports --------------------------------------------------------------------
+
+def test_the_default_jobs_workers_import_no_bokeh_and_no_scikit_learn(tmp_path):
+    """Most of the default job's fixed cost was its workers importing the whole package
+    (the reports, Bokeh) to run a task, and scikit-learn to read iris: now a task imports
+    the part it runs, and iris is read from scikit-learn's file without importing it."""
+    from distributed import Client, LocalCluster
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                      dashboard_address=None) as lc, Client(lc) as c:
+        dtrain.train(dtrain.load_config(None, ["train.epochs=1"]), client=c, echo=None,
+                     out=tmp_path / "run")
+        loaded = c.run(lambda: sorted(m for m in ("bokeh", "sklearn", "dtrain.training",
+                                                  "dtrain.observe.htmlreport")
+                                      if m in sys.modules))
+    assert list(loaded.values()) == [[]], loaded

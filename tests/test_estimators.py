@@ -135,7 +135,7 @@ def test_numpy_without_a_client_runs_on_one_shared_embedded_cluster():
 
 def test_the_embedded_cluster_keeps_dtrains_plugins_between_fits(monkeypatch):
     """dtrain's own cluster: its plugins are registered by the first fit and stay (a user's
-    scheduler is left without them: tests/test_conventions.py), so the next fit spends no
+    scheduler is left without them: tests/test_plugins.py), so the next fit spends no
     round trips on them, and its scheduler still counts its tasks."""
     from dtrain.estimators import cluster
 

@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import pickle
+import re
+
 import numpy as np
 import pytest
 
+from conftest import run_cli
 from dtrain.core.arrays import sum_in_order
 from dtrain.core.config import OptimConfig
+from dtrain.core.errors import Diverged, exit_code
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, Step, TrainState, learning_rate, update
 from dtrain.training.plan import Schedule
@@ -247,3 +252,42 @@ def test_adaptive_needs_the_whole_steps_loss_in_one_update():
         with pytest.raises(dtrain.UserError, match="optim.schedule = 'adaptive'"):
             dtrain.load_config(None, ["optim.schedule=adaptive", *sets])
     dtrain.load_config(None, ["optim.schedule=adaptive", "graph.strategy=parameter-server"])
+
+
+# --- a loss that explodes: train.max_loss -----------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["allreduce", "local-sgd", "model-parallel",
+                                      "parameter-server", "serial"])
+def test_an_exploding_loss_diverges_at_its_step(tmp_path, strategy):
+    out = tmp_path / "run"
+    proc = run_cli("--set", "optim.lr=1e6", "--set", f"graph.strategy={strategy}",
+                   "--workers", "2", "--out", str(out), "--dashboard-address", "")
+    assert proc.returncode == 3, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    # local SGD: each shard runs the round's steps alone and the first shard to explode says
+    # so, which may be at step 1
+    step = "[12]" if strategy == "local-sgd" else "2"
+    assert re.fullmatch(r"dtrain: error: training diverged at step " + step +
+                        r" \(epoch 1\): the mean loss per sample is [0-9.e+]+, above "
+                        r"train\.max_loss = 1e\+06; lower optim\.lr or raise model\.l2", line), line
+    assert not out.exists()          # nothing recorded: the run leaves no directory
+
+
+def test_max_loss_is_a_bound_on_the_mean_loss_per_sample():
+    opt = Optimizer(OptimConfig(name="sgd"), NET, max_loss=10.0)
+    step = Step(index=4, epoch=1, position=0, lr=0.1, count=2, first=False, last=False,
+                bounds=())
+    state = TrainState(np.zeros(NET.size))
+    grad = np.zeros(NET.size + 2)                               # (P + 2,)
+    grad[NET.size] = 20.0                                       # 10 per sample: not above
+    assert update(opt, step, True, state, grad).epoch_loss == 20.0
+    grad[NET.size] = 20.5
+    with pytest.raises(Diverged) as caught:
+        update(opt, step, True, state, grad)
+    exc = caught.value
+    assert (exc.step, exc.epoch, exc.loss, exc.limit) == (4, 1, 10.25, 10.0)
+    assert str(pickle.loads(pickle.dumps(exc))) == str(exc)     # as it comes from a worker
+    assert exit_code(exc) == 3
+    assert "the mean loss per sample is 10.25, above train.max_loss = 10" in str(exc)
+    assert "the loss is nan" in str(Diverged(4, 1, float("nan")))

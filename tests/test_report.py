@@ -214,3 +214,13 @@ def test_peak_memory_is_the_processs_own_not_its_parents():
                           "peak_rss_mb; print(peak_rss_mb())"], capture_output=True, text=True)
     assert ballast.sum() > 0 and out.returncode == 0, out.stderr
     assert 10 < float(out.stdout) < 300, out.stdout
+
+
+# --- the console's lines ----------------------------------------------------------------------
+
+def test_the_serial_strategy_claims_no_efficiency_over_worker_threads():
+    seen: list[str] = []
+    dtrain.train(dtrain.load_config(None, ["graph.strategy=serial", "train.epochs=1"]),
+                 echo=seen.append)
+    assert not [line for line in seen if "efficiency" in line or "worker threads" in line], seen
+    assert any(line.endswith("(in this process: no workers)") for line in seen), seen

@@ -15,7 +15,8 @@ import pytest
 
 import dtrain
 from conftest import REPO
-from dtrain.core.errors import EXIT_INTERRUPTED, EXIT_STOPPED
+from dtrain.core.errors import EXIT_INTERRUPTED, EXIT_STOPPED, Stopped
+from dtrain.deploy.signals import AT_ONCE, StopSignals
 from dtrain.training.plan import plan
 from helpers import mpirun
 
@@ -143,3 +144,49 @@ def test_sigusr1_to_mpiexec_stops_every_rank_and_resumes_under_mpiexec(tmp_path,
     again = mpirun.run(3, "--resume", str(out), timeout=120)
     assert again.returncode == 0, again.stderr
     assert (out / "params.npz").read_bytes() == reference
+
+
+# --- a signal before training, and Stopped ----------------------------------------------------
+
+@pytest.mark.parametrize("sig, code, line", [(signal.SIGINT, 130, "dtrain: interrupted"),
+                                             (signal.SIGTERM, EXIT_STOPPED,
+                                              "dtrain: stopped by SIGTERM")])
+def test_a_signal_during_the_imports_is_quiet_with_its_exit_code(tmp_path, sig, code, line):
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain", "--out", str(tmp_path / "run")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.4)                       # the command line's imports take a second or more
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, (proc.returncode, err)
+    assert err.strip().splitlines() == [line] and out == ""
+
+
+def test_sigterm_before_training_raises_stopped_with_its_exit_code():
+    """A command's signals before anything is made (AT_ONCE): SIGTERM raises Stopped where the
+    code is, Ctrl-C KeyboardInterrupt; the handlers before are back after."""
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Stopped) as raised, StopSignals(AT_ONCE):
+        signal.raise_signal(signal.SIGTERM)
+    assert raised.value.code == EXIT_STOPPED and raised.value.lines() == ["stopped by SIGTERM"]
+    with pytest.raises(KeyboardInterrupt), StopSignals(AT_ONCE):
+        signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stop_by_a_signal_is_not_swallowed_by_except_exception(tmp_path):
+    assert issubclass(Stopped, BaseException) and not issubclass(Stopped, Exception)
+    cfg = dtrain.load_config(None, ["graph.strategy=serial", "train.epochs=400",
+                                    "graph.window=10"])
+
+    def echo(line: str) -> None:          # the first epoch's line: a SIGTERM arrives
+        if line.startswith("epoch") and "  1/" in line.split("train_loss")[0]:
+            signal.raise_signal(signal.SIGTERM)
+
+    swallowed = False
+    with pytest.raises(Stopped) as raised:
+        try:
+            dtrain.train(cfg, out=tmp_path / "run", echo=echo)
+        except Exception:                 # what a user's broad handler does
+            swallowed = True
+    assert not swallowed and raised.value.signal == "SIGTERM"
+    assert raised.value.code == EXIT_STOPPED

@@ -1,8 +1,11 @@
-"""What a new user meets first, run as they would run it: the documentation's Python example
-(docs/python-and-dask.md, "Python API") saved as a script, the same script without its ``__main__`` guard, a learning rate that explodes."""
+"""dtrain called from a user's script, run as the user runs it: the documentation's Python
+example (docs/python-and-dask.md, "Python API") and README.md's example saved as scripts print
+what the pages say, and the same code without its ``__main__`` guard (a ``train()`` or an
+estimator's ``fit``) is one line saying to add it (:mod:`dtrain.deploy.mainguard`); nothing is
+left running after any of them.
+"""
 from __future__ import annotations
 
-import pickle
 import re
 import subprocess
 import sys
@@ -10,16 +13,11 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 
-import dtrain
-from conftest import REPO, run_cli
-from dtrain.core.config import OptimConfig
-from dtrain.core.errors import Diverged, exit_code
-from dtrain.maths.model import Network
-from dtrain.maths.optim import Optimizer, Step, TrainState, update
+from conftest import REPO
+
 
 GUARD_LINE = ("put the code that calls dtrain.train() or an estimator's fit() under "
               'if __name__ == "__main__":')
@@ -58,6 +56,8 @@ def _no_stray_processes(tag: str) -> None:
     assert _tagged(tag) == []
 
 
+# --- the pages' examples ----------------------------------------------------------------------
+
 @pytest.mark.slow
 def test_docs_python_example_runs_as_a_script(tmp_path):
     code = _docs_example()
@@ -85,6 +85,8 @@ def test_readme_example_prints_what_it_says(tmp_path):
     assert f"{float(proc.stdout.strip().splitlines()[-1]):.4f}" == said
     _no_stray_processes(tag)
 
+
+# --- without the __main__ guard ---------------------------------------------------------------
 
 @pytest.mark.slow
 def test_a_script_without_the_main_guard_gets_one_line(tmp_path):
@@ -116,61 +118,3 @@ def test_an_estimator_fit_without_the_main_guard_gets_one_line(tmp_path):
     assert line.startswith("dtrain: error: the worker processes re-ran fit.py")
     assert line.endswith(GUARD_LINE)
     _no_stray_processes(tag)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["allreduce", "local-sgd", "model-parallel",
-                                      "parameter-server", "serial"])
-def test_an_exploding_loss_diverges_at_its_step(tmp_path, strategy):
-    out = tmp_path / "run"
-    proc = run_cli("--set", "optim.lr=1e6", "--set", f"graph.strategy={strategy}",
-                   "--workers", "2", "--out", str(out), "--dashboard-address", "")
-    assert proc.returncode == 3, proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
-    # local SGD: each shard runs the round's steps alone and the first shard to explode says
-    # so, which may be at step 1
-    step = "[12]" if strategy == "local-sgd" else "2"
-    assert re.fullmatch(r"dtrain: error: training diverged at step " + step +
-                        r" \(epoch 1\): the mean loss per sample is [0-9.e+]+, above "
-                        r"train\.max_loss = 1e\+06; lower optim\.lr or raise model\.l2", line), line
-    assert not out.exists()          # nothing recorded: the run leaves no directory
-
-
-NET = Network((2, 2), "tanh", "cross-entropy", "float64")
-
-
-def _step(count: int) -> Step:
-    return Step(index=4, epoch=1, position=0, lr=0.1, count=count, first=False, last=False,
-                bounds=())
-
-
-def test_max_loss_is_a_bound_on_the_mean_loss_per_sample():
-    opt = Optimizer(OptimConfig(name="sgd"), NET, max_loss=10.0)
-    state = TrainState(np.zeros(NET.size))
-    grad = np.zeros(NET.size + 2)                               # (P + 2,)
-    grad[NET.size] = 20.0                                       # 10 per sample: not above
-    assert update(opt, _step(2), True, state, grad).epoch_loss == 20.0
-    grad[NET.size] = 20.5
-    with pytest.raises(Diverged) as caught:
-        update(opt, _step(2), True, state, grad)
-    exc = caught.value
-    assert (exc.step, exc.epoch, exc.loss, exc.limit) == (4, 1, 10.25, 10.0)
-    assert str(pickle.loads(pickle.dumps(exc))) == str(exc)     # as it comes from a worker
-    assert exit_code(exc) == 3
-    assert "the mean loss per sample is 10.25, above train.max_loss = 10" in str(exc)
-    assert "the loss is nan" in str(Diverged(4, 1, float("nan")))
-
-
-def test_the_default_jobs_workers_import_no_bokeh_and_no_scikit_learn(tmp_path):
-    """Most of the default job's fixed cost was its workers importing the whole package
-    (the reports, Bokeh) to run a task, and scikit-learn to read iris: now a task imports
-    the part it runs, and iris is read from scikit-learn's file without importing it."""
-    from distributed import Client, LocalCluster
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
-                      dashboard_address=None) as lc, Client(lc) as c:
-        dtrain.train(dtrain.load_config(None, ["train.epochs=1"]), client=c, echo=None,
-                     out=tmp_path / "run")
-        loaded = c.run(lambda: sorted(m for m in ("bokeh", "sklearn", "dtrain.training",
-                                                  "dtrain.observe.htmlreport")
-                                      if m in sys.modules))
-    assert list(loaded.values()) == [[]], loaded
