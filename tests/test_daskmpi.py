@@ -1,4 +1,4 @@
-"""Clusters dtrain did not start, launched for real (issue 26, items 5 and 6).
+"""Clusters dtrain did not start, launched for real.
 
 ``dask scheduler --scheduler-file`` with ``dask worker``, ``mpiexec -n N dask-mpi
 --scheduler-file F`` and a script that calls ``dask_mpi.initialize()`` under ``mpiexec``

@@ -1,4 +1,4 @@
-"""Nothing that dtrain starts on one machine listens beyond it unless asked (issue 31).
+"""Nothing that dtrain starts on one machine listens beyond it unless asked.
 
 Every listening socket of the driver and of every worker process, read with psutil while the
 cluster runs, must be on 127.0.0.0/8 or ::1: the command line with and without a dashboard,

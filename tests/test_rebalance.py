@@ -1,4 +1,4 @@
-"""Dask users' data stays where it is unless moving it pays (issue 50): the prediction, and
+"""Dask users' data stays where it is unless moving it pays: the prediction, and
 fits on a real 2-worker LocalCluster whose moved bytes the workers' own counters measure."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Nobody else on the machine runs code in a cluster dtrain starts (issue 53).
+"""Nobody else on the machine runs code in a cluster dtrain starts.
 
 While a run of the command line, ``dtrain.train`` and an estimator's embedded cluster go on,
 another process (``tests/helpers/stranger.py``) calls ``distributed.Client`` on every TCP port that

@@ -18,7 +18,7 @@ the steps themselves.  For the data-parallel steps with replicated updates (the
 What the scheduler sees of a window is what it sees of a cut one: a task per worker
 (``window-<first>-<last>-w<rank>``), the end picked out of the collector's, and the meta.
 The step-by-step graph stays what dtrain draws, and what ``graph.fuse_steps = false``
-runs; its bytes and these are the same (``tests/test_described.py``).
+runs; its bytes and these are the same (``tests/test_describe.py``).
 """
 from __future__ import annotations
 
