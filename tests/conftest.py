@@ -1,8 +1,11 @@
-"""Shared fixtures: a real LocalCluster of worker processes, the shared datasets, the CLI."""
+"""Shared fixtures: a real LocalCluster of worker processes, the shared datasets, a SLURM to
+submit to, the CLI."""
 from __future__ import annotations
 
 import ctypes
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +38,21 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    """A SLURM with an idle node to submit to (.ci/slurm.sh starts a single-node one), else the
+    test is skipped."""
+    if shutil.which("sbatch") is None:
+        pytest.skip("no sbatch here (.ci/slurm.sh starts a single-node SLURM)")
+    try:
+        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
+                                timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        states = ""
+    if not re.search(r"idle|mixed", states):
+        pytest.skip("no SLURM with an idle node here (.ci/slurm.sh starts one)")
 
 
 def run_cli(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:

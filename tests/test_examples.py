@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -122,16 +121,6 @@ def test_slurm_mnist_as_the_batch_system_runs_it(tmp_path, mnist_dir):
     proc = _run("slurm_mnist.sh", str(mnist_dir), cwd=tmp_path, env=env)
     assert "2 worker rank(s)" in proc.stdout.splitlines()[0]
     _finished(tmp_path / "run")
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    if shutil.which("sbatch") is None:
-        pytest.skip("no sbatch here (.ci/slurm.sh starts a single-node SLURM)")
-    states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
-                            timeout=10).stdout
-    if not re.search(r"idle|mixed", states):
-        pytest.skip("no SLURM with an idle node here (.ci/slurm.sh starts one)")
 
 
 @pytest.mark.slow

@@ -91,7 +91,7 @@ class _Tables(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def iris_run(client, tmp_path_factory):
+def default_run(client, tmp_path_factory):
     """The default job (iris, 40 epochs, 280 steps) on a real two-worker cluster."""
     out = tmp_path_factory.mktemp("iris") / "iris-default"
     dtrain.train(dtrain.load_config(None, []), client=client, out=out, echo=None)
@@ -99,9 +99,9 @@ def iris_run(client, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def iris_page(iris_run):
+def iris_page(default_run):
     """What Chromium draws of it; the whole page lands in test-artifacts/report-iris.png."""
-    return _look(iris_run / "report.html", shot="report-iris.png", count=4)   # no step split
+    return _look(default_run / "report.html", shot="report-iris.png", count=4)   # no step split
 
 
 @pytest.fixture(scope="module")
@@ -120,13 +120,13 @@ def short_page(short_run):
 
 
 @pytest.mark.slow
-def test_default_iris_report_renders_without_errors(iris_run, iris_page):
+def test_default_iris_report_renders_without_errors(default_run, iris_page):
     """The default run's windows span the two workers, one task per worker a window: the page
     has no step-time split (it says why) and the rest of its figures."""
     assert iris_page["errors"] == []
     drawn = {f["name"] for f in iris_page["sizes"] if f["width"] > 100 and f["height"] > 100}
     assert drawn == {*EPOCH_FIGURES, "report-timeline", "report-spans-0"}
-    assert "no step-time split" in (iris_run / "report.html").read_text()
+    assert "no step-time split" in (default_run / "report.html").read_text()
     assert (ARTIFACTS / "report-iris.png").stat().st_size > 10_000
 
 
@@ -163,14 +163,14 @@ def test_throughput_is_the_size_of_its_neighbours(iris_page):
     assert loss["width"] > 500                          # two to a row in a 1400 px window
 
 
-def test_work_split_table_shows_each_worker(iris_run):
+def test_work_split_table_shows_each_worker(default_run):
     parser = _Tables()
-    parser.feed((iris_run / "report.html").read_text())
+    parser.feed((default_run / "report.html").read_text())
     tables = [rows for heading, rows in parser.tables if heading == "work split"]
     assert len(tables) == 1, [h for h, _ in parser.tables]
     header, *rows = tables[0]
     assert header[:4] == ["worker", "device", "shards", "samples"]
-    split = json.loads((iris_run / "summary.json").read_text())["work_split"]
+    split = json.loads((default_run / "summary.json").read_text())["work_split"]
     assert len(split) == 2
     assert {r[0]: r[1:4] for r in rows} == {
         name: [w["device"], str(w["leaves"]), str(w["samples"])] for name, w in split.items()}
@@ -178,11 +178,11 @@ def test_work_split_table_shows_each_worker(iris_run):
     assert "-" not in {c for r in rows for c in r}
 
 
-def test_default_iris_report_is_under_500_kb(iris_run):
-    size = (iris_run / "report.html").stat().st_size
+def test_default_iris_report_is_under_500_kb(default_run):
+    size = (default_run / "report.html").stat().st_size
     assert size < 500_000, f"report.html is {size:,} bytes"
-    rows = len(json.loads((iris_run / "timeline.json").read_text())["rows"])
-    shown = htmlpage.unpack((iris_run / "report.html").read_text(), "dtrain-figures")
+    rows = len(json.loads((default_run / "timeline.json").read_text())["rows"])
+    shown = htmlpage.unpack((default_run / "report.html").read_text(), "dtrain-figures")
     assert (f"the last 1,000 of {rows:,} task intervals shown" in shown) == (rows > 1000)
 
 

@@ -197,17 +197,6 @@ def test_batch_script_runs_the_mpirun_form(tmp_path, system):
 
 # --- against a real SLURM (.ci/slurm.sh starts a single-node one; skipped without) ------------
 
-@pytest.fixture(scope="module")
-def slurm():
-    try:
-        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
-                                timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        states = ""
-    if not re.search(r"idle|mixed", states):
-        pytest.skip("no SLURM with an idle node here (.ci/slurm.sh starts one)")
-
-
 def _wait_for_job(job_id: str, timeout: float = 180) -> str:
     """Poll until the job leaves the queue; its final state.  A requeued job waits for a
     begin time SLURM sets about two minutes ahead; the test moves it, once, to 3 s from now,
