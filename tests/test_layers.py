@@ -27,10 +27,44 @@ MODULES = {_module(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def _imports(name: str) -> set[str]:
-    """The dtrain modules ``name`` imports, anywhere in it (functions included): for
+    """The dtrain modules ``name`` imports (:func:`_imports_in` its source)."""
+    return _imports_in(MODULES[name].read_text(), name)
+
+
+def _imported_by_name(tree: ast.Module) -> set[str]:
+    """The modules a call imports by name: ``importlib.import_module(X)`` (or
+    ``import_module(X)``) and ``__import__(X)``, X a string or a name the module binds to
+    one at its top level (``STRATEGIES_MODULE = "dtrain..."``).  A name computed at run
+    time (the top package's lazy table) is not seen: it cannot be read from the source."""
+    constants = {target.id: node.value.value for node in tree.body
+                 if isinstance(node, (ast.Assign, ast.AnnAssign))
+                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                 for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                 if isinstance(target, ast.Name)}
+    out = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else \
+            func.id if isinstance(func, ast.Name) else None
+        if called not in ("import_module", "__import__"):
+            continue
+        arg = node.args[0]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            out.add(arg.value)
+        elif isinstance(arg, ast.Name) and arg.id in constants:
+            out.add(constants[arg.id])
+    return out
+
+
+def _imports_in(source: str, name: str) -> set[str]:
+    """The dtrain modules the module ``name`` of ``source`` imports, anywhere in it (functions
+    included), by an import statement or by a call that names the module: for
     ``from dtrain.x import y`` the module ``dtrain.x.y`` if there is one, else ``dtrain.x``."""
-    path, out = MODULES[name], set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree, out = ast.parse(source), set()
+    out |= {m for m in _imported_by_name(tree) if m == "dtrain" or m.startswith("dtrain.")}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("dtrain")}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and \
@@ -70,26 +104,34 @@ def test_the_package_is_its_parts():
         assert _allowed(part) <= set(PARTS), part
     import tomllib
     listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    assert {f"dtrain.{p}" for p in PARTS} <= set(listed), "a wheel would leave a part out"
+    packages = {_module(p.parent / "__init__.py") for p in PACKAGE.rglob("__init__.py")}
+    assert packages <= set(listed), f"a wheel would leave out {sorted(packages - set(listed))}"
+
+
+def _forbidden(module: str, imports: set[str]) -> set[str]:
+    """What of ``imports`` the part of ``module`` may not import (nothing for the top
+    package, which may import every part)."""
+    part = _part(module)
+    if part is None:
+        return set()
+    return {i for i in imports if _part(i) not in _allowed(part) | {part}}
 
 
 @pytest.mark.parametrize("part", PARTS)
 def test_a_part_imports_only_what_its_init_allows(part):
-    allowed = _allowed(part) | {part}
-    wrong = {(m, i) for m in MODULES if _part(m) == part for i in _imports(m)
-             if _part(i) not in allowed}
-    assert not wrong, f"dtrain/{part} may import only {sorted(allowed)}: {sorted(wrong)}"
+    wrong = {(m, i) for m in MODULES if _part(m) == part for i in _forbidden(m, _imports(m))}
+    assert not wrong, f"dtrain/{part} may import only {sorted(_allowed(part))}: {sorted(wrong)}"
 
 
-def test_no_import_circles():
-    edges = {m: _imports(m) & MODULES.keys() for m in MODULES}
+def _circle(edges: dict[str, set[str]]) -> None:
+    """Fail on the first import circle among ``edges`` (module -> modules it imports)."""
     state: dict[str, int] = {}          # 1: on the path, 2: done
     path: list[str] = []
 
     def visit(m: str) -> None:
         state[m] = 1
         path.append(m)
-        for n in sorted(edges[m]):
+        for n in sorted(edges.get(m, ())):
             if state.get(n) == 1:
                 raise AssertionError("import circle: " + " -> ".join(path[path.index(n):] + [n]))
             if n not in state:
@@ -97,9 +139,13 @@ def test_no_import_circles():
         path.pop()
         state[m] = 2
 
-    for m in sorted(MODULES):
+    for m in sorted(edges):
         if m not in state:
             visit(m)
+
+
+def test_no_import_circles():
+    _circle({m: _imports(m) & MODULES.keys() for m in MODULES})
 
 
 def test_the_rules_can_fail():
@@ -109,3 +155,45 @@ def test_the_rules_can_fail():
     assert "observe" not in _allowed("taskgraph") and "training" not in _allowed("observe")
     assert "dtrain.core.keys" in _imports("dtrain.observe.metrics")
     assert "dtrain.taskgraph.strategies" in _imports("dtrain.training.plan")
+    assert _forbidden("dtrain.core.fake", {"dtrain.taskgraph.strategies"}) == \
+        {"dtrain.taskgraph.strategies"}
+    with pytest.raises(AssertionError, match="import circle: a -> b -> a"):
+        _circle({"a": {"b"}, "b": {"a"}, "c": {"a"}})
+
+
+# a core module that finds out what is valid by importing an upper layer at run time
+UPWARD_BY_NAME = """
+import importlib
+from importlib import import_module
+
+STRATEGIES_MODULE = "dtrain.taskgraph.strategies"
+
+
+def load():
+    importlib.import_module(STRATEGIES_MODULE)
+    import_module("dtrain.training.plan")
+    __import__("dtrain.observe.recorder")
+    importlib.import_module("dtrain.core.keys")     # its own part
+    importlib.import_module("cupy")                 # not dtrain's
+    importlib.import_module(load.__module__)        # computed: not read from the source
+"""
+
+
+def test_an_upward_import_by_name_is_caught():
+    found = _imports_in(UPWARD_BY_NAME, "dtrain.core.fake")
+    assert found == {"dtrain.taskgraph.strategies", "dtrain.training.plan",
+                     "dtrain.observe.recorder", "dtrain.core.keys"}
+    assert _forbidden("dtrain.core.fake", found) == {
+        "dtrain.taskgraph.strategies", "dtrain.training.plan", "dtrain.observe.recorder"}
+    with pytest.raises(AssertionError, match="import circle: dtrain.core.fake -> "
+                                             "dtrain.taskgraph.strategies -> dtrain.core.fake"):
+        _circle({"dtrain.core.fake": found,
+                 "dtrain.taskgraph.strategies": {"dtrain.core.fake"}})
+
+
+def test_imports_by_name_that_keep_the_layers_pass():
+    """The top package imports its public names from every part, by a table; the trackers and
+    distributed's internals are imported by name from other projects: none breaks a rule."""
+    assert _forbidden("dtrain", {"dtrain.training.trainer"}) == set()
+    for module in ("dtrain", "dtrain.observe.tracking", "dtrain.core.internals"):
+        assert not _forbidden(module, _imports(module)), module
