@@ -1,5 +1,5 @@
-"""The package's layers: each part imports only what its ``__init__`` says it may, and no
-module imports its way back to itself.
+"""The package's layers: each part imports only what its ``__init__`` says it may, no
+module imports its way back to itself, and none takes another's private names.
 
 The rules are read from the subpackages' own docstrings (their "May import:" line), so the
 documented layers and the enforced ones are the same text.
@@ -197,3 +197,70 @@ def test_imports_by_name_that_keep_the_layers_pass():
     assert _forbidden("dtrain", {"dtrain.training.trainer"}) == set()
     for module in ("dtrain", "dtrain.observe.tracking", "dtrain.core.internals"):
         assert not _forbidden(module, _imports(module)), module
+
+
+def _private(name: str) -> bool:
+    """A name its module keeps to itself: one leading underscore (``__version__`` is not)."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_names(source: str) -> list[str]:
+    """What ``source`` takes of another dtrain module's private names, as
+    ``"<line>: <name>"``: ``from dtrain.x import _y``, ``import dtrain.x._y``, and ``m._y``
+    on a dtrain module ``m`` it imported (the same name reached without an import)."""
+    tree, found, bound = ast.parse(source), [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if not a.name.startswith("dtrain"):
+                    continue
+                if any(map(_private, a.name.split("."))):
+                    found.append(f"{node.lineno}: {a.name}")
+                if a.asname:                    # import dtrain.x.y as z: z is dtrain.x.y
+                    bound[a.asname] = a.name
+                else:                           # import dtrain.x.y: the name is dtrain
+                    bound["dtrain"] = "dtrain"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dtrain"):
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if any(map(_private, full.split("."))):
+                    found.append(f"{node.lineno}: {full}")
+                elif full in MODULES:
+                    bound[a.asname or a.name] = full
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            path, at = [], node.value
+            while isinstance(at, ast.Attribute):
+                path.insert(0, at.attr)
+                at = at.value
+            if isinstance(at, ast.Name) and at.id in bound and \
+                    ".".join([bound[at.id], *path]) in MODULES:
+                found.append(f"{node.lineno}: {'.'.join([bound[at.id], *path, node.attr])}")
+    return sorted(found, key=lambda f: int(f.split(":")[0]))
+
+
+def test_no_module_takes_another_modules_private_names():
+    """A name with a leading underscore is its module's own: what two modules share is
+    public and documented (the full-batch graph builds its steps with dataparallel's
+    ``step_leaves``, ``step_tree`` and ``leaf_tasks``).  No exception."""
+    found = {m: got for m, path in MODULES.items() if (got := _private_names(path.read_text()))}
+    assert not found, f"private names taken from another module: {found}"
+
+
+def test_the_private_names_rule_can_fail():
+    assert _private_names("from dtrain.taskgraph.dataparallel import _tree, fuse_choice\n") \
+        == ["1: dtrain.taskgraph.dataparallel._tree"]
+    assert _private_names("import os\n\ndef f():\n    from dtrain.taskgraph.tasks import (\n"
+                          "        reduce, _group_sum as g)\n") \
+        == ["4: dtrain.taskgraph.tasks._group_sum"]
+    assert _private_names("from dtrain.taskgraph import fuse\nfuse._runs()\n") \
+        == ["2: dtrain.taskgraph.fuse._runs"]
+    assert _private_names("import dtrain.taskgraph.fuse as f\nimport dtrain\n"
+                          "f._runs()\ndtrain.taskgraph.handoff._kept()\n") \
+        == ["3: dtrain.taskgraph.fuse._runs", "4: dtrain.taskgraph.handoff._kept"]
+    assert _private_names("import dtrain.taskgraph._hidden\n") == ["1: dtrain.taskgraph._hidden"]
+    # what is not taking one: a dunder, a public name, a private name of one's own or of
+    # something that is not a dtrain module
+    assert _private_names("from dtrain.core.version import __version__\n"
+                          "from dtrain.core import keys\nkeys.kind_of('x')\n_mine = 1\n"
+                          "import numpy as np\nnp._NoValue\nself = None\nself._x\n") == []
