@@ -43,7 +43,7 @@ exclude_patterns = ["_build"]
 nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(pathlib|numpy|collections\.abc|typing|distributed|dask|pandas|sklearn)\..*"),
-    (r"py:class", r"dtrain\.core\.config\.\w+Config"),       # the sections: configuration.rst
+    (r"py:class", r"dtrain\.core\.config\.schema\.\w+Config"),    # the sections: configuration.rst
     (r"py:class", r"dtrain\.(core\.modelfile\.ModelSpec|maths\.optim\.TrainState)"),
     (r"py:class", r"dtrain\.maths\.scores\.TargetSums"),
     (r"py:class", r"dtrain\.estimators\.mlp\._MLP"),

@@ -36,17 +36,10 @@ _LAZY = {"Config": "dtrain.core.config", "load_config": "dtrain.core.config",
 __all__ = ["Config", "Diverged", "MLPClassifier", "MLPRegressor", "Model", "RunResult",
            "Stopped", "UserError", "__version__", "load", "load_config", "resume", "train"]
 
-# the module whose strategies register themselves with the config (as
-# dtrain.core.config.STRATEGIES_MODULE names it; not imported here, so that ``import dtrain``
-# stays light: ``python -m dtrain`` sets its signal handlers after it, before anything heavy)
-STRATEGIES_MODULE = "dtrain.taskgraph.strategies"
-
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'dtrain' has no attribute {name!r}")
-    # the strategies register themselves with the config's check of graph.strategy
-    importlib.import_module(STRATEGIES_MODULE)
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value

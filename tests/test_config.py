@@ -123,3 +123,58 @@ def test_cluster_shape_keys_default_to_the_layout():
         load_config({}, ["cluster.layout=wide"])
     with pytest.raises(ConfigError, match="cluster.workers = -1 .* must be >= 0"):
         load_config({}, ["cluster.workers=-1"])
+
+
+# --- graph.strategy: its values and rules known to the config, below the strategies --------
+
+def test_the_strategies_are_the_names_the_config_accepts():
+    """The strategy objects (dtrain.taskgraph.strategies, a layer above the config) are the
+    config's names in the config's order, and every name has its rules in the config."""
+    from dtrain.core.config import STRATEGIES
+    from dtrain.core.config.rules import STRATEGY_RULES
+    from dtrain.taskgraph import strategies
+    assert tuple(strategies.STRATEGIES) == STRATEGIES
+    assert tuple(STRATEGY_RULES) == STRATEGIES
+    assert all(strategies.get(name).name == name for name in STRATEGIES)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["graph.strategy=parameter-server", "optim.name=lbfgs"],
+     "optim.name = 'lbfgs' .* not graph.strategy = 'parameter-server'"),
+    (["graph.strategy=serial", "graph.update=replicated"],
+     "graph.update = 'replicated' .* not 'serial'"),
+    (["graph.strategy=local-sgd", "optim.schedule=adaptive", "graph.sync_every=4"],
+     "which graph.strategy = 'local-sgd' splits"),
+    (["graph.strategy=model-parallel", "optim.schedule=adaptive"],
+     "which graph.strategy = 'model-parallel' splits"),
+    (["graph.strategy=model-parallel", "cluster.device=gpu"], "runs on CPU workers only"),
+    (["graph.strategy=model-parallel", "model.layers=[4, 3]"], "splits hidden layers"),
+])
+def test_each_strategy_s_rules(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_allreduce_takes_what_the_others_refuse():
+    cfg = load_config(None, ["optim.name=lbfgs", "graph.update=replicated"])
+    assert cfg.graph.strategy == "allreduce"
+    assert load_config(None, ["graph.strategy=local-sgd", "optim.schedule=adaptive",
+                              "graph.sync_every=1"]).graph.strategy == "local-sgd"
+
+
+def test_a_config_is_checked_alike_whatever_was_imported_before():
+    """The config module alone, in a fresh process, refuses what a strategy cannot run and
+    has not imported the task graphs to know it."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "from dtrain.core.config import ConfigError, load_config\n"
+            "try:\n"
+            "    load_config(None, ['graph.strategy=model-parallel', 'cluster.device=gpu'])\n"
+            "except ConfigError as exc:\n"
+            "    print(exc)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('dtrain.')\n"
+            "             and not m.startswith('dtrain.core')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert "runs on CPU workers only" in out[0] and out[1] == "[]"

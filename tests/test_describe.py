@@ -56,15 +56,15 @@ def test_the_driver_sends_the_same_few_hundred_bytes_whatever_the_steps():
     (but for the digits of the step numbers); the driver's work per window does not grow
     with its steps."""
     p, _, _, lay = _layout(4)
-    sizes = {}
+    sizes, nodes = {}, {}
     for last in (9, 99_999):
         win = _window(lay, p, 0, last)
         sizes[last] = len(win.dsk[win.pieces[0]].args[0].data)
+        nodes[last] = sorted(k.replace(str(last), "L").replace(str(last + 1), "E")
+                             for k in win.dsk)
     assert max(sizes.values()) < 512 and abs(sizes[9] - sizes[99_999]) <= 16
-    start = time.perf_counter()
-    for i in range(200):
-        _window(lay, p, i * 1000, i * 1000 + 999)
-    assert (time.perf_counter() - start) / 200 < 0.005      # (about 0.1 ms here)
+    assert nodes[9] == nodes[99_999] and len(nodes[9]) == len(lay.workers) + 2
+    # (how long the driver takes per window: benchmarks.costmodel.driver_seconds)
 
 
 @pytest.mark.parametrize("workers", [2, 5])

@@ -150,12 +150,13 @@ def _workers(pid: int) -> list[int]:
 
 
 def _tracebacks(err: str) -> list[str]:
-    """A traceback on stderr, as where it began and how it ended."""
+    """A traceback on stderr: the first, whole (up to 1,500 characters), and how stderr
+    ended."""
     lines = err.strip().splitlines()
     begun = [i for i, line in enumerate(lines)
              if "Traceback" in line or "Exception ignored" in line]
-    return [f"a traceback on stderr: {lines[begun[0]][:80]} ... {lines[-1][:200]}"] \
-        if begun else []
+    return [f"a traceback on stderr: {chr(10).join(lines[begun[0]:])[:1500]} ... "
+            f"{lines[-1][:200]}"] if begun else []
 
 
 # --- lives ---------------------------------------------------------------------------------
@@ -317,6 +318,8 @@ def _judge_cli(tried: Tried, out: Path, life: Life, code: int, got: str, err: st
     bad, lines = tried.problems, err.strip().splitlines()
     finished = (out / "summary.json").exists()
     if tried.fault == KILL_DRIVER and code == -signal.SIGKILL:
+        if err.strip() and not _tracebacks(err):    # (a traceback is said already)
+            bad.append(f"stderr after the driver was killed: {err.strip()[:300]}")
         if finished:
             tried.state = "killed when finished"
             bad += _complete(out, life)

@@ -1,8 +1,9 @@
 """The engine's graph passes, chained by dtrain.taskgraph.passes.optimize, and each on its own:
 a window on one worker fused into one task; the state handed over between windows; tested on
-structure (keys, pinning) and on values (the same bytes as without them).  A window across workers (cut into a task
-per worker, its sums in segments): tests/test_span.py; the core processes a worker
-computes its shards on: tests/test_cores.py."""
+structure (keys, pinning) and on values (the same bytes as without them), on windows as the
+builders make them and through the pipeline as the engine submits them.  A window across
+workers (cut into a task per worker, its sums in segments): tests/test_span.py; the core
+processes a worker computes its shards on: tests/test_cores.py."""
 from __future__ import annotations
 
 import pickle
@@ -13,18 +14,18 @@ import numpy as np
 import pytest
 from dask.task_spec import DataNode, Task, TaskRef
 
+from conftest import RUN, built, inputs, run_here
 from dtrain.core import keys
 from dtrain.core.config import load_config
 from dtrain.maths.optim import TrainState
 from dtrain.deploy import p2p
 from dtrain.taskgraph import fuse, handoff, passes
-from windows import RUN, inputs as _inputs, run as _run, window as _window
 
 
 # --- the pipeline --------------------------------------------------------------------------
 
 def test_the_pipeline_hands_over_then_fuses_a_window_on_one_worker():
-    p, win = _window(["graph.update=root"])
+    p, win = built(["graph.update=root"])
     done = passes.optimize(win, passes.Options(RUN, 0, 14, take=True))
     assert list(done.win.dsk) == [f"window-0-13-w0-{RUN}", f"kept-14-{RUN}",
                                   f"window-0-13-meta-{RUN}"]
@@ -34,7 +35,7 @@ def test_the_pipeline_hands_over_then_fuses_a_window_on_one_worker():
 
 
 def test_the_pipeline_cuts_a_window_across_workers_on_the_mesh_it_is_given():
-    p, win = _window(["graph.strategy=parameter-server"], workers=("w0", "w1", "w2"))
+    p, win = built(["graph.strategy=parameter-server"], workers=("w0", "w1", "w2"))
     asked = []
 
     def mesh(workers):
@@ -47,28 +48,33 @@ def test_the_pipeline_cuts_a_window_across_workers_on_the_mesh_it_is_given():
     assert len(asked) == 1 and set(asked[0]) == {"w0", "w1", "w2"}
     assert done.win.pieces == tuple(f"window-0-13-w{r}-{RUN}" for r in range(3))
     assert done.messages > 0 and done.nbytes > 0 and done.literal_bytes > 0
-    steps = passes.optimize(_window(["graph.strategy=parameter-server"],
-                                    workers=("w0", "w1", "w2"))[1],
+    steps = passes.optimize(built(["graph.strategy=parameter-server"],
+                                  workers=("w0", "w1", "w2"))[1],
                             passes.Options(RUN, 0, 14, fuse_steps=False))
     assert not steps.win.pieces and steps.win.meta is None      # every step's tasks, as built
     with pytest.raises(ValueError, match="needs a mesh"):
-        passes.optimize(_window(["graph.strategy=parameter-server"],
-                                workers=("w0", "w1", "w2"))[1], passes.Options(RUN, 0, 14))
+        passes.optimize(built(["graph.strategy=parameter-server"],
+                              workers=("w0", "w1", "w2"))[1], passes.Options(RUN, 0, 14))
 
 
 # --- fusing a window on one worker ---------------------------------------------------------
 
+def _fused(sets=("graph.update=root",)):
+    """A window of ``sets`` on one worker, steps 0-13, through the passes: one task."""
+    return passes.optimize(built(list(sets))[1], passes.Options(RUN, 0, 14)).win
+
+
 def test_a_window_on_one_worker_is_one_task_that_keeps_the_keys_the_engine_reads():
-    p, win = _window(["graph.update=root"])
-    fused = fuse.steps(win, 0, 13, RUN)
+    p, win = built(["graph.update=root"])
+    fused = passes.optimize(win, passes.Options(RUN, 0, 14)).win
     body = f"window-0-13-w0-{RUN}"
-    assert list(fused.dsk) == [body, *win.ends, f"window-0-13-meta-{RUN}"]   # evals: in meta
+    assert list(fused.dsk) == [body, f"kept-14-{RUN}", f"window-0-13-meta-{RUN}"]  # evals: meta
     assert keys.kind_of(body) == keys.WINDOW and keys.label(body) == "window\\nsteps 0-13"
     assert all(w == ["w0"] for w in fused.where.values())
     # the one task reads the shards and the held-out data, nothing of its own graph
     assert fused.dsk[body].dependencies == {f"load-shard-{i}-{RUN}" for i in range(4)} | \
         {f"load-val-{RUN}"}
-    assert all(fused.dsk[k].dependencies == {body} for k in (*win.ends, fused.meta))
+    assert all(fused.dsk[k].dependencies == {body} for k in (*fused.ends, fused.meta))
     # it runs every step's tasks inside: as many updates as steps, each after its inputs
     chain = fused.steps_fused
     assert sum(k == keys.UPDATE for k in chain.kinds) == 14 == chain.steps
@@ -90,8 +96,7 @@ def test_a_packed_chain_stays_bytes_but_in_a_worker_process(monkeypatch):
     """Unpickled where no worker runs (the scheduler), a window's chain stays bytes; in a
     worker's process (``OpenChains`` set it up) it is opened as its task arrives, as
     distributed unpickles any task, not later on the window's critical path."""
-    _, win = _window(["graph.update=root"])
-    packed = fuse.steps(win, 0, 13, RUN).dsk[f"window-0-13-w0-{RUN}"].args[0]
+    packed = _fused().dsk[f"window-0-13-w0-{RUN}"].args[0]
     monkeypatch.setattr(fuse._runs(), "opens_chains", False)   # (an in-process worker set it)
     assert type(pickle.loads(pickle.dumps(packed))) is fuse.Packed
     fuse.OpenChains().setup(None)
@@ -99,23 +104,23 @@ def test_a_packed_chain_stays_bytes_but_in_a_worker_process(monkeypatch):
 
 
 def test_a_window_across_workers_is_left_as_it_is():
-    _, win = _window(workers=("w0", "w1"))
+    _, win = built(workers=("w0", "w1"))
     assert fuse.one_worker(win) is None
     assert fuse.steps(win, 0, 13, RUN) is win
 
 
 def test_fused_and_unfused_windows_compute_the_same_bytes():
-    """The pass only reorders who calls what: the end state and the evaluations equal the
+    """The passes only reorder who calls what: the end state and the evaluations equal the
     step-by-step graph's to the bit (replicated updates, whose builder adds a reduce tree
     before its leaves, included)."""
     for update in ("root", "replicated"):
-        p, win = _window([f"graph.update={update}", "graph.fuse_shards=false"])
-        values = _inputs(p)
-        plain = _run(win, p, values)
-        fused = fuse.steps(win, 0, 13, RUN)
-        got = _run(fused, p, values)
-        end = win.ends[0]
-        assert got[end].vector.tobytes() == plain[end].vector.tobytes()
+        sets = [f"graph.update={update}", "graph.fuse_shards=false"]
+        p, win = built(sets)
+        values = inputs(p)
+        plain = run_here(win, values)
+        fused = _fused(sets)
+        got = run_here(fused, values)
+        assert got[fused.ends[0]].vector.tobytes() == plain[win.ends[0]].vector.tobytes()
         ran = got[fused.meta]
         assert list(ran.values) == [plain[key] for key in win.evals.values()]
         assert ran.steps == 14 and ran.seconds[keys.FORWARD_BACKWARD] > 0
@@ -124,8 +129,7 @@ def test_fused_and_unfused_windows_compute_the_same_bytes():
 
 def test_a_fused_window_drops_each_value_after_its_last_reader():
     """A long window holds a few buffers at a time, not one per step."""
-    p, win = _window(["graph.fuse_shards=false", "graph.update=root"], steps=range(14))
-    chain = fuse.steps(win, 0, 13, RUN).steps_fused
+    chain = _fused(["graph.fuse_shards=false", "graph.update=root"]).steps_fused
     held, peak = set(), 0
     left = dict(chain.uses)
     for key, _, args in chain.nodes:
@@ -139,7 +143,7 @@ def test_a_fused_window_drops_each_value_after_its_last_reader():
 
 
 def test_epoch_ends_come_from_when_each_evaluation_was_done():
-    p, win = _window()
+    p, win = built()
     ran = fuse.Ran((), {}, (0.0, 0.5, 0.0), 14)       # the end, epoch 1's, epoch 2's
     assert fuse.epoch_ends(win, ran, 10.0) == {0: 9.5, 1: 10.0}
 
@@ -147,20 +151,22 @@ def test_epoch_ends_come_from_when_each_evaluation_was_done():
 # --- handing the state over ------------------------------------------------------------------
 
 def test_the_state_is_kept_where_the_window_ends_and_taken_there_next():
-    p, win = _window(steps=range(7))
+    p, win = built(steps=range(7))
     first = handoff.start_node(win)
     assert first == f"state-0-{RUN}" and isinstance(win.dsk[first], DataNode)
-    win = handoff.rewrite(win, RUN, 0, 7, take_kept=False)
+    done = passes.optimize(win, passes.Options(RUN, 0, 7, fuse_steps=False))
+    win = done.win
     assert win.ends == [f"kept-7-{RUN}"] and win.where[win.ends[0]] == ["w0"]
-    assert handoff.literal_size(win) > 0
-    _, nxt = _window(steps=range(7, 14))
-    nxt = handoff.rewrite(nxt, RUN, 7, 14, take_kept=True)
-    assert isinstance(nxt.dsk[f"state-7-{RUN}"], Task) and handoff.literal_size(nxt) == 0
+    assert done.literal_bytes > 0
+    _, nxt = built(steps=range(7, 14))
+    done = passes.optimize(nxt, passes.Options(RUN, 7, 14, fuse_steps=False, take=True))
+    nxt = done.win
+    assert isinstance(nxt.dsk[f"state-7-{RUN}"], Task) and done.literal_bytes == 0
     # values: run both windows here; the second starts from what the first kept
-    values = _inputs(p)
-    got = _run(win, p, values)
+    values = inputs(p)
+    got = run_here(win, values)
     kept = got[win.ends[0]]
-    taken = _run(nxt, p, values)[f"state-7-{RUN}"]
+    taken = run_here(nxt, values)[f"state-7-{RUN}"]
     assert taken.vector.tobytes() == kept.vector.tobytes()
     assert handoff.drop(RUN) and not handoff.drop(RUN)
 
@@ -169,7 +175,7 @@ def test_a_take_waits_as_long_as_the_window_before_runs_here():
     """The next window, started while the one before runs here (a worker of several
     threads, or of one whose window left the pool), waits for its state past its own wait
     while that window runs, and no longer once only itself runs."""
-    run, state = "take-waits", _window(steps=range(1))[0].initial_state()
+    run, state = "take-waits", built(steps=range(1))[0].initial_state()
     fuse._runs().enter(run)                       # the window that takes ...
     fuse._runs().enter(run)                       # ... and the one before, keeping in 0.8 s
     try:
@@ -194,14 +200,14 @@ def test_a_worker_without_the_state_says_so():
     handoff.drop(RUN)
     with pytest.raises(handoff.StateGone, match="no state of run t0 before step 7"):
         handoff.take(handoff.Handed(RUN, 7))
-    handoff.keep(handoff.Handed(RUN, 5), _window(steps=range(1))[0].initial_state())
+    handoff.keep(handoff.Handed(RUN, 5), built(steps=range(1))[0].initial_state())
     with pytest.raises(handoff.StateGone):          # a state of another step is not it
         handoff.take(handoff.Handed(RUN, 7))
     handoff.drop(RUN)
 
 
 def test_model_parallel_windows_keep_their_literals():
-    _, win = _window(["graph.strategy=model-parallel", "graph.slices=2"], steps=range(3))
+    _, win = built(["graph.strategy=model-parallel", "graph.slices=2"], steps=range(3))
     assert handoff.start_node(win) is None
     assert handoff.rewrite(win, RUN, 0, 3, take_kept=True) is win
 

@@ -1,7 +1,9 @@
 """The passes for a window across workers: cut into a task per worker whose crossings are
 messages over the mesh (dtrain.taskgraph.span), and a step's sums reduced in segments
 (dtrain.taskgraph.segments): tested on structure (who sends what to whom) and on values
-(the same bytes as the step-by-step graph), over real sockets in this process."""
+(the same bytes as the step-by-step graph), over real sockets in this process.  A window
+is cut as the engine cuts it, through the pipeline (dtrain.taskgraph.passes.optimize); the
+segments pass's own rewrite is also tested on its own."""
 from __future__ import annotations
 
 import copy
@@ -11,21 +13,31 @@ import time
 import numpy as np
 import pytest
 
+from conftest import RUN, built, inputs, run_here
 from dtrain.core import keys
 from dtrain.deploy import p2p
-from dtrain.taskgraph import fuse, segments, span
-from windows import RUN, inputs as _inputs, run as _run, window as _window
+from dtrain.taskgraph import fuse, passes, segments, span
 
 
 # --- a window across workers: a task per worker, its crossings messages ----------------------
 
-def _cut(win, workers, steps=(0, 13)):
-    """``win`` cut by the span pass over a mesh of real sockets in this process."""
+def _cut(p, win, workers, **options):
+    """``win`` (of plan ``p``, steps 0-13) through the passes as the engine submits it, cut
+    over a mesh of real sockets in this process whose ranks follow ``workers``: what the
+    passes made of it (``options``: more of :class:`~dtrain.taskgraph.passes.Options`), and
+    each worker's node."""
     run, secret = p2p.new_run()
     nodes = {w: p2p.Node(run, secret, r, "127.0.0.1", None, None, True)
              for r, w in enumerate(workers)}
     mesh = p2p.Mesh(run, tuple(workers), tuple(nodes[w].place for w in workers))
-    return span.steps(win, *steps, RUN, mesh, 10.0), nodes
+
+    def ours(participants):
+        assert set(participants) == set(workers)
+        return mesh
+
+    itemsize = np.dtype(p.net.dtype).itemsize
+    opts = passes.Options(RUN, 0, 14, itemsize=itemsize, timeout=10.0, mesh=ours, **options)
+    return passes.optimize(win, opts), nodes
 
 
 def _run_pieces(cut, nodes, cache, wait):
@@ -65,26 +77,38 @@ def _run_cut(cut, nodes, values):
             n.close()
 
 
-def _same_as_step_by_step(win, rewritten, workers, values, plain):
-    """Cut ``rewritten`` (``win`` or a pass's rewrite of it) over a mesh, run it, check its
-    ends and evaluations are ``win``'s step-by-step values (``plain``); its meta."""
-    cut, nodes = _cut(rewritten, list(workers))
+def _step_by_step(sets, workers):
+    """The window of ``sets`` on ``workers`` as built, its inputs, and every value it makes
+    run here step by step."""
+    p, win = built(sets, workers=workers)
+    values = inputs(p)
+    return win, values, run_here(win, values)
+
+
+def _same_as_step_by_step(plain, sets, workers, **options):
+    """The window of ``sets`` on ``workers`` through the passes (``options``), cut over a
+    mesh and run: its end state and evaluations are the step-by-step window's (``plain``,
+    from :func:`_step_by_step`), to the bit.  Its meta, and what the passes made of it."""
+    win, values, by_key = plain
+    p, fresh = built(sets, workers=workers)
+    done, nodes = _cut(p, fresh, list(workers), **options)
+    cut = done.win
     got = _run_cut(cut, nodes, values)
-    for end in win.ends:
-        assert got[end].vector.tobytes() == plain[end].vector.tobytes()
+    (end,), (kept,) = win.ends, cut.ends
+    assert got[kept].vector.tobytes() == by_key[end].vector.tobytes()
     ran = got[cut.meta]
-    assert list(ran.values) == [plain[key] for key in win.evals.values()]
-    return ran
+    assert list(ran.values) == [by_key[key] for key in win.evals.values()]
+    return ran, done
 
 
 def test_a_window_across_workers_is_a_task_per_worker_whose_crossings_are_messages():
-    p, win = _window(workers=("w0", "w1"))
-    cut, nodes = _cut(win, ["w0", "w1"])
+    p, win = built(workers=("w0", "w1"))
+    done, nodes = _cut(p, win, ["w0", "w1"])
     for n in nodes.values():
         n.close()
-    pieces = [f"window-0-13-w{r}-{RUN}" for r in (0, 1)]
+    cut, pieces = done.win, [f"window-0-13-w{r}-{RUN}" for r in (0, 1)]
     assert cut.pieces == tuple(pieces)
-    assert list(cut.dsk) == [*pieces, *win.ends, f"window-0-13-meta-{RUN}"]
+    assert list(cut.dsk) == [*pieces, f"kept-14-{RUN}", f"window-0-13-meta-{RUN}"]
     assert keys.kind_of(pieces[1]) == keys.WINDOW
     assert [cut.where[k] for k in pieces] == [["w0"], ["w1"]]
     # what the scheduler sees of 14 steps: a task per worker, the end, the meta, which
@@ -138,10 +162,9 @@ CUTS = {
 @pytest.mark.parametrize("case", CUTS)
 def test_a_cut_window_computes_the_bytes_of_the_step_by_step_graph(case):
     sets, workers = CUTS[case]
-    p, win = _window(sets, workers=workers)
-    assert len({w[0] for w in win.where.values()}) == len(workers)
-    values = _inputs(p)
-    ran = _same_as_step_by_step(win, win, workers, values, _run(win, p, values))
+    plain = _step_by_step(sets, workers)
+    assert len({w[0] for w in plain[0].where.values()}) == len(workers)
+    ran, _ = _same_as_step_by_step(plain, sets, workers)
     assert ran.steps == 14 and ran.sent[0] > 0
     maths = sum(ran.seconds.get(k, 0) for k in (*keys.WORK, keys.REDUCE, keys.UPDATE))
     assert 0 < ran.seconds[fuse.CRITICAL] <= maths      # the longest chain's, not the sum
@@ -150,10 +173,11 @@ def test_a_cut_window_computes_the_bytes_of_the_step_by_step_graph(case):
 def test_a_value_read_on_many_workers_goes_down_a_binomial_tree():
     """Read on 5 other workers, a value is sent by its maker to 3 of them, one of which
     passes it on to the other 2 (each member reads it from one parent, once)."""
-    p, win = _window(["data.shards=6"], workers=tuple(f"w{i}" for i in range(6)))
-    cut, nodes = _cut(win, [f"w{i}" for i in range(6)])
+    p, win = built(["data.shards=6"], workers=tuple(f"w{i}" for i in range(6)))
+    done, nodes = _cut(p, win, [f"w{i}" for i in range(6)])
     for n in nodes.values():
         n.close()
+    cut = done.win
     sends: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
     reads: dict[str, list[tuple[int, int]]] = {}
     for name in cut.pieces:
@@ -195,35 +219,35 @@ def test_a_step_on_4_workers_sends_6_buffers():
     buffers a step, the sum two hops after the pairs' (each pair's sum sent to the 3 other
     workers would be 8 buffers); on 2 workers the two exchange their gradients."""
     four = ("w0", "w1", "w2", "w3")
-    p, win = _window(["data.shards=4"], workers=four)
+    p, win = built(["data.shards=4"], workers=four)
     root = keys.make(keys.REDUCE, 5, 2, 0, run=RUN)
     assert win.where[root] == ["w0"]                # the builder's: one sum, on the root
-    cut, nodes = _cut(win, list(four))
+    done, nodes = _cut(p, win, list(four))
     for n in nodes.values():
         n.close()
     fb, rd = keys.FORWARD_BACKWARD, keys.REDUCE
-    sent, made = _sends(cut, 5)
+    sent, made = _sends(done.win, 5)
     assert sent == {(keys.make(fb, 5, 1, run=RUN), 1, (0,)),       # to its pair's first
                     (keys.make(fb, 5, 3, run=RUN), 3, (2,)),
                     (keys.make(rd, 5, 1, 0, run=RUN), 0, (2,)),    # the pairs' sums
                     (keys.make(rd, 5, 1, 2, run=RUN), 2, (0,)),    # exchanged
                     (root, 0, (1,)), (root, 2, (3,))}              # the sum, to the others
     assert made[root] == {0, 2}
-    p, win = _window([], workers=("w0", "w1"))
-    cut, nodes = _cut(win, ["w0", "w1"])
+    p, win = built([], workers=("w0", "w1"))
+    done, nodes = _cut(p, win, ["w0", "w1"])
     for n in nodes.values():
         n.close()
-    assert _sends(cut, 5)[0] == {(keys.make(fb, 5, 2 * i, run=RUN), i, (1 - i,))
+    assert _sends(done.win, 5)[0] == {(keys.make(fb, 5, 2 * i, run=RUN), i, (1 - i,))
                                  for i in (0, 1)}
 
 
 # --- a step's sums reduced in segments --------------------------------------------------------
 
 def _segmented(sets, workers, monkeypatch):
-    """A window of ``sets`` on ``workers`` and the segments pass's rewrite of it (any buffer
-    counts as big enough: the default net's is tiny)."""
+    """A window of ``sets`` on ``workers`` and the segments pass's rewrite of it, on its own
+    (any buffer counts as big enough: the default net's is tiny)."""
     monkeypatch.setattr(segments, "MIN_SEGMENT_BYTES", 0)
-    p, win = _window(["graph.reduce=segments", *sets], workers=workers)
+    p, win = built(["graph.reduce=segments", *sets], workers=workers)
     itemsize = np.dtype(p.net.dtype).itemsize
     return p, win, segments.split(copy.deepcopy(win), RUN, itemsize), itemsize
 
@@ -262,14 +286,14 @@ def test_a_step_read_on_every_worker_is_one_allreduce_node_per_worker(monkeypatc
 
 def test_the_segments_pass_leaves_what_it_does_not_pay_on(monkeypatch):
     four = ("w0", "w1", "w2", "w3")
-    _, win = _window(["data.shards=4", "graph.reduce=segments"], workers=four)
+    _, win = built(["data.shards=4", "graph.reduce=segments"], workers=four)
     assert segments.split(win, RUN, 4) is win           # the default net's 133 numbers
     monkeypatch.setattr(segments, "MIN_SEGMENT_BYTES", 0)
     assert segments.split(win, RUN, 4) is not win       # (any buffer big enough)
     for sets, workers in (([], ("w0", "w1")),           # 2 readers: the tree's 2 messages
                           (["graph.strategy=parameter-server"], ("w0", "w1", "w2")),
                           (["graph.update=root"], four)):   # its sums read on one worker
-        _, win = _window(sets, workers=workers)
+        _, win = built(sets, workers=workers)
         assert segments.split(win, RUN, 4) is win, sets
 
 
@@ -287,18 +311,16 @@ SEGMENTED = {
 def test_sums_reduced_in_segments_are_the_bytes_of_the_tree(case, monkeypatch):
     sets, n = SEGMENTED[case]
     workers = tuple(f"w{i}" for i in range(n))
-    p, win, seg, itemsize = _segmented(sets, workers, monkeypatch)
-    assert seg is not win
-    values = _inputs(p)
-    plain = _run(win, p, values)
-    by_tree = _same_as_step_by_step(win, win, workers, values, plain)
-    ran = _same_as_step_by_step(win, seg, workers, values, plain)
-    # the messages the pass predicts are sent, beside the cut's own, and fewer bytes in all
-    predicted = segments.traffic(seg, itemsize)[1] + sum(
-        seg.nbytes.get(k, 0) for k, _, _ in seg.transfers({}) if k in seg.dsk)
-    reports = by_tree.sent[1] - sum(
-        win.nbytes.get(k, 0) for k, _, _ in win.transfers({}) if k in win.dsk)
-    assert ran.sent[1] - reports == predicted
+    monkeypatch.setattr(segments, "MIN_SEGMENT_BYTES", 0)
+    sets = ["graph.reduce=segments", *sets]
+    plain = _step_by_step(sets, workers)
+    by_tree, tree = _same_as_step_by_step(plain, sets, workers)
+    ran, seg = _same_as_step_by_step(plain, sets, workers, segments=True)
+    assert seg.segmented and not tree.segmented
+    # what the passes predict is sent, beside the chains' reports to the collector (the
+    # sent bytes less the tree's), and fewer bytes in all
+    reports = by_tree.sent[1] - tree.nbytes
+    assert ran.sent[1] - reports == seg.nbytes
     if n > 3:
         assert ran.sent[1] < by_tree.sent[1]
 
@@ -307,10 +329,11 @@ def test_a_cut_window_whose_task_fails_stops_its_peers_at_once():
     """One worker's task fails (here: its shard is not a shard): the other, waiting for its
     message, stops with PeerLost at once instead of waiting out the timeout, and the
     failing task raises its own error."""
-    p, win = _window(workers=("w0", "w1"))
-    values = _inputs(p)
+    p, win = built(workers=("w0", "w1"))
+    values = inputs(p)
     values[f"load-shard-3-{RUN}"] = None
-    cut, nodes = _cut(win, ["w0", "w1"])
+    done, nodes = _cut(p, win, ["w0", "w1"])
+    cut = done.win
     start = time.monotonic()
     errors = _run_pieces(cut, nodes, dict(values), 30)
     for n in nodes.values():
@@ -324,10 +347,13 @@ def test_a_segmented_window_whose_task_fails_stops_its_peers_at_once(monkeypatch
     """The same in a window whose sums are reduced in segments: each of the three others,
     waiting inside an allreduce node for the failed worker's segments, stops at once."""
     workers = ("w0", "w1", "w2", "w3")
-    p, _, seg, _ = _segmented(["data.shards=4"], workers, monkeypatch)
-    values = _inputs(p)
+    monkeypatch.setattr(segments, "MIN_SEGMENT_BYTES", 0)
+    p, win = built(["data.shards=4", "graph.reduce=segments"], workers=workers)
+    values = inputs(p)
     values[f"load-shard-3-{RUN}"] = None
-    cut, nodes = _cut(seg, list(workers))
+    done, nodes = _cut(p, win, list(workers), segments=True)
+    assert done.segmented
+    cut = done.win
     start = time.monotonic()
     errors = _run_pieces(cut, nodes, dict(values), 30)
     for n in nodes.values():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import RUN, built, inputs, run_here
 from dtrain.core import keys
 from dtrain.observe import spans
 from dtrain.observe.runlog import RunLog
-from dtrain.taskgraph import fuse
-from windows import RUN, inputs as _inputs, run as _run, window as _window
+from dtrain.taskgraph import fuse, passes
 
 
 def _tasks(chain, rows):
@@ -24,10 +24,15 @@ def _steps(keys_: list[str]) -> list[int]:
                               if keys.kind_of(k) == keys.FORWARD_BACKWARD))
 
 
+def _fused(win):
+    """``win`` (steps 0-13, on one worker) through the passes, as the engine submits it."""
+    return passes.optimize(win, passes.Options(RUN, 0, 14)).win
+
+
 def test_a_fused_window_keeps_every_task_it_ran_in_order_as_spans():
-    p, win = _window(["graph.update=root"])
-    fused = fuse.steps(win, 0, 13, RUN)
-    got = _run(fused, p, _inputs(p))
+    p, win = built(["graph.update=root"])
+    fused = _fused(win)
+    got = run_here(fused, inputs(p))
     ran = got[fused.meta]
     (worker, start, end, seconds, rows), = ran.spans         # one chain, here not on a worker
     chain = fused.steps_fused
@@ -47,10 +52,10 @@ def test_a_fused_window_keeps_every_task_it_ran_in_order_as_spans():
 
 
 def test_a_long_window_keeps_whole_steps_of_a_sample():
-    p, win = _window(["graph.update=root"])
-    chain = fuse.steps(win, 0, 13, RUN).steps_fused
+    p, win = built(["graph.update=root"])
+    chain = _fused(win).steps_fused
     per_step = len(chain.nodes) // 14
-    ran = fuse.run_chain(chain, *(_inputs(p)[k] for k in chain.inputs), spans=3 * per_step)
+    ran = fuse.run_chain(chain, *(inputs(p)[k] for k in chain.inputs), spans=3 * per_step)
     rows = ran.spans[0][4]
     assert len(rows) < len(chain.nodes) // 2                # a sample ...
     kept = _steps([r[0] for r in rows])
@@ -69,9 +74,10 @@ def test_a_long_window_keeps_whole_steps_of_a_sample():
 def test_a_window_across_workers_brings_each_workers_spans_of_its_own_chain():
     import test_span
 
-    p, win = _window(["graph.update=replicated"], workers=("w0", "w1"))
-    cut, nodes = test_span._cut(win, ["w0", "w1"])
-    got = test_span._run_cut(cut, nodes, _inputs(p))
+    p, win = built(["graph.update=replicated"], workers=("w0", "w1"))
+    done, nodes = test_span._cut(p, win, ["w0", "w1"])
+    cut = done.win
+    got = test_span._run_cut(cut, nodes, inputs(p))
     ran = got[cut.meta]
     assert len(ran.spans) == 2
     by_piece = {cut.where[name][0]: cut.dsk[name].args[0].chain.open() for name in cut.pieces}

@@ -7,14 +7,13 @@ and cannot drift from it.  ``:confval:`train.epochs``` links to a key from any p
 a key that does not exist fails the build (``sphinx-build -W``).
 
 ``.. dtrain-strategies::`` writes the table of ``graph.strategy``'s values from the strategy
-objects themselves.
+objects themselves (:mod:`dtrain.taskgraph.strategies`, listed under the config's names).
 
 :func:`keys` and :func:`reference_rst` are what the tests read (``tests/test_docs.py``).
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 import typing
 from collections.abc import Iterator
@@ -27,8 +26,9 @@ from docutils.statemachine import StringList
 from sphinx.util.docutils import SphinxDirective
 from sphinx.util.nodes import nested_parse_with_titles
 
-from dtrain.core import config as schema
+from dtrain.core.config import schema
 from dtrain.core.layerspec import LayerItem
+from dtrain.taskgraph import strategies
 
 # what a section is for: a line above its table
 SECTION_DOCS = {
@@ -84,8 +84,6 @@ def _text(text: str) -> str:
 
 def keys() -> Iterator[Key]:
     """Every key :func:`dtrain.load_config` accepts, section by section, in schema order."""
-    if not schema.STRATEGIES:        # graph.strategy's rule lists the registered strategies
-        importlib.import_module(schema.STRATEGIES_MODULE)
     for section, cls in schema.SECTIONS.items():
         hints = typing.get_type_hints(cls)
         for field in dataclasses.fields(cls):
@@ -128,12 +126,11 @@ def reference_rst() -> str:
 
 def strategies_rst() -> str:
     """``graph.strategy``'s values, from the strategy objects: name, what it does, workers."""
-    if not schema.STRATEGIES:
-        importlib.import_module(schema.STRATEGIES_MODULE)
     out = [".. list-table::", "   :header-rows: 1", "   :widths: 18 52 10 20", "",
            "   * - ``graph.strategy``", "     - what each step's graph does",
            "     - Dask workers", "     - MPI ranks (``mpirun -n``)"]
-    for name, strategy in schema.STRATEGIES.items():
+    for name in schema.STRATEGIES:
+        strategy = strategies.get(name)
         ranks = "1 (no Dask)" if strategy.in_process else \
             f"{strategy.ranks}: {strategy.workers_word}"
         out += [f"   * - ``{name}``", f"     - {_text(strategy.about)}",
@@ -149,6 +146,7 @@ class _Generated(SphinxDirective):
 
     def run(self) -> list[nodes.Node]:
         self.env.note_dependency(schema.__file__)
+        self.env.note_dependency(strategies.__file__)
         container = nodes.section()
         container.document = self.state.document
         lines = StringList(self.text().splitlines(), source="<dtrain config schema>")

@@ -1,7 +1,8 @@
 """Core: what every other part of dtrain may use.
 
-Holds the run configuration (:mod:`~dtrain.core.config`; its fields' declaring and
-checking, :mod:`~dtrain.core.fields`), the errors and exit
+Holds the run configuration (:mod:`~dtrain.core.config`: its schema, its rules across
+keys, each strategy's among them, and its loading; its fields' declaring and checking,
+:mod:`~dtrain.core.fields`), the errors and exit
 codes (:mod:`~dtrain.core.errors`), the task-key grammar
 (:mod:`~dtrain.core.keys`), the live-event port (:mod:`~dtrain.core.events`),
 host/GPU array helpers (:mod:`~dtrain.core.arrays`), file conventions

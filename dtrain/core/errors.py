@@ -97,6 +97,13 @@ class RunEnded(Exception):
     """A window task stopped because its run ended (a window launched ahead of a stop)."""
 
 
+class StateGone(Exception):
+    """The worker running ``state-<step>`` does not hold the state the last window kept
+    (:mod:`dtrain.taskgraph.handoff`): the engine runs the window again from the state it
+    fetched.  Here, not beside the handoff, so that the worker's log filter
+    (:mod:`dtrain.deploy.logs`, a layer below the task graphs) can name the class."""
+
+
 # what a worker's "Compute Failed" log names for these; the driver reports them once instead
 # (a run that ended says nothing of a window it no longer wanted)
 REPORTED_BY_DRIVER = tuple(f"{cls.__name__}(" for cls in (Diverged, UserError, DataError,

@@ -1,7 +1,8 @@
 """Config fields: a default declared with the rule its value must follow, and the checks
 that turn a TOML table into a section (types coerced, rules applied, errors as one line).
 
-The mechanism only; the schema (the sections and their fields) is :mod:`dtrain.core.config`.
+The mechanism only; the schema (the sections and their fields) is
+:mod:`dtrain.core.config.schema`.
 """
 from __future__ import annotations
 

@@ -47,18 +47,43 @@ def _deaf_to_ctrl_c() -> Iterator[None]:
     cluster starts (its event loop, which starts the worker processes, and starts them again
     when one dies) and the processes they start inherit it blocked, and never see a Ctrl-C.
     One that comes meanwhile waits, and reaches this process's handler once it is
-    unblocked.  multiprocessing's resource tracker is started first: the thread that starts
-    it unblocks SIGINT behind it (CPython's ``resource_tracker.ensure_running``), and would
-    otherwise be the thread that starts the first worker process."""
+    unblocked.  multiprocessing's resource tracker is started first (:func:`_quiet_tracker`):
+    the thread that starts it unblocks SIGINT behind it (CPython's
+    ``resource_tracker.ensure_running``), and would otherwise be the thread that starts the
+    first worker process."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    resource_tracker.ensure_running()
+    _quiet_tracker()
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+_tracker_started = False
+
+
+def _quiet_tracker() -> None:
+    """Start multiprocessing's resource tracker, once per process, its stderr the null
+    device.  The nannies' queues and locks register their semaphores with it; a driver
+    killed without closing them (SIGKILL, the OOM killer) leaves it to unlink them and to
+    say so on the terminal, after the run has gone, in a warning of "leaked semaphore
+    objects" and at times a traceback of its own: noise about a process nobody can act on
+    any more.  (A tracker already running, started by the user's code, keeps its stderr.)"""
+    global _tracker_started
+    if _tracker_started:
+        return
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)                # the tracker's stderr is this process's fd 2
+        resource_tracker.ensure_running()
+        _tracker_started = True
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _died_starting(exc: BaseException) -> bool:

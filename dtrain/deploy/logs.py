@@ -14,14 +14,13 @@ from collections.abc import Iterator
 from distributed import Worker, WorkerPlugin
 from distributed.core import Status
 
-from dtrain.core.errors import REPORTED_BY_DRIVER
+from dtrain.core.errors import REPORTED_BY_DRIVER, StateGone
 from dtrain.deploy.p2p import Misplaced, PeerLost
 
-# and a window whose peers failed, or whose state was not kept where it ran (StateGone, of
-# dtrain.taskgraph.handoff, which this layer does not import): the driver says it once, and
-# runs the window again
-_QUIET = REPORTED_BY_DRIVER + tuple(f"{cls.__name__}(" for cls in (PeerLost, Misplaced)) + \
-    ("StateGone(",)
+# and a window whose peers failed, or whose state was not kept where it ran: the driver
+# says it once, and runs the window again
+_QUIET = REPORTED_BY_DRIVER + tuple(f"{cls.__name__}(" for cls in (PeerLost, Misplaced,
+                                                                    StateGone))
 
 
 class _ReportedByDriver(logging.Filter):

@@ -22,7 +22,10 @@ tick still says when the loop was blocked (after 3 s).
 On a LocalCluster the nannies live in the driver's process, beside the scheduler, and
 each wakes on its own too: its tick every 20 ms, its memory check every 100 ms, its
 system monitor (``psutil``) every 500 ms.  At 16 worker processes that was most of the
-driver's CPU in steady state, growing with the workers (:data:`QUIET_NANNY_MS`).
+driver's CPU in steady state, growing with the workers (:data:`QUIET_NANNY_MS`).  A
+nanny's system monitor samples the process it lives in, the driver, which the scheduler's
+own monitor samples already: each nanny's comes once a minute (each lists the driver's
+file descriptors, a few per worker).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from dtrain.core.broadcast import on_workers, register
 INLINE = "dtrain-inline"     # the executor that runs a task in the worker's event loop
 QUIET_MS = {"profile": 100.0, "tick": 250.0}    # a worker's periodic callbacks slowed to
                                                 # these periods (distributed's: 10, 20 ms)
-QUIET_NANNY_MS = {"tick": 1000.0, "memory_monitor": 2000.0, "monitor": 10000.0}  # a nanny's
+QUIET_NANNY_MS = {"tick": 1000.0, "memory_monitor": 2000.0, "monitor": 60000.0}  # a nanny's
                                                 # (distributed's: 20, 100, 500 ms)
 
 

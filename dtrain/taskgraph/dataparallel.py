@@ -67,12 +67,40 @@ TINY_FLOPS = 2e6    # a shard's forward-backward this small (~1 ms of NumPy) is 
 FUSE_FLOPS_PER_TASK = 1e9
 
 
-def _tree(win: Window, index: int, leaves: Leaves, placement: Placement, recipe: Recipe,
-          run: str, readers: Sequence[str] = ()
-          ) -> tuple[list[Leaf], dict[str, bool], dict[int, Spec]]:
-    """Step ``index``'s reduce tree of ``leaves``: the root level's inputs, whether each value
-    the tree reads leaves its worker (by key), and the leaves left, each with the shards it
-    sums (by first shard).  The tree's shape is worked out once per placement."""
+def step_tree(win: Window, index: int, leaves: Leaves, placement: Placement,
+              recipe: Recipe, run: str, readers: Sequence[str] = ()
+              ) -> tuple[list[Leaf], dict[str, bool], dict[int, Spec]]:
+    """Add step ``index``'s reduce tree of ``leaves`` to ``win`` (the tree's shape is worked
+    out once per placement).
+
+    A step's graph is :func:`step_leaves`, then this tree, then a task per leaf left
+    (:func:`leaf_tasks`); the builders of a training step and of a full-batch evaluation
+    (:mod:`~dtrain.taskgraph.fullbatch`) share the three.
+
+    Parameters
+    ----------
+    win
+        The window the reduce tasks are added to.
+    index
+        The step (or evaluation) the tree sums, as its keys name it.
+    leaves
+        The step's leaves, from :func:`step_leaves`.
+    placement, recipe, run
+        Where tasks run, the run's constants, the run id that ends every key.
+    readers
+        The workers that read the root level's sums (replicated updates); none: the root's
+        update reads them.
+
+    Returns
+    -------
+    top
+        The root level's inputs, as ``(key, first shard, worker)``.
+    crosses
+        By key, whether each value the tree reads leaves its worker.
+    spec
+        The leaves left (a worker's fused shards make one), by first shard, each with the
+        shards it sums.
+    """
     # the root level's sums: combined by the root task (the update), or, read on several
     # workers, by each reader; read on 3 or more with root_sum, by a reduce task on the root
     root_task = recipe.fuse_update if not readers else \
@@ -137,11 +165,31 @@ def _group(spec: Spec, step: Step, worker: str, placement: Placement, recipe: Re
                  processes=threads > 1 and recipe.cores != "threads")
 
 
-def _leaf_tasks(leaves: Leaves, spec: dict[int, Spec], step: Step,
-                shards: Sequence[TaskRef], placement: Placement, recipe: Recipe
-                ) -> Iterator[tuple[str, int, str, Group, tuple[TaskRef, ...]]]:
-    """``(key, first shard, worker, group, shard refs)`` of each forward-backward task: one
-    per leaf left (``spec``, from :func:`_tree`)."""
+def leaf_tasks(leaves: Leaves, spec: dict[int, Spec], step: Step,
+               shards: Sequence[TaskRef], placement: Placement, recipe: Recipe
+               ) -> Iterator[tuple[str, int, str, Group, tuple[TaskRef, ...]]]:
+    """What each leaf task of a step computes: one per leaf left in the tree.
+
+    Parameters
+    ----------
+    leaves
+        The step's leaves, from :func:`step_leaves`.
+    spec
+        The leaves left and the shards each sums, from :func:`step_tree`.
+    step
+        The step, whose rows of each shard the leaves read.
+    shards
+        Every shard's loading task, in shard order.
+    placement, recipe
+        Where tasks run, and the run's constants.
+
+    Yields
+    ------
+    tuple
+        ``(key, first shard, worker, group, shard refs)``: the task's key, the first shard
+        it sums, its worker, its :class:`~dtrain.taskgraph.records.Group` and the shards it
+        reads; the caller makes the task (``forward-backward`` or ``local-sgd``).
+    """
     for i, sp in spec.items():
         worker = leaves.workers[i]
         group = _group(sp, step, worker, placement, recipe)
@@ -162,8 +210,10 @@ class Leaves:
         return keys.make(self.kind, self.index, i, run=self.run)
 
 
-def _leaves(kind: str, index: int, shards: Sequence[TaskRef], placement: Placement,
-            run: str) -> Leaves:
+def step_leaves(kind: str, index: int, shards: Sequence[TaskRef], placement: Placement,
+                run: str) -> Leaves:
+    """Step ``index``'s leaves of ``kind`` (``forward-backward`` or ``local-sgd``): one per
+    shard, on the worker that holds it."""
     workers = placement.leaves           # the same tuple each step: its tree's shape is cached
     return Leaves(kind, index, workers if len(workers) == len(shards) else
                   tuple(workers[:len(shards)]), run)
@@ -181,10 +231,10 @@ def add_step(win: Window, steps: Sequence[Step], state: str, shards: Sequence[Ta
     ``steps`` is the one step (a unit of one); ``host``: the new state must be in host
     memory (it leaves the root worker)."""
     (step,) = steps
-    leaves = _leaves(keys.FORWARD_BACKWARD, step.index, shards, placement, run)
-    root, crosses, spec = _tree(win, step.index, leaves, placement, recipe, run)
-    for name, _, worker, group, refs in _leaf_tasks(leaves, spec, step, shards, placement,
-                                                     recipe):
+    leaves = step_leaves(keys.FORWARD_BACKWARD, step.index, shards, placement, run)
+    root, crosses, spec = step_tree(win, step.index, leaves, placement, recipe, run)
+    for name, _, worker, group, refs in leaf_tasks(leaves, spec, step, shards, placement,
+                                                    recipe):
         task = ForwardBackward(recipe.net, recipe.shuffle_seed, step.epoch, group, crosses[name])
         win.add(Task(name, forward_backward, task, TaskRef(state), *refs), worker,
                 recipe.leaf_bytes)
@@ -269,9 +319,9 @@ def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[
     step follows in this window, so only the root reads the partials.
     """
     workers = list(dict.fromkeys(placement.leaves))
-    leaves = _leaves(keys.FORWARD_BACKWARD, step.index, shards, placement, run)
-    top, crosses, spec = _tree(win, step.index, leaves, placement, recipe, run,
-                               readers=() if last else workers)
+    leaves = step_leaves(keys.FORWARD_BACKWARD, step.index, shards, placement, run)
+    top, crosses, spec = step_tree(win, step.index, leaves, placement, recipe, run,
+                                   readers=() if last else workers)
     nxt = carry
     if carry.chain and (len(carry.chain) >= recipe.state_every or carry.chain[-1][0].last):
         # keep the state (off the critical path: these tasks wait for what the next step's
@@ -281,8 +331,8 @@ def add_replicated_step(win: Window, step: Step, carry: Carry, shards: Sequence[
     events = recipe.events_for(carry.chain[-1][0], run) if carry.chain else None
     updates = Updates(recipe.opt, carry.steps, carry.widths) if carry.chain else None
     partials = tuple(carry.partials) if updates else ()
-    for name, i, worker, group, refs in _leaf_tasks(leaves, spec, step, shards, placement,
-                                                     recipe):
+    for name, i, worker, group, refs in leaf_tasks(leaves, spec, step, shards, placement,
+                                                    recipe):
         task = ForwardBackward(recipe.net, recipe.shuffle_seed, step.epoch, group,
                                crosses[name], dataclasses.replace(updates, events=events)
                                if updates and i == 0 else updates)
@@ -296,10 +346,10 @@ def add_round(win: Window, steps: Sequence[Step], state: str, shards: Sequence[T
               placement: Placement, recipe: Recipe, run: str, host: bool = True) -> str:
     """Add one local SGD round: each shard runs ``steps`` alone, then the tree averages."""
     last = steps[-1].index
-    leaves = _leaves(keys.LOCAL_SGD, steps[0].index, shards, placement, run)
-    root, crosses, spec = _tree(win, last, leaves, placement, recipe, run)
-    for name, i, worker, group, refs in _leaf_tasks(leaves, spec, steps[0], shards, placement,
-                                                     recipe):
+    leaves = step_leaves(keys.LOCAL_SGD, steps[0].index, shards, placement, run)
+    root, crosses, spec = step_tree(win, last, leaves, placement, recipe, run)
+    for name, i, worker, group, refs in leaf_tasks(leaves, spec, steps[0], shards, placement,
+                                                    recipe):
         task = LocalSteps(recipe.opt, recipe.shuffle_seed, tuple(steps), group, crosses[name])
         win.add(Task(name, local_steps, task, TaskRef(state), *refs), worker,
                 recipe.leaf_bytes)

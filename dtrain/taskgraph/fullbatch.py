@@ -29,7 +29,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 from dtrain.core import keys
 from dtrain.maths.lbfgs import Minimized, minimize, raw_units
 from dtrain.maths.optim import Step, TrainState
-from dtrain.taskgraph.dataparallel import _leaf_tasks, _leaves, _tree, fuse_choice
+from dtrain.taskgraph.dataparallel import fuse_choice, leaf_tasks, step_leaves, step_tree
 from dtrain.taskgraph.placement import Placement
 from dtrain.taskgraph.recipe import Recipe
 from dtrain.taskgraph.records import ForwardBackward, FullBatch, Reduce
@@ -56,10 +56,10 @@ def evaluation(index: int, params: Any, shards: Sequence[TaskRef], sizes: Sequen
     recipe = dataclasses.replace(recipe, fuse_shards="true" if fuse else "false")
     state = win.add(DataNode(keys.make(keys.STATE, index, run=run), TrainState(params)),
                     placement.root, recipe.state_bytes)
-    leaves = _leaves(keys.FORWARD_BACKWARD, index, shards, placement, run)
-    top, crosses, spec = _tree(win, index, leaves, placement, recipe, run)
-    for name, _, worker, group, refs in _leaf_tasks(leaves, spec, step, shards, placement,
-                                                     recipe):
+    leaves = step_leaves(keys.FORWARD_BACKWARD, index, shards, placement, run)
+    top, crosses, spec = step_tree(win, index, leaves, placement, recipe, run)
+    for name, _, worker, group, refs in leaf_tasks(leaves, spec, step, shards, placement,
+                                                    recipe):
         task = ForwardBackward(recipe.net, None, step.epoch, group, crosses[name])
         win.add(Task(name, forward_backward, task, TaskRef(state), *refs), worker,
                 recipe.leaf_bytes)

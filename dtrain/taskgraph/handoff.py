@@ -37,7 +37,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dtrain.core import keys
 from dtrain.core.arrays import to_host
-from dtrain.core.errors import RunEnded
+from dtrain.core.errors import RunEnded, StateGone
 from dtrain.deploy import runtime
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer, TrainState
@@ -46,10 +46,6 @@ from dtrain.taskgraph.window import Window
 
 KEEP_RUNS = 4           # runs whose last state a worker keeps at once (one each)
 KEEP_ATTEMPTS = 64      # runs whose current attempt a worker remembers (the newest)
-
-
-class StateGone(Exception):
-    """The worker running ``state-<step>`` does not hold the state the last window kept."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,10 @@ The builders build a window step by step (``forward-backward``, ``reduce``, ``up
 It also counts what the window sends between workers, as the graph says before any pass
 hides it in a chain (:class:`Passed`).  Windows of the allreduce strategies across workers
 are not built and passed at all, but described (:mod:`~dtrain.taskgraph.describe`).
+
+A pass reads what a node says it is: its kind, from its key
+(:func:`dtrain.core.keys.kind_of`), and where it reads a task's arguments, the type of their
+record (:mod:`~dtrain.taskgraph.records`); never which function the task calls.
 """
 from __future__ import annotations
 

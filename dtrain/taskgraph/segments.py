@@ -36,8 +36,8 @@ from dask.task_spec import GraphNode, Task, TaskRef
 
 from dtrain.core import keys
 from dtrain.taskgraph.fuse import in_order
+from dtrain.taskgraph.records import ForwardBackward, Update
 from dtrain.taskgraph.span import Allreduce, allreduce
-from dtrain.taskgraph.tasks import forward_backward, reduce, update_state
 from dtrain.taskgraph.treesum import Tree, even_parts
 from dtrain.taskgraph.window import Window
 
@@ -49,13 +49,13 @@ MIN_SEGMENT_BYTES = 16 << 10    # the smallest segment worth its own messages
 def _reads(node: GraphNode) -> tuple[int, tuple[int, ...], int] | None:
     """For a task that applies replicated updates from partial sums: where its partial sums
     start among its arguments, how many each step has (``widths``, as its record has them)
-    and how many steps; None for any other task."""
-    if not isinstance(node, Task) or not node.args:
-        return None
-    record = node.args[0]
-    if node.func is forward_backward and record.updates is not None:
+    and how many steps; None for any other task.  Its record says which it is: a
+    ``ForwardBackward`` with ``updates``, or an ``Update`` (an ``update`` key may hold
+    another record: local SGD's ``Average``)."""
+    record = node.args[0] if isinstance(node, Task) and node.args else None
+    if isinstance(record, ForwardBackward) and record.updates is not None:
         return 2 + len(record.group.shards), record.updates.widths, len(record.updates.steps)
-    if node.func is update_state:
+    if isinstance(record, Update):
         return 2, record.widths, len(record.steps)
     return None
 
@@ -75,7 +75,7 @@ def _rewritten(node: Task, start: int, groups: list[tuple]) -> Task:
     """``node`` reading ``groups`` (each step's partial sums), with the widths they have."""
     record, widths = node.args[0], tuple(map(len, groups))
     record = dataclasses.replace(record, updates=dataclasses.replace(
-        record.updates, widths=widths)) if node.func is forward_backward \
+        record.updates, widths=widths)) if isinstance(record, ForwardBackward) \
         else dataclasses.replace(record, widths=widths)
     return Task(node.key, node.func, record, *node.args[1:start],
                 *(ref for group in groups for ref in group))
@@ -100,16 +100,12 @@ class _Step:
         self.tag = keys.make(keys.ALLREDUCE, step, run=run)
         self.names = [keys.make(keys.ALLREDUCE, step, s, run=run) for s in range(len(readers))]
 
-    def _is_reduce(self, key: str) -> bool:
-        node = self.win.dsk.get(key)
-        return isinstance(node, Task) and node.func is reduce
-
     def _stays(self, key: str) -> bool:
         """A buffer summed whole where it was made: not a reduce, or one whose inputs all
         stay on its worker."""
         if key not in self.whole:
             here = self.win.where[key][0]
-            self.whole[key] = not self._is_reduce(key) or all(
+            self.whole[key] = keys.kind_of(key) != keys.REDUCE or all(
                 self.win.where[d][0] == here and self._stays(d)
                 for d in self.win.dsk[key].dependencies)
         return self.whole[key]
@@ -197,9 +193,9 @@ def traffic(win: Window, itemsize: int) -> tuple[int, int]:
     edges do not show (each node's inputs and readers are on its own worker)."""
     messages = nbytes = 0
     for node in win.dsk.values():
-        if not (isinstance(node, Task) and node.func is allreduce):
+        task = node.args[0] if isinstance(node, Task) and node.args else None
+        if not isinstance(task, Allreduce):
             continue
-        task = node.args[0]
         of, me = len(task.readers), task.readers[task.index]
         held = sum(h == me for h in task.holders)
         for s, cut in enumerate(even_parts(task.n, of)):

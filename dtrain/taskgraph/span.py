@@ -47,7 +47,6 @@ from dtrain.core.arrays import array_module, like, on_gpu, to_host
 from dtrain.deploy import p2p, runtime
 from dtrain.taskgraph.fuse import (CRITICAL, META, Packed, Ran, chain_of, in_order, leave_pool,
                                    pick, plain, run_chain)
-from dtrain.taskgraph.tasks import reduce
 from dtrain.taskgraph.treesum import Tree, even_parts, nested_sum
 from dtrain.taskgraph.window import Window
 
@@ -288,7 +287,7 @@ def _twice(win: Window, order: list[str], where: dict[str, str],
     out: dict[str, dict[str, list[str]]] = {}
     for k in order:
         node = win.dsk[k]
-        if k not in readers or not isinstance(node, Task) or node.func is not reduce:
+        if k not in readers or keys.kind_of(k) != keys.REDUCE or not isinstance(node, Task):
             continue
         refs = [a for a in node.args if type(a) is TaskRef]
         if len(refs) != 2 or any(a.key not in where for a in refs):
@@ -335,7 +334,7 @@ def cut(win: Window, rank: dict[str, int]) -> Cut:
                 out.frm[w].add(frm)
         out.add(w, (key, fn, args), keys.kind_of(key))
         got[w].add(key)
-        if fn is allreduce:                 # a node that talks to several workers itself
+        if args and isinstance(args[0], Allreduce):     # it talks to several workers itself
             out.to[w].update(rank[p] for p in args[0].to())
             out.frm[w].update(rank[p] for p in args[0].frm())
 

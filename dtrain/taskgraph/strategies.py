@@ -1,14 +1,17 @@
 """The training strategies: one object each, listed once, in :data:`STRATEGIES`.
 
-A strategy holds everything that differs between the ways dtrain trains: its
-name, the rules it puts on a config, the workers and MPI ranks it needs, the
-fan-in of its reduce tree, what a leaf of that tree sends (its communication
-accounting), the graph builder that makes its windows, and its pictures in
-``graphs/``.  Nothing else in dtrain compares strategy names: the config
-checks ``graph.strategy`` against this list (:data:`dtrain.core.config.STRATEGIES`),
-the plan asks the strategy for its recipe and builder, MPI for its ranks,
-the pictures for their gallery.  A new strategy is a new class here (and its
-builder, if no existing one fits) and one entry in the list.
+A strategy holds everything that differs between the ways dtrain trains once a
+config is valid: its name, the workers and MPI ranks it needs, the fan-in of its
+reduce tree, what a leaf of that tree sends (its communication accounting), the
+graph builder that makes its windows, and its pictures in ``graphs/``.  The plan
+asks the strategy for its recipe and builder, MPI for its ranks, the pictures
+for their gallery.  What a config may say is decided below this layer, by the
+config itself: ``graph.strategy``'s values are
+:data:`dtrain.core.config.STRATEGIES`, the same names in the same order as
+:data:`STRATEGIES` here (``tests/test_config.py``), and each strategy's rules
+on the rest of a config are :data:`dtrain.core.config.rules.STRATEGY_RULES`.
+A new strategy is a new class here (and its builder, if no existing one fits),
+one entry in the list, and its name and rules in the config.
 """
 from __future__ import annotations
 
@@ -18,10 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from dtrain.core import config as core_config
-from dtrain.core import layerspec
-from dtrain.core.config import Config
-from dtrain.core.errors import ConfigError
+from dtrain.core.config import Config, epochs_decide
 from dtrain.data.shards import ShardSource
 from dtrain.maths.model import Network
 from dtrain.maths.optim import ROUND_TAIL, Optimizer
@@ -50,18 +50,6 @@ class Strategy:
         """MPI ranks it needs: the head (scheduler and driver) and its workers."""
         return 1 + self.min_workers
 
-    def check(self, cfg: Config, source: str) -> None:
-        """Raise :class:`~dtrain.core.errors.ConfigError` for a config it cannot run."""
-        if cfg.optim.name == "lbfgs":
-            raise ConfigError(f"optim.name = 'lbfgs' in {source} computes each loss and "
-                              f"gradient over the whole training set with allreduce's reduce "
-                              f"tree, not graph.strategy = '{self.name}'; use graph.strategy = "
-                              f"'allreduce'")
-        if cfg.graph.update == "replicated":
-            raise ConfigError(f"graph.update = 'replicated' in {source} needs graph.strategy = "
-                              f"'allreduce' (every worker trains and updates), not "
-                              f"'{self.name}'; use graph.update = 'root' or 'auto'")
-
     def runs_as(self, cfg: Config) -> Strategy:
         """The strategy that actually runs ``cfg`` (itself, unless a simpler one is exact)."""
         return self
@@ -86,7 +74,7 @@ class Strategy:
                       step_events=g.step_events, replicated=self.replicated(cfg),
                       state_every=g.state_every, fuse_shards=g.fuse_shards,
                       step_event_gap=g.step_event_gap,
-                      keep_states=core_config.epochs_decide(cfg.train, cfg.optim),
+                      keep_states=epochs_decide(cfg.train, cfg.optim),
                       cores=cfg.cluster.cores, fuse_steps=g.fuse_steps,
                       root_sum=g.fuse_steps and g.reduce == "tree")
 
@@ -110,9 +98,6 @@ class AllReduce(Strategy):
         "allreduce-root-update": ("graph.fan_in=2", "graph.update=root"),
     }
 
-    def check(self, cfg: Config, source: str) -> None:
-        pass
-
     def replicated(self, cfg: Config) -> bool:
         return cfg.graph.update in ("replicated", "auto")
 
@@ -135,20 +120,10 @@ class ParameterServer(Strategy):
         return ""
 
 
-_ADAPTIVE = ("optim.schedule = 'adaptive' in {1} decides the rate from each epoch's training "
-             "loss inside the update, which graph.strategy = '{0}' splits; use another "
-             "schedule or strategy")
-
-
 class LocalSGD(Strategy):
     name = "local-sgd"
     about = "each shard runs graph.sync_every steps alone, then the tree averages the states"
     pictures = {"local-sgd": ("graph.sync_every=4",)}
-
-    def check(self, cfg: Config, source: str) -> None:
-        super().check(cfg, source)
-        if cfg.optim.schedule == "adaptive" and cfg.graph.sync_every > 1:
-            raise ConfigError(_ADAPTIVE.format(self.name, source))
 
     def runs_as(self, cfg: Config) -> Strategy:
         # a one-step round is the synchronous step: run it as one, which is exact for every
@@ -180,31 +155,6 @@ class ModelParallelStrategy(Strategy):
     pictures = {"model-parallel": ("graph.slices=4",),
                 "model-parallel-deep": ("graph.slices=4", "model.layers=[4, 16, 8, 12, 3]")}
 
-    def check(self, cfg: Config, source: str) -> None:
-        super().check(cfg, source)
-        if cfg.optim.schedule == "adaptive":
-            raise ConfigError(_ADAPTIVE.format(self.name, source))
-        layers, slices = cfg.model.layers, cfg.graph.slices
-        if not layerspec.dense_only(layers):
-            raise ConfigError(f"graph.strategy = 'model-parallel' splits dense layers only, but "
-                              f"model.layers in {source} has "
-                              f"{layerspec.show(next(v for v in layers if not isinstance(v, int)))}; "
-                              f"use a data-parallel strategy (allreduce, parameter-server, "
-                              f"local-sgd)")
-        if cfg.cluster.device == "gpu":
-            raise ConfigError(f"graph.strategy = 'model-parallel' runs on CPU workers only, but "
-                              f"cluster.device = 'gpu' in {source}; use cluster.device = 'cpu' "
-                              f"or a data-parallel strategy")
-        hidden = layers[1:-1:2]
-        if not hidden:
-            raise ConfigError(f"graph.strategy = 'model-parallel' splits hidden layers, but "
-                              f"model.layers = {list(layers)} has none in {source}; add one, "
-                              f"e.g. [{layers[0]}, 64, {layers[-1]}]")
-        if slices > min(hidden):
-            raise ConfigError(f"graph.slices = {slices} but the narrowest split layer has "
-                              f"{min(hidden)} units in {source}; use at most {min(hidden)} "
-                              f"slices")
-
     def fan_in(self, cfg: Config, shards: int) -> int:
         return max(2, min(cfg.graph.fan_in, cfg.graph.slices))     # a tree over the slices
 
@@ -230,7 +180,6 @@ class Serial(Strategy):
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     AllReduce(), ParameterServer(), LocalSGD(), ModelParallelStrategy(), Serial())}
-core_config.STRATEGIES.update(STRATEGIES)      # graph.strategy is checked against these
 
 
 def get(name: str) -> Strategy:

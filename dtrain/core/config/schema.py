@@ -1,57 +1,23 @@
-"""Typed run configuration: TOML files, ``--set`` overrides, validation.
+"""The schema: the seven sections of a run configuration, each a frozen dataclass.
 
-A config is seven sections (``data``, ``model``, ``optim``, ``train``, ``graph``,
-``cluster``, ``track``), each a frozen dataclass.  Every field declares its check next to
-its default, so the schema, the defaults and the error messages live in one
-place.  Anything wrong is reported as one :class:`~dtrain.core.errors.UserError`
-line that names the key, the bad value and what would be accepted.
-
-``graph.strategy`` is checked against :data:`STRATEGIES`, which the strategy
-objects fill (:mod:`dtrain.taskgraph.strategies`, imported with ``dtrain``'s public names,
-or by :func:`load_config` where nothing has imported it yet):
-each strategy's own rules, such as "model-parallel runs on CPU workers", are
-its ``check``, called here, so the config layer names no strategy itself.
+Every field declares its rule next to its default and its doc string
+(:mod:`dtrain.core.fields`), so the defaults, the checks of single keys, the error messages
+and the configuration reference (``docs/_ext/configref.py`` reads :data:`SECTIONS`) are
+one text.  Rules that span several keys are :mod:`dtrain.core.config.rules`.
 """
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import tomllib
-import urllib.parse
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
-
-import tomli_w
+from dataclasses import dataclass
 
 from dtrain.core import layerspec
-from dtrain.core.arrays import gpu_count
-from dtrain.core.errors import ConfigError
-from dtrain.core.fields import at_least, build, choice, free, opt, positive, unit_open
-from dtrain.core.files import shipped
+from dtrain.core.fields import at_least, choice, free, opt, positive, unit_open
 from dtrain.core.layerspec import LayerItem
 
-CONFIG_DIR = shipped("configs")
-DEFAULT_CONFIG = CONFIG_DIR / "iris.toml"
-
-
-class StrategyRules(Protocol):
-    """What the config layer asks of a strategy: its name and its cross-key rules."""
-
-    name: str
-
-    def check(self, cfg: Config, source: str) -> None:
-        """Raise :class:`ConfigError` for a config this strategy cannot run."""
-
-
-# graph.strategy -> its rules; filled once, in order, by the module that defines the strategy
-# objects (a plug-in point: this layer names the module, never imports its code statically)
-STRATEGIES: dict[str, StrategyRules] = {}
-STRATEGIES_MODULE = "dtrain.taskgraph.strategies"
-
-
-# --- the schema ---------------------------------------------------------------------
+# graph.strategy's values, in the order the docs list them.  Each is a strategy object of
+# dtrain.taskgraph.strategies (a layer above, which names them in the same order:
+# tests/test_config.py), and its rules on a config are in dtrain.core.config.rules, so what
+# is valid is known here whatever has been imported.
+STRATEGIES = ("allreduce", "parameter-server", "local-sgd", "model-parallel", "serial")
 
 REBALANCE = ("auto", "never", "always")   # data.rebalance: partitions on the cluster, moved?
 DATASETS = ("iris", "digits", "mnist", "image-folder", "csv", "parquet", "synthetic",
@@ -114,8 +80,8 @@ class DataConfig:
 
 
 def _layers_fit(layers: tuple) -> bool:
-    """At least two entries; sizes positive (the shapes are walked with input_shape in
-    :func:`_check_consistency`)."""
+    """At least two entries; sizes positive (the shapes are walked with input_shape by the
+    rules across sections, :mod:`dtrain.core.config.rules`)."""
     return len(layers) >= 2 and all(v >= 1 for v in layers if isinstance(v, int))
 
 
@@ -229,9 +195,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class GraphConfig:
-    strategy: str = opt("allreduce", lambda: "one of " + ", ".join(map(repr, STRATEGIES)),
-                         lambda v: v in STRATEGIES, "how the graph is built "
-                         "(dtrain.taskgraph.strategies)")
+    strategy: str = choice("allreduce", *STRATEGIES,
+                           doc="how the graph is built (dtrain.taskgraph.strategies)")
     fan_in: int = at_least(2, 2, "children per reduce task")
     sync_every: int = at_least(4, 1, "local-sgd: local steps between averagings")
     slices: int = at_least(2, 1, "model-parallel: slices each hidden layer is split into")
@@ -243,7 +208,7 @@ class GraphConfig:
                               "subtree that one worker holds, summed inside it (fewer tasks, "
                               "the same sums in the same order); auto: where the tasks it "
                               "saves cost more than a few percent of the step's compute "
-                              "(dtrain.training.engines.fuse_choice), else a task per shard")
+                              "(dtrain.taskgraph.dataparallel.fuse_choice), else a task per shard")
     fuse_steps: bool = free(True, "a window runs as one task per worker, each step inside it "
                             "in order, the same bytes: on one worker (one node, one GPU, a "
                             "laptop) with no scheduler round trip per step "
@@ -345,287 +310,3 @@ SECTIONS: dict[str, type] = {
     "cluster": ClusterConfig,
     "track": TrackConfig,
 }
-
-
-@dataclass(frozen=True)
-class Config:
-    """A complete, validated run configuration.
-
-    Build one with :func:`load_config`; change it with :meth:`replace` or
-    :func:`apply_overrides`, which validate again.
-    """
-
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    graph: GraphConfig = field(default_factory=GraphConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    track: TrackConfig = field(default_factory=TrackConfig)
-
-    def to_dict(self) -> dict[str, dict[str, Any]]:
-        """Plain nested dict (lists, not tuples), as written to ``config.toml``."""
-        return {name: {k: list(v) if isinstance(v, tuple) else v
-                       for k, v in dataclasses.asdict(getattr(self, name)).items()}
-                for name in SECTIONS}
-
-    def to_toml(self) -> str:
-        """The resolved config as TOML text; loading it gives back an equal config."""
-        return tomli_w.dumps(self.to_dict())
-
-    def replace(self, **sections: Mapping[str, Any]) -> Config:
-        """A copy with some keys changed, e.g. ``cfg.replace(train={"epochs": 2})``."""
-        merged = self.to_dict()
-        for name, values in sections.items():
-            merged.setdefault(name, {}).update(values)
-        if "loss" in sections.get("model", {}) and "target" not in sections.get("data", {}):
-            merged["data"]["target"] = "auto"       # derived from the loss: derive it again
-        return from_dict(merged, source="replace()")
-
-
-# --- parsing ------------------------------------------------------------------------
-
-def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
-    """Build and validate a :class:`Config` from nested mappings.
-
-    Parameters
-    ----------
-    data
-        ``{"section": {"key": value}}``; missing keys take their defaults.
-    source
-        Where the values came from, for error messages.
-    """
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: expected a table of sections, got {type(data).__name__}")
-    for name, values in data.items():
-        if name not in SECTIONS:
-            raise ConfigError(f"unknown section [{name}] in {source}; "
-                              f"known sections: {', '.join(SECTIONS)}")
-        if not isinstance(values, Mapping):
-            raise ConfigError(f"'{name}' in {source} must be a table ([{name}])")
-    cfg = Config(**{name: build(cls, name, data.get(name, {}), source)
-                     for name, cls in SECTIONS.items()})
-    _check_consistency(cfg, source)
-    cfg = _images_as_the_net_takes_them(cfg)
-    if cfg.data.target == "auto":
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, target=_auto_target(cfg)))
-    if cfg.model.dtype == "auto":
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=_auto_dtype(cfg)))
-    return cfg
-
-
-def _images_as_the_net_takes_them(cfg: Config) -> Config:
-    """Images resized to a convolutional net's ``model.input_shape`` where
-    ``data.image_size`` is not given: its (height, width), and for an image folder its
-    channels (1: grey, 3: colour)."""
-    shape, d = cfg.model.input_shape, cfg.data
-    if len(shape) != 3 or d.image_size or d.dataset not in ("mnist", "image-folder"):
-        return cfg
-    size = tuple(shape[1:])
-    if d.dataset == "mnist":
-        if size == (28, 28):
-            return cfg                              # MNIST's own size: nothing to resize
-        return dataclasses.replace(cfg, data=dataclasses.replace(d, image_size=size))
-    return dataclasses.replace(cfg, data=dataclasses.replace(d, image_size=size,
-                                                             grayscale=shape[0] == 1))
-
-
-def _auto_target(cfg: Config) -> str:
-    """Real-valued targets for a regression loss, classes for the others."""
-    return "value" if cfg.model.loss in VALUE_LOSSES else "class"
-
-
-def _auto_dtype(cfg: Config) -> str:
-    """float32 on GPUs (where it is several times faster), float64 on CPUs."""
-    if cfg.cluster.device == "gpu":
-        return "float32"
-    if cfg.cluster.device == "auto" and not cfg.cluster.scheduler_address \
-            and not cfg.cluster.scheduler_file:
-        return "float32" if gpu_count() else "float64"
-    return "float64"
-
-
-def _check_consistency(cfg: Config, source: str) -> None:
-    """Rules that span more than one key."""
-    try:
-        layerspec.walk(cfg.model.layers, cfg.model.input_shape)
-    except ValueError as exc:
-        raise ConfigError(f"{exc} in {source}") from None
-    needs_path = {"mnist": "a directory of IDX files", "image-folder": "a directory with one "
-                  "folder per class", "csv": "a CSV file", "parquet": "Parquet files (a glob)"}
-    if cfg.data.dataset in needs_path and not cfg.data.path:
-        raise ConfigError(f"data.path is empty in {source}: dataset '{cfg.data.dataset}' "
-                          f"needs {needs_path[cfg.data.dataset]} "
-                          f"(e.g. --set data.path=/data/{cfg.data.dataset})")
-    STRATEGIES[cfg.graph.strategy].check(cfg, source)
-    if cfg.optim.nesterov and cfg.optim.name != "momentum":
-        raise ConfigError(f"optim.nesterov = true in {source} but optim.name = "
-                          f"'{cfg.optim.name}': Nesterov's momentum needs optim.name = "
-                          f"'momentum'; set optim.nesterov = false or use momentum")
-    _check_solver(cfg, source)
-    if cfg.train.diverged == "keep-best" and not cfg.train.keep_best:
-        raise ConfigError(f"train.diverged = 'keep-best' in {source} ends a diverging run with "
-                          f"the best epoch's parameters, which train.keep_best = false does not "
-                          f"keep; set train.keep_best = true or train.diverged = 'error'")
-    indicators = cfg.data.target == "value" and cfg.model.loss in LABEL_LOSSES   # multilabel
-    if cfg.data.target != "auto" and cfg.data.target != _auto_target(cfg) and not indicators:
-        raise ConfigError(f"data.target = '{cfg.data.target}' in {source} but model.loss = "
-                          f"'{cfg.model.loss}' learns {_auto_target(cfg)} targets; set "
-                          f"data.target = 'auto' (or '{_auto_target(cfg)}'), or a loss for "
-                          f"{cfg.data.target} targets")
-    if (indicators or _auto_target(cfg) == "value") and \
-            cfg.data.dataset not in VALUE_DATASETS:
-        raise ConfigError(f"model.loss = '{cfg.model.loss}' in {source} learns real-valued "
-                          f"targets, but dataset '{cfg.data.dataset}' has classes; use one of "
-                          f"{', '.join(map(repr, VALUE_DATASETS))}, or a classification loss")
-    c = cfg.cluster
-    if c.scheduler_address and c.scheduler_file:
-        raise ConfigError(f"cluster.scheduler_address = {c.scheduler_address!r} and "
-                          f"cluster.scheduler_file = {c.scheduler_file!r} in {source}: give "
-                          f"one of them")
-    for key, running in (("scheduler_file", c.scheduler_file),
-                         ("scheduler_address", c.scheduler_address)):
-        if running and c.kind != "local":
-            raise ConfigError(f"cluster.kind = '{c.kind}' in {source} starts its own "
-                              f"scheduler; drop cluster.{key} ({running}) or the kind")
-        if running and c.tls == "on":
-            raise ConfigError(f"cluster.tls = 'on' in {source} makes a per-run certificate for "
-                              f"a cluster dtrain starts; a running scheduler ({running}) takes "
-                              f"its TLS files from the Dask config (distributed.comm.tls.*)")
-    if not layerspec.dense_only(cfg.model.layers) and cfg.model.init == "scikit-learn":
-        raise ConfigError(f"model.init = 'scikit-learn' in {source} draws dense layers only; "
-                          f"a net with {layerspec.show(next(v for v in cfg.model.layers if not isinstance(v, int)))} "
-                          f"takes model.init = 'auto'")
-    if cfg.data.dataset == "image-folder" and not cfg.data.image_size \
-            and len(cfg.model.input_shape) != 3:
-        raise ConfigError(f"data.image_size is empty in {source}: image-folder needs "
-                          f"[height, width] to resize every image to (or, for a "
-                          f"convolutional net, model.input_shape)")
-
-
-def epochs_decide(train: TrainConfig, optim: OptimConfig) -> bool:
-    """Whether the driver decides from the epoch rows where the run ends or what it keeps:
-    early stopping, ``keep_best``, the adaptive rate's end under scikit-learn's rule, a
-    diverged step that goes on to its epoch's end (the evaluations then bring their states)."""
-    return train.patience > 0 or train.keep_best or train.diverged != "error" or \
-        (train.stopping == "scikit-learn" and optim.schedule == "adaptive")
-
-
-def _check_solver(cfg: Config, source: str) -> None:
-    """Full-batch L-BFGS has iterations, not epochs of minibatches: no rate, no schedule and
-    nothing to stop early from (scipy stops it: train.epochs, optim.max_fun, optim.gtol)."""
-    if cfg.optim.name != "lbfgs":
-        return
-    if not layerspec.dense_only(cfg.model.layers):
-        raise ConfigError(f"optim.name = 'lbfgs' in {source} trains dense layers only; a "
-                          f"convolutional net trains with sgd, momentum or adam")
-    t = cfg.train
-    if t.patience or t.keep_best:
-        raise ConfigError(f"optim.name = 'lbfgs' in {source} stops where scipy's L-BFGS-B "
-                          f"stops (train.epochs iterations, optim.max_fun evaluations, "
-                          f"optim.gtol), so train.patience = {t.patience} and "
-                          f"train.keep_best = {str(t.keep_best).lower()} have nothing to do; "
-                          f"set train.patience = 0 and train.keep_best = false")
-    if cfg.optim.schedule != "constant":
-        raise ConfigError(f"optim.schedule = '{cfg.optim.schedule}' in {source} schedules a "
-                          f"learning rate, which optim.name = 'lbfgs' does not have (its line "
-                          f"search sizes each step); set optim.schedule = 'constant'")
-
-
-def parse_override(text: str) -> tuple[str, str, Any]:
-    """Split ``section.key=VALUE``; VALUE is TOML, or a plain string if it is not."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    section, dot, name = key.partition(".")
-    if not sep or not dot or not section or not name or "." in name:
-        raise ConfigError(f"--set {text!r}: expected section.key=VALUE, "
-                          f"e.g. --set train.epochs=5")
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    return section, name, value
-
-
-def apply_overrides(data: dict[str, dict[str, Any]], overrides: Iterable[str]) -> dict:
-    """Apply ``--set`` strings to a nested dict (in place) and return it."""
-    for text in overrides:
-        section, name, value = parse_override(text)
-        kinds = {f.name: f.type for f in dataclasses.fields(SECTIONS[section])} \
-            if section in SECTIONS else {}
-        if kinds.get(name) in (str, "str") and isinstance(value, (int, float, bool)):
-            value = text.partition("=")[2].strip()   # a string key takes the word as written
-        data.setdefault(section, {})[name] = value
-    return data
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML config file, turning I/O and syntax errors into one-line user errors."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} not found; pass an existing file to "
-                          f"--config (see {CONFIG_DIR}/)") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-
-
-def load_config(path: str | Path | Mapping[str, Any] | None = None,
-                overrides: Iterable[str] = ()) -> Config:
-    """Load, override and validate a run configuration.
-
-    Parameters
-    ----------
-    path
-        A TOML file, a ``{"section": {...}}`` mapping, or None for
-        ``configs/iris.toml``.
-    overrides
-        ``"section.key=VALUE"`` strings applied on top, in order.
-
-    Returns
-    -------
-    Config
-        With relative ``data.path``, ``cluster.jobqueue_file`` and
-        ``cluster.scheduler_file`` made absolute (against the current directory), so workers elsewhere find
-        the same files, and ``track.mlflow_uri`` a ``file:`` URI of an
-        absolute path when it names a local directory.
-    """
-    if not STRATEGIES:      # imported alone, not through dtrain's public names: register them
-        importlib.import_module(STRATEGIES_MODULE)
-    if path is None:
-        path = DEFAULT_CONFIG
-    if isinstance(path, Mapping):
-        data, source = {k: dict(v) if isinstance(v, Mapping) else v for k, v in path.items()}, \
-            "the given mapping"
-    else:
-        data, source = read_toml(path), str(path)
-    overrides = list(overrides)
-    if overrides:
-        source += " (with --set overrides)"
-    apply_overrides(data, overrides)
-    cfg = from_dict(data, source)
-    for section, key in (("data", "path"), ("cluster", "jobqueue_file"), ("model", "init_from"),
-                         ("cluster", "scheduler_file")):
-        part = getattr(cfg, section)
-        value = getattr(part, key)
-        if value and not Path(value).is_absolute():
-            cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(
-                part, **{key: str(Path(value).resolve())})})
-    uri = local_store_uri(cfg.track.mlflow_uri)
-    if uri != cfg.track.mlflow_uri:
-        cfg = dataclasses.replace(cfg, track=dataclasses.replace(cfg.track, mlflow_uri=uri))
-    return cfg
-
-
-def local_store_uri(uri: str) -> str:
-    """A directory or a local ``file:`` URI as an absolute ``file:`` URI; any other URI (and
-    MLflow's ``databricks``) as given."""
-    parts = urllib.parse.urlparse(uri)
-    if parts.scheme not in ("", "file") or parts.netloc or uri in ("databricks", "databricks-uc"):
-        return uri
-    return Path(urllib.parse.unquote(parts.path) if parts.scheme else uri).resolve().as_uri()
