@@ -25,7 +25,7 @@ def _worker_memory() -> tuple[int, float, float | None]:
 
     import psutil
 
-    from conftest import mallinfo2
+    from helpers.memory import mallinfo2
 
     gc.collect()
     info = mallinfo2()

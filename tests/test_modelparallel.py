@@ -7,13 +7,13 @@ from dask.task_spec import TaskRef
 from distributed import Client, LocalCluster
 
 import dtrain
-from conftest import assert_moved_as_predicted
 from dtrain.core.config import OptimConfig
 from dtrain.core.keys import kind_of
 from dtrain.maths.model import Network
 from dtrain.maths.optim import Optimizer
 from dtrain.maths.slicing import Slicing
 from dtrain.training.plan import plan
+from helpers.transfers import assert_moved_as_predicted
 
 
 @pytest.mark.parametrize("layers", [(5, 6, 3), (5, 7, 4, 3), (5, 6, 4, 7, 3), (5, 9, 4, 7, 6, 3)])

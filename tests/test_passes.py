@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from dask.task_spec import DataNode, Task, TaskRef
 
-from conftest import RUN, built, inputs, run_here
 from dtrain.core import keys
 from dtrain.core.config import load_config
-from dtrain.maths.optim import TrainState
 from dtrain.deploy import p2p
+from dtrain.maths.optim import TrainState
 from dtrain.taskgraph import fuse, handoff, passes
+from helpers.windows_here import RUN, built, inputs, run_here
 
 
 # --- the pipeline --------------------------------------------------------------------------

@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from conftest import RUN, built, inputs, run_here
 from dtrain.core import keys
 from dtrain.deploy import p2p
 from dtrain.taskgraph import fuse, passes, segments, span
+from helpers.windows_here import RUN, built, inputs, run_here
 
 
 # --- a window across workers: a task per worker, its crossings messages ----------------------

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import RUN, built, inputs, run_here
 from dtrain.core import keys
 from dtrain.observe import spans
 from dtrain.observe.runlog import RunLog
 from dtrain.taskgraph import fuse, passes
+from helpers.windows_here import RUN, built, inputs, run_here
 
 
 def _tasks(chain, rows):

@@ -11,7 +11,7 @@ import pytest
 from distributed import Client, LocalCluster, get_task_stream
 
 import dtrain
-from conftest import assert_moved_as_predicted
+from helpers.transfers import assert_moved_as_predicted
 from dtrain.deploy import tuning
 from dtrain.deploy.workers import worker_addresses
 from dtrain.taskgraph import collective

@@ -77,7 +77,7 @@ def _new_mappings() -> int:
 def _mapped_while_held(mib: int) -> float | None:
     """MiB that glibc has mapped outside its heaps while this task holds a fresh ``mib`` MiB
     array (``mallinfo2().hblkhd``); None without glibc 2.33+."""
-    from conftest import mallinfo2
+    from helpers.memory import mallinfo2
 
     if mallinfo2() is None:
         return None
