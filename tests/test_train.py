@@ -214,19 +214,19 @@ def test_default_job_learns_iris(client, tmp_path):
 
 def test_shards_are_built_on_their_workers(client):
     p = plan(dtrain.load_config(None, ["data.shards=4"]))
-    engine = DaskEngine(p, client)
-    placement = engine.place()
+    cluster = DaskEngine(p, client).cluster   # the data and its placement
+    placement = cluster.place()
     assert placement == place(worker_addresses(client), 4)
-    heldout.load(client, p, placement, engine.data, engine._key)   # waits for the loads
-    where = client.who_has(engine.data)
-    assert [where[f.key] for f in engine.data] == [(w,) for w in placement.leaves]
-    assert all(f.key.startswith("load-shard-") for f in engine.data)
-    ours = {f.key for f in engine.data}                     # (earlier runs' keys may linger)
+    heldout.load(client, p, placement, cluster.data, cluster.key)   # waits for the loads
+    where = client.who_has(cluster.data)
+    assert [where[f.key] for f in cluster.data] == [(w,) for w in placement.leaves]
+    assert all(f.key.startswith("load-shard-") for f in cluster.data)
+    ours = {f.key for f in cluster.data}                    # (earlier runs' keys may linger)
     held = client.run(lambda dask_worker: sorted(k for k in dask_worker.data if k in ours))
     assert sorted(k for v in held.values() for k in v) == sorted(ours)   # one copy each
-    keys = [f.key for f in engine.data]
-    assert engine.place() == placement                      # same workers: nothing moves
-    assert [f.key for f in engine.data] == keys             # and nothing is reloaded
+    keys = [f.key for f in cluster.data]
+    assert cluster.place() == placement                     # same workers: nothing moves
+    assert [f.key for f in cluster.data] == keys            # and nothing is reloaded
 
 
 def test_a_windows_annotations_are_tables_not_closures(client, monkeypatch):
@@ -401,9 +401,9 @@ def test_the_test_splits_evaluation_sends_the_state_where_the_kept_one_is_gone(c
     from dtrain.deploy.workers import forgotten
 
     p = plan(dtrain.load_config(None, ["data.shards=4"]))
-    engine = DaskEngine(p, client)
-    placement = engine.place()
-    held = heldout.load(client, p, placement, engine.data, engine._key)
+    cluster = DaskEngine(p, client).cluster   # the data and its placement
+    placement = cluster.place()
+    held = heldout.load(client, p, placement, cluster.data, cluster.key)
     state = p.initial_state()
     ours = [keys.make(keys.STATE, len(p.schedule), run=p.run),
             keys.make(keys.EVALUATE_TEST, run=p.run)]
