@@ -30,13 +30,12 @@ from distributed import Client, Future
 
 from dtrain.core import keys
 from dtrain.core.broadcast import on_workers
-from dtrain.core.errors import UserError
+from dtrain.core.errors import StateGone, UserError
 from dtrain.deploy import p2p
 from dtrain.deploy.workers import forgotten, gather
 from dtrain.maths.optim import TrainState
 from dtrain.observe.recorder import Recorder
 from dtrain.taskgraph import fuse, handoff, segments
-from dtrain.taskgraph.handoff import StateGone
 from dtrain.taskgraph.placement import Placement
 from dtrain.training import heldout
 from dtrain.training.checkpoint import Checkpoint, Checkpoints
