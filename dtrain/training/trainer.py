@@ -347,7 +347,9 @@ def _cluster(cfg: Config, client: Client | None, leaves: int = 0) -> Iterator[Cl
         raise UserError(f"graph.strategy = '{strategy.name}' needs {needed} workers "
                         f"({strategy.workers_word.removeprefix('the head + ')}), found "
                         f"{c.workers}; use --workers {needed}")
-    with connect(c, needed, leaves) as own, lost_gathers_quiet():
+    # quiet from the cluster's start: dtrain calls every worker as it starts them, and one
+    # may be lost meanwhile
+    with lost_gathers_quiet(), connect(c, needed, leaves) as own:
         yield own
 
 
