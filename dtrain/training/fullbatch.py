@@ -36,7 +36,7 @@ from dtrain.maths.lbfgs import Minimized, minimize, raw_units
 from dtrain.maths.optim import TrainState
 from dtrain.observe.recorder import Recorder
 from dtrain.taskgraph import fullbatch
-from dtrain.taskgraph.dataparallel import add_evaluation
+from dtrain.taskgraph.evaluation import add_evaluation
 from dtrain.taskgraph.placement import Placement
 from dtrain.taskgraph.records import Evaluate, FullBatch
 from dtrain.taskgraph.window import Window
