@@ -113,7 +113,7 @@ def test_a_window_longer_than_the_peer_timeout_is_waited_for_not_run_again():
 
 def test_a_windows_ends_are_picked_while_the_next_window_runs():
     """On workers of one thread a window's task leaves the pool as it starts
-    (``fuse.leave_pool``): the tasks that pick its end and meta out run as soon as it
+    (``fuse.leave_pool``): the task that picks its end and meta out runs as soon as it
     ended, while the next window (launched ahead) runs, so the driver can launch the one
     after.  In the pool they ran only once the next window's task ended, and every second
     window edge waited for the driver."""
@@ -125,17 +125,15 @@ def test_a_windows_ends_are_picked_while_the_next_window_runs():
                 "data.shards=2"]), client=c, out=None, echo=None)   # 1,188 steps
     assert r.summary["spanned_windows"] == 4 and r.summary["window_reruns"] == []
     ended: dict[int, list[float]] = {}
-    picked: dict[int, float] = {}
+    kept: dict[int, float] = {}                 # kept-<stop>: the end, with the meta
     for task in ts.data:
-        if not task["key"].startswith("window-"):
-            continue
-        first, part = int(task["key"].split("-")[1]), task["key"].split("-")[3]
         stop = max(s["stop"] for s in task["startstops"] if s["action"] == "compute")
-        if part == "meta":
-            picked[first] = stop
-        else:
-            ended.setdefault(first, []).append(stop)
-    assert sorted(ended) == sorted(picked) == [0, 300, 600, 900]
+        if task["key"].startswith("window-"):
+            ended.setdefault(int(task["key"].split("-")[1]), []).append(stop)
+        elif task["key"].startswith("kept-"):
+            kept[int(task["key"].split("-")[1])] = stop
+    assert sorted(ended) == [0, 300, 600, 900] and sorted(kept) == [300, 600, 900, 1188]
+    picked = dict(zip(sorted(ended), (kept[k] for k in sorted(kept))))
     for first in (0, 300, 600):
         assert picked[first] < min(ended[first + 300]), (first, picked, ended)
 

@@ -290,7 +290,8 @@ class ClusterData:
             inline = keys.prefixes(self.inline_kinds) if self.inline else ()
         quick = {k: tuning.INLINE for k in win.dsk if k.startswith(inline) and k not in on_gpu}
         evals = () if fuse.is_fused(win) else win.evals.values()    # fused: in the meta
-        wanted = [*win.ends, *evals, *([win.meta] if win.meta else []), *win.pieces]
+        meta = [win.meta] if win.meta and not win.end_in_meta else []
+        wanted = [*win.ends, *evals, *meta, *win.pieces]
         with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True,
                            resources=PerKey(dict.fromkeys(on_gpu, {GPU: 1}), {}),
                            executor=PerKey(quick, "default")):   # short tasks: no thread handoff

@@ -175,7 +175,7 @@ class DaskEngine:
             win = cur.win
             del got, cur                # its futures: a worker lost now would compute them again
             if win.meta:                            # a fused window: its evaluations with it
-                ran = values.pop()
+                values, ran = win.unpack(values)
                 before = at.last_end
                 at.last_end = fuse.ended(ran, time.perf_counter(), at.last_end)
                 book.arrived.update(fuse.epoch_ends(win, ran, at.last_end, before))

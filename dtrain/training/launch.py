@@ -127,7 +127,7 @@ class Launcher:
         self.counters.submitted(win)
         futures = self.cluster.submit(win)
         n, m, k = len(win.ends), 0 if fuse.is_fused(win) else len(win.evals), \
-            win.meta is not None
+            win.meta is not None and not win.end_in_meta
         out = Launched(win, window.start, futures[:n], futures[n:n + m],
                        futures[n + m:n + m + k], futures[n + m + k:])
         for epoch, fut in zip(win.evals, out.evals):
