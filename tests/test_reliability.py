@@ -227,7 +227,7 @@ def test_every_worker_gone_at_the_instant_of_a_placement_is_one_line(tmp_path):
     checkpoint kept, not ``placement.blocks([], 4)``'s IndexError (a slower machine's CI
     hit it when a LocalCluster's workers had all retired between the wait for workers and
     their list), nor that 0 workers stopped answering."""
-    from dtrain.training.engines import DaskEngine
+    from dtrain.training.cluster_data import ClusterData
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
@@ -239,7 +239,7 @@ def test_every_worker_gone_at_the_instant_of_a_placement_is_one_line(tmp_path):
             while worker_addresses(c) and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-        with _at_call(DaskEngine._workers, all_gone, 5), pytest.raises(UserError) as lost:
+        with _at_call(ClusterData._workers, all_gone, 5), pytest.raises(UserError) as lost:
             dtrain.train(dtrain.load_config(None, [*LONG, "cluster.timeout=1"]), client=c,
                          out=tmp_path / "run", echo=None)
     said = str(lost.value)

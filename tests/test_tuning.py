@@ -23,10 +23,10 @@ def test_one_thread_workers_run_medium_forward_backward_inline(client):
     """The engine reads the workers' threads: on one-thread workers a 3.8 MFLOP step runs in
     the event loop; the same step on the plan alone (threads unknown) is handed to a thread."""
     p = plan(dtrain.load_config(None, ["model.layers=[4,5000,3]", "train.batch_size=64"]))
-    engine = DaskEngine(p, client)
-    engine.place()
-    assert engine.inline and "forward-backward" in engine.inline_kinds
-    assert "forward-backward" not in inline_kinds(p, engine.placement)
+    cluster = DaskEngine(p, client).cluster     # the data and its placement
+    cluster.place()
+    assert cluster.inline and "forward-backward" in cluster.inline_kinds
+    assert "forward-backward" not in inline_kinds(p, cluster.placement)
 
 
 def test_low_latency_streams_and_timing_summary(tmp_path):

@@ -38,7 +38,7 @@ from dtrain.core import broadcast
 from dtrain.deploy import mainguard
 from dtrain.deploy.layout import local_shape
 from dtrain.deploy.local import local_cluster
-from dtrain.deploy.logs import QuietRefusals, quiet_refusals
+from dtrain.deploy.logs import QuietRefusals, lost_gathers_quiet, quiet_refusals
 from dtrain.deploy.options import security_for, started_by_dtrain
 
 START_METHODS = ("spawn", "fork", "forkserver")    # what a child process can be started with
@@ -63,9 +63,10 @@ def embedded() -> Client:
             with mainguard.watch():
                 cluster = local_cluster(cfg, security)
         try:
-            client = Client(cluster, security=security, set_as_default=False)
-            if security is not None:
-                broadcast.register(client, QuietRefusals())
+            with lost_gathers_quiet():      # a worker lost as it starts: the fit says so
+                client = Client(cluster, security=security, set_as_default=False)
+                if security is not None:
+                    broadcast.register(client, QuietRefusals())
         except BaseException:
             cluster.close()
             raise

@@ -47,14 +47,10 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from dtrain.core.config import REBALANCE
-from dtrain.core.errors import ConfigError, Diverged, UserError
-from dtrain.data import partitions
-from dtrain.data.partitions import PartSpec
+from dtrain.core.errors import Diverged, UserError
 from dtrain.deploy.signals import AT_ONCE, StopSignals
-from dtrain.estimators import cluster, fitted, inputs, settings
+from dtrain.estimators import cluster, fitting, inputs, settings
 from dtrain.estimators.inputs import TrainingData, is_dask
-from dtrain.training import collections
-from dtrain.training.trainer import train_on
 
 
 class _MLP(BaseEstimator):
@@ -187,13 +183,14 @@ class _MLP(BaseEstimator):
         if going_on and data.features != self.n_features_in_:
             raise ValueError(f"X has {data.features} features, but {type(self).__name__} is "
                              f"expecting {self.n_features_in_} features as input.")
-        wanted = self._wanted_classes(data, classes, going_on, incremental)
+        wanted = fitting.wanted_classes(self, data, classes, going_on, incremental)
         signals.at_edges()          # the cluster, the data on it: a stop waits for the run
         client = cluster.client_for(self.client, data.dask)
         try:
             with client.as_current():         # dtrain's waits ask for the current client
-                return self._train(data, client, wanted, going_on=going_on,
-                                   incremental=incremental)
+                fitting.run(self, data, client, wanted, going_on=going_on,
+                            incremental=incremental)
+                return self
         except Diverged as exc:
             raise ValueError(f"Solver produced non-finite parameter weights. The input data "
                              f"may contain large values and need to be preprocessed. (The "
@@ -208,51 +205,6 @@ class _MLP(BaseEstimator):
     def _check_targets(self, y: Any) -> None:
         """Checks of ``y`` that one estimator makes (the regressor's: Poisson targets are
         not negative); none here."""
-
-    def _train(self, data: TrainingData, client: Any, wanted: np.ndarray | None, *,
-               going_on: bool, incremental: bool) -> _MLP:
-        """Put the data on the cluster, learn what the config needs from its partitions'
-        statistics, and run."""
-        seed = settings.seed(self.random_state)
-        coll = data.collection(client)
-        values = not self._classifier or data.multilabel      # real targets, or indicators
-        if wanted is not None and not values:
-            coll.classes = tuple(wanted.tolist())
-        split = settings.split(self, incremental)
-        stats = collections.describe(client, coll, PartSpec(coll.columns, split, seed,
-                                                            regression=values), self.fan_in)
-        partitions.check(stats, len(coll.futures), regression=values)
-        if split[1] and stats.val < 2:
-            raise ValueError(f"The validation set is too small: validation_fraction = "
-                             f"{self.validation_fraction} of each partition gives "
-                             f"{stats.val} of {stats.rows} rows, and early_stopping needs at "
-                             f"least 2. Increase 'validation_fraction' or the size of your "
-                             f"dataset.")
-        found = np.asarray(stats.labels) if wanted is None else wanted
-        if going_on and self._classifier and not incremental:
-            self._same_classes(found)
-        loss, outputs = self._output(found, data)
-        shape = settings.Shape(data.features, outputs, stats.train, len(coll.futures),
-                               data.label, values, stats.train / stats.mass if stats.mass else 1.0,
-                               data.x_dtype)
-        seen = self.t_ if going_on and incremental else 0
-        with fitted.starting_point(self, going_on) as (init_from, initial):
-            try:
-                cfg = settings.config(self, shape, loss, incremental=incremental,
-                                      init_from=init_from, seed_value=seed, samples_seen=seen)
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
-            if initial is not None:
-                if tuple(cfg.model.layers) != self.model_.spec.layers:
-                    raise ValueError(f"the fitted network is {list(self.model_.spec.layers)}, "
-                                     f"this fit's {list(cfg.model.layers)}: "
-                                     f"hidden_layer_sizes changed; fit with warm_start=False "
-                                     f"to start again")
-                initial = fitted.fit_state(initial, cfg)
-            result = train_on(cfg, lambda c: coll, client=client, out=self.out, echo=None,
-                              initial=initial, on_epoch=self._say if self.verbose else None)
-        fitted.record(self, result, data, found, going_on, incremental)
-        return self
 
     def _say(self, row: dict[str, Any]) -> None:
         """``verbose``: scikit-learn's lines for an epoch (lbfgs: an iteration)."""
@@ -269,34 +221,6 @@ class _MLP(BaseEstimator):
         if len(classes) == 2:
             return "binary-cross-entropy", 1
         return "cross-entropy", len(classes)
-
-    def _wanted_classes(self, data: TrainingData, classes: Any, going_on: bool,
-                        incremental: bool) -> np.ndarray | None:
-        """The classes to learn, where known before the data is on the cluster: the
-        fitted ones (going on), ``partial_fit``'s ``classes``, or an in-memory ``y``'s."""
-        if not self._classifier:
-            return None
-        if going_on and data.multilabel != getattr(self, "_multilabel", False):
-            raise ValueError("y is multilabel (0/1 indicators) in one fit and not in the other; "
-                             "fit with warm_start=False to start again")
-        if data.multilabel:
-            if going_on and len(data.classes) != len(self.classes_):
-                raise ValueError(f"y has {len(data.classes)} labels, the fitted model "
-                                 f"{len(self.classes_)}")
-            return data.classes
-        if incremental:
-            return self.classes_ if going_on else np.unique(np.asarray(classes))
-        if data.classes is not None and len(data.classes) < 2:
-            raise ValueError(f"y holds 1 class ({data.classes.tolist()[0]!r}): dtrain's "
-                             f"classifier needs at least 2 (scikit-learn's MLPClassifier fits "
-                             f"one that always predicts it); give y another class")
-        return data.classes
-
-    def _same_classes(self, found: np.ndarray) -> None:
-        if len(found) != len(self.classes_) or not np.array_equal(found, self.classes_):
-            raise ValueError(f"warm_start can only be used where `y` has the same classes as "
-                             f"in the previous call to fit. Previously got {self.classes_}, "
-                             f"`y` has {found}")
 
     # --- predicting ------------------------------------------------------------------------
 

@@ -64,7 +64,7 @@ from dtrain.core import files, layerspec
 from dtrain.core.errors import UserError
 from dtrain.core.modelfile import ModelSpec
 from dtrain.core.version import __version__
-from dtrain.maths.model import ACTIVATIONS
+from dtrain.maths.dense import ACTIVATIONS
 
 if TYPE_CHECKING:
     import onnx

@@ -30,7 +30,8 @@ from dtrain.core.modelfile import ModelSpec
 from dtrain.data.missing import first_bad, shown
 from dtrain.inference.metrics import Report, ValueReport, report
 from dtrain.inference.saved import read_run
-from dtrain.maths.model import Network, sigmoid
+from dtrain.maths.dense import sigmoid
+from dtrain.maths.model import Network
 from dtrain.maths.scores import r2
 
 CHUNK = 8192    # rows per forward pass (bounds the memory of a predict on NumPy)

@@ -50,13 +50,12 @@ from dtrain.taskgraph.recipe import Recipe
 from dtrain.taskgraph.records import (Average, Evaluate, ForwardBackward, Group, LocalSteps,
                                       Update, Updates)
 from dtrain.taskgraph.reduction import Leaf, Spec, add, shape
-from dtrain.taskgraph.tasks import (average_states, evaluate, evaluate_part, evaluate_parts,
-                                   forward_backward, local_steps, update_state)
+from dtrain.taskgraph.evaluation import HeldOut, add_evaluation
+from dtrain.taskgraph.tasks import average_states, forward_backward, local_steps, update_state
 from dtrain.taskgraph.treesum import flat
 from dtrain.taskgraph.window import DataItem, Window
 
 _LEAF_PREFIXES = tuple(f"{kind}-" for kind in keys.LEAVES)   # no other kind starts so
-HeldOut = TaskRef | tuple[tuple[TaskRef, str], ...] | None   # one shard, or parts where they are
 TINY_FLOPS = 2e6    # a shard's forward-backward this small (~1 ms of NumPy) is not worth a thread
 # graph.fuse_shards = "auto" fuses a worker's shards where a shard's forward-backward is at most
 # this many FLOP per task that fusing saves.  A task costs the scheduler and its worker about
@@ -416,21 +415,6 @@ def _evaluate(win: Window, epoch: int, state: str, val: HeldOut, placement: Plac
               recipe: Recipe, run: str) -> None:
     win.evals[epoch] = add_evaluation(win, Evaluate(recipe.net, epoch, recipe.keep_states),
                                       state, val, placement.root, run)
-
-
-def add_evaluation(win: Window, task: Evaluate, state: str, held: HeldOut, root: str,
-                   run: str) -> str:
-    """``evaluate-<epoch>`` (``evaluate-test``) on the held-out shard, or, held-out data in
-    parts on their workers, ``evaluate-<epoch>-<part>`` beside each part and their sum on
-    ``root``; returns the key of the result."""
-    kind, tag = (keys.EVALUATE_TEST, ()) if task.epoch < 0 else (keys.EVALUATE, (task.epoch + 1,))
-    if not isinstance(held, tuple):
-        return win.add(Task(keys.make(kind, *tag, run=run), evaluate, task, TaskRef(state),
-                            held), root)
-    sums = [win.add(Task(keys.make(kind, *tag, i, run=run), evaluate_part, task, TaskRef(state),
-                         ref), worker) for i, (ref, worker) in enumerate(held)]
-    return win.add(Task(keys.make(kind, *tag, run=run), evaluate_parts, task, TaskRef(state),
-                        *map(TaskRef, sums)), root)
 
 
 def _replicated_window(win: Window, steps: Sequence[Step], state: str,

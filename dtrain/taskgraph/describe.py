@@ -32,8 +32,9 @@ from dask.task_spec import DataNode, Task, TaskRef
 from dtrain.core import keys
 from dtrain.deploy import p2p
 from dtrain.maths.optim import TrainState
-from dtrain.taskgraph import collective, fuse, handoff, span
-from dtrain.taskgraph.expand import Described, Description, Setup, Steps, context, run_window
+from dtrain.taskgraph import collective, handoff
+from dtrain.taskgraph.expand import (Described, Description, Setup, Steps, context, end_and_meta,
+                                     run_window)
 from dtrain.taskgraph.placement import Placement
 from dtrain.taskgraph.recipe import Recipe
 from dtrain.taskgraph.treesum import flat
@@ -133,7 +134,8 @@ def window(first: int, last: int, run: str, lay: Layout, contexts: Sequence[str]
     """The window of steps ``first`` to ``last`` as a task per worker, each built there from
     its description and its context (``contexts[rank]``, a key); ``start``: the state kept
     on each worker (a ``Handed``), made from the seed there (``Fresh``) or, a literal
-    state, sent to each; ``evals``: the evaluations of epochs that end in it, by epoch."""
+    state, sent to each; ``evals``: the evaluations of epochs that end in it, by epoch.
+    Its end, ``kept-<last + 1>`` on the collector, brings the window's meta too."""
     out = Window(ends=[keys.make(keys.KEPT, last + 1, run=run)], evals=dict(evals),
                  fused=fused)
     home = lay.workers[lay.collector]
@@ -147,12 +149,8 @@ def window(first: int, last: int, run: str, lay: Layout, contexts: Sequence[str]
         key = keys.make(keys.WINDOW, first, last, f"w{r}", run=run)
         names.append(out.add(Task(key, run_window, desc, TaskRef(contexts[r]), *literal), w,
                              state_bytes if r == lay.collector else 0))
-    end = out.ends[0]
-    out.add(Task(end, fuse.pick, TaskRef(names[lay.collector]), 0), home, state_bytes)
-    outputs = 1 + len(evals)
-    out.meta = out.add(Task(keys.make(keys.WINDOW, first, last, fuse.META, run=run),
-                            span.span_meta, tuple(range(1, outputs)), outputs, trim,
-                            TaskRef(names[lay.collector])), home)
+    out.meta = out.add(Task(out.ends[0], end_and_meta, 1 + len(evals), trim,  # (both: one
+                            TaskRef(names[lay.collector])), home, state_bytes)   # task)
     out.pieces = tuple(names)
     return out
 

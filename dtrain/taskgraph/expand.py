@@ -22,6 +22,7 @@ description per worker, whatever the number of steps.
 """
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import struct
 import time
@@ -319,3 +320,13 @@ def run_window(described: Described, ctx: Context, *literal: Any) -> fuse.Ran:
                        tuple(r for r in range(len(s.mesh.workers)) if r != s.collector)
                        if s.rank == s.collector else (), desc.first, desc.follows)
     return span.run_on(p2p.node(s.mesh.run, s.rank), piece, *(inputs[k] for k in built.inputs))
+
+
+def end_and_meta(outputs: int, trim: Any, ran: fuse.Ran) -> fuse.Ran:
+    """``kept-<step>`` of a described window, on the collector: its end state and its meta
+    in one value, one task for the scheduler where a fused window has two (the pick of
+    the end, the meta): :func:`~dtrain.taskgraph.span.span_meta`'s evaluations
+    (``trim``-med) and every chain's timings, the end state before the evaluations
+    (:meth:`~dtrain.taskgraph.window.Window.unpack` takes it out)."""
+    meta = span.span_meta(tuple(range(1, outputs)), outputs, trim, ran)
+    return dataclasses.replace(meta, values=(ran.values[0], *meta.values))

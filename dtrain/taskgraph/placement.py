@@ -18,7 +18,7 @@ import numpy as np
 class Worker:
     """A worker as placement sees it: its address, whether it computes on a GPU, and its
     relative speed (measured when CPU and GPU workers mix; else 1); and its task threads
-    (which tasks may skip the thread pool: :func:`dtrain.training.engines.inline_kinds`).
+    (which tasks may skip the thread pool: :func:`dtrain.training.cluster_data.inline_kinds`).
 
     Measured workers also say how long a step's forward-backward over ``n`` of their rows
     takes: ``overhead + n / weight`` seconds (``weight`` in samples per second, counting

@@ -8,6 +8,7 @@ cross between workers (:meth:`Window.transfers`) before anything runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,7 +65,8 @@ class Window:
     join: Callable[[list[Any]], TrainState] = lambda values: values[0]
     evals: dict[int, str] = field(default_factory=dict)     # epoch -> evaluate key
     fused: tuple[bool, str] | None = None   # whether a worker's shards share a task, and why
-    meta: str | None = None     # a window fused into one task: the key of its timings
+    meta: str | None = None     # a window fused into one task: the key of its timings (its
+                                # end's, where that one task brings both: :meth:`unpack`)
     steps_fused: Any = None     # ... and the tasks it runs inside (taskgraph.fuse.Chain)
     pieces: tuple[str, ...] = ()    # a window cut into a task per worker: those tasks
 
@@ -72,6 +74,20 @@ class Window:
         """Tasks of the training steps: every task but the starting state and evaluations."""
         return sum(keys.kind_of(name) not in (keys.STATE, keys.EVALUATE) for name in self.dsk
                    if name != self.meta)
+
+    @property
+    def end_in_meta(self) -> bool:
+        """Whether the window's one end comes in its meta, as the meta's first value."""
+        return self.meta is not None and self.ends == [self.meta]
+
+    def unpack(self, values: list[Any]) -> tuple[list[Any], Any]:
+        """The values of the ``ends``, and the meta (a :class:`~dtrain.taskgraph.fuse.Ran`
+        whose values are the evaluations), from what was gathered: the ends' values, then
+        the meta's, or the one value of an end that is its meta."""
+        if not self.end_in_meta:
+            return values[:-1], values[-1]
+        ran = values[0]
+        return [ran.values[0]], dataclasses.replace(ran, values=ran.values[1:])
 
     def add(self, node: Task | DataNode, worker: str, nbytes: int = 0) -> str:
         self.dsk[node.key] = node

@@ -1,8 +1,11 @@
 """The full-batch engine: ``optim.name = "lbfgs"``, scipy's L-BFGS-B over task graphs.
 
-The data is placed and loaded as for any Dask run (:class:`~dtrain.training.engines.
-DaskEngine`: shards where their partitions sit, held-out splits beside them).  Then
-scipy's ``minimize(method="L-BFGS-B")`` (:func:`dtrain.maths.lbfgs.minimize`) runs:
+The data is placed and loaded as for any Dask run: the engine holds a
+:class:`~dtrain.training.cluster_data.ClusterData`, as the
+:class:`~dtrain.training.engines.DaskEngine` does (shards where their partitions sit,
+held-out splits beside them), and counts what it submits in the same
+:class:`~dtrain.training.counters.Counters`.  Then scipy's
+``minimize(method="L-BFGS-B")`` (:func:`dtrain.maths.lbfgs.minimize`) runs:
 
 * on the driver, each loss and gradient it asks for one task graph over every shard
   (:func:`dtrain.taskgraph.fullbatch.evaluation`: forward-backward where the shards are,
@@ -24,37 +27,51 @@ from typing import Any
 
 import numpy as np
 from dask.task_spec import DataNode
+from distributed import Client
 
 from dtrain.core import keys
 from dtrain.core.errors import Diverged, Stopped
-from dtrain.deploy.workers import gather, workers
+from dtrain.deploy.workers import gather
 from dtrain.maths.lbfgs import Minimized, minimize, raw_units
 from dtrain.maths.optim import TrainState
-from dtrain.observe import metrics
 from dtrain.observe.recorder import Recorder
 from dtrain.taskgraph import fullbatch
-from dtrain.taskgraph.dataparallel import add_evaluation
+from dtrain.taskgraph.evaluation import add_evaluation
 from dtrain.taskgraph.placement import Placement
 from dtrain.taskgraph.records import Evaluate, FullBatch
 from dtrain.taskgraph.window import Window
 from dtrain.training import heldout
 from dtrain.training.checkpoint import Checkpoints
-from dtrain.training.course import Outcome, Start, Stop, epoch_row, moved_summary
-from dtrain.training.engines import DaskEngine
+from dtrain.training.cluster_data import ClusterData
+from dtrain.training.counters import Counters
+from dtrain.training.course import Outcome, Start, Stop, epoch_row, stop_before
+from dtrain.training.plan import Plan
 from dtrain.training.stopping import Watch
 
 
-class FullBatchEngine(DaskEngine):
-    """The :class:`~dtrain.training.engines.DaskEngine`'s data and cluster, scipy's L-BFGS-B
-    instead of windows of steps (see the module's docstring)."""
+class FullBatchEngine:
+    """A Dask run's data and cluster (:class:`~dtrain.training.cluster_data.ClusterData`),
+    scipy's L-BFGS-B instead of windows of steps (see the module's docstring)."""
 
-    evaluations = 0                 # evaluations submitted from the driver so far
+    def __init__(self, plan: Plan, client: Client):
+        self.plan, self.client = plan, client
+        self.run_id = plan.run
+        self.cluster = ClusterData(plan, client)
+        self.counters = Counters()
+        self.evaluations = 0            # evaluations submitted from the driver so far
+
+    def run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
+            stop: Stop = Stop(), watch: Watch | None = None) -> Outcome:
+        with self.cluster.in_use():
+            return self._run(start, recorder, checkpoints, stop,
+                             watch or Watch(self.plan.config.train))
 
     def _run(self, start: Start, recorder: Recorder, checkpoints: Checkpoints,
              stop: Stop, watch: Watch) -> Outcome:
         p, cfg = self.plan, self.plan.config
         t0 = time.perf_counter()
-        placement, held = self._begin(start, recorder, stop, checkpoints)
+        placement, held = self.cluster.load(start.step, recorder)
+        stop_before(stop, p, start, checkpoints)
         began = time.perf_counter()
         one = cfg.graph.fuse_steps and len(set(placement.leaves)) == 1
         found = self._on_worker(start.state, placement) if one \
@@ -71,33 +88,26 @@ class FullBatchEngine(DaskEngine):
         seconds = time.perf_counter() - began
         test = heldout.evaluate_test(self.client, p, self.run_id, state, held.test,
                                      placement) if held.test is not None else None
-        threads = [i.get("nthreads", 1) for i in workers(self.client).values()]
-        moved = {"bytes": 0, "transfers": 0} if one else \
-            metrics.transfers(self.client, self.run_id)        # one task: nothing moves
-        return Outcome(rows, state, state, self.normalization, test, len(threads),
-                       seconds, began - t0, found.evaluations,
-                       found.evaluations * p.train_samples,
-                       {} if one else metrics.task_times(self.client, self.run_id) or {},
-                       {} if one else metrics.worker_peak_rss_mb(self.client),
-                       {"predicted": self.predicted_bytes, "measured": moved["bytes"],
-                        "transfers": moved["transfers"],
-                        "predicted_transfers": self.predicted_transfers}, self.split(),
-                       moved_summary(self.moved, self.moves_why),
-                       {"tasks": self.step_tasks, "fused": self.fused, "threads": sum(threads),
-                        "fused_windows": int(one)},
-                       {"name": "lbfgs", "iterations": last, "evaluations": found.evaluations,
-                        "status": found.status, "message": found.message, "one_task": one,
-                        "loss": found.loss})
+        return Outcome(rows, state, state, self.cluster.normalization, test, seconds=seconds,
+                       setup_seconds=began - t0, steps=found.evaluations,
+                       samples=found.evaluations * p.train_samples,
+                       **self.counters.summary(self.client, self.run_id, measured=not one),
+                       **self.cluster.summary(),
+                       solver={"name": "lbfgs", "iterations": last,
+                               "evaluations": found.evaluations, "status": found.status,
+                               "message": found.message, "one_task": one, "loss": found.loss})
 
     def _on_worker(self, start: TrainState, placement: Placement) -> Minimized:
         """The whole run as one task on the worker holding every shard."""
         p, cfg = self.plan, self.plan.config
         sizes = [b - a for a, b in p.ranges]
         leaf = fullbatch.one_leaf(sizes, placement, p.recipe, self.run_id)
+        norm = self.cluster.normalization
         task = FullBatch(leaf, cfg.optim, cfg.model.l2, p.train_samples, cfg.train.epochs,
-                         self.normalization.shift, self.normalization.scale)
-        win = fullbatch.on_worker(0, TrainState(p.opt.params(start)), task, self.refs,
+                         norm.shift, norm.scale)
+        win = fullbatch.on_worker(0, TrainState(p.opt.params(start)), task, self.cluster.refs,
                                   placement.root, self.run_id)
+        self.counters.fused_windows += 1
         return self._wait(win)[0]
 
     def _from_driver(self, start: TrainState, placement: Placement, stop: Stop,
@@ -105,17 +115,16 @@ class FullBatchEngine(DaskEngine):
         """scipy here, each evaluation a graph over the workers."""
         p, cfg = self.plan, self.plan.config
         sizes = [b - a for a, b in p.ranges]
-        located = {f.key: w for w, f in self.items}
+        located, norm = self.cluster.located, self.cluster.normalization
 
         def gradient(params: Any) -> Any:
             self.evaluations += 1
-            win = fullbatch.evaluation(self.evaluations, params, self.refs, sizes, placement,
-                                       p.recipe, self.run_id)
+            win = fullbatch.evaluation(self.evaluations, params, self.cluster.refs, sizes,
+                                       placement, p.recipe, self.run_id)
             moves = win.transfers(located)
-            self.predicted_bytes += sum(win.nbytes.get(k, 0) for k, _, _ in moves)
-            self.predicted_transfers += len(moves)
-            self.fused = win.fused
-            self.step_tasks += win.step_tasks()
+            self.counters.predicted_bytes += sum(win.nbytes.get(k, 0) for k, _, _ in moves)
+            self.counters.predicted_transfers += len(moves)
+            self.counters.submitted(win)
             return self._wait(win)[0]
 
         def after(done: int) -> None:
@@ -125,11 +134,11 @@ class FullBatchEngine(DaskEngine):
 
         return minimize(gradient, p.opt.params(start), p.net, cfg.optim, cfg.model.l2,
                         p.train_samples, cfg.train.epochs, after,
-                        raw_units(p.net, self.normalization.shift, self.normalization.scale))
+                        raw_units(p.net, norm.shift, norm.scale))
 
     def _wait(self, win: Window) -> list[Any]:
         """Submit ``win`` and wait for its ends (a cluster left without workers: one line)."""
-        futures = self._submit(win)
+        futures = self.cluster.submit(win)
         try:
             return gather(self.client, futures, self.plan.config.cluster.timeout,
                           "; no checkpoint is kept by optim.name = 'lbfgs'")

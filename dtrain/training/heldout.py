@@ -25,7 +25,7 @@ from dtrain.data.shards import load_part
 from dtrain.deploy.workers import forgotten
 from dtrain.maths.optim import TrainState
 from dtrain.taskgraph import handoff
-from dtrain.taskgraph.dataparallel import HeldOut, add_evaluation
+from dtrain.taskgraph.evaluation import HeldOut, add_evaluation
 from dtrain.taskgraph.handoff import StateGone
 from dtrain.taskgraph.placement import Placement
 from dtrain.taskgraph.records import Evaluate

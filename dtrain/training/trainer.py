@@ -3,8 +3,9 @@
 :func:`train` and :func:`resume` are the public entry points (the CLI is a
 thin layer over them).  They validate everything they can before any cluster
 starts (:func:`~dtrain.training.plan.plan`), then run the plan on an engine
-(:mod:`dtrain.training.engines`: in this process for the serial reference,
-as Dask task graphs for every other strategy) and write the run directory.
+(:mod:`dtrain.training.serial` in this process for the serial reference,
+:mod:`dtrain.training.engines` as Dask task graphs for every other strategy) and write
+the run directory (what its summary says: :mod:`dtrain.training.summary`).
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from dtrain.core import broadcast
 from dtrain.core.config import Config, DataConfig
 from dtrain.core.errors import Diverged, Stopped, UserError
 from dtrain.core.modelfile import ModelSpec
-from dtrain.core.version import __version__
 from dtrain.deploy import mainguard, plugins
 from dtrain.deploy.connect import connect, running_scheduler
 from dtrain.deploy.logs import lost_gathers_quiet
@@ -32,19 +32,19 @@ from dtrain.deploy.options import make_ahead, warn_if_theirs
 from dtrain.deploy.signals import AT_EDGE, AT_ONCE, StopSignals
 from dtrain.maths.optim import TrainState
 from dtrain.observe.console import Echo
-from dtrain.observe.metrics import peak_rss_mb
 from dtrain.observe.recorder import Recorder
 from dtrain.observe.rundir import new_run_dir
 from dtrain.taskgraph import strategies
 from dtrain.training import checkpoint, collections
 from dtrain.training.checkpoint import Checkpoints
 from dtrain.training.collections import Collection
-from dtrain.training.course import Outcome, Start, stop_before
+from dtrain.training.course import Start, stop_before
 from dtrain.training.engines import DaskEngine
 from dtrain.training.fullbatch import FullBatchEngine
 from dtrain.training.plan import Plan, part_spec, partitioned, plan, plan_on
 from dtrain.training.serial import SerialEngine
 from dtrain.training.stopping import Watch
+from dtrain.training.summary import head_cpu, model_spec, run_summary
 
 
 @dataclass
@@ -268,8 +268,8 @@ def _run(the_plan: Plan, recorder: Recorder, start: Start, client: Client | None
             raise Stopped("SIGINT", None, len(the_plan.schedule), saved, recorder.path) \
                 from None
         params = the_plan.net.named(the_plan.opt.params(outcome.state))
-        summary = _summary(the_plan, outcome, watch, recorder.phases)
-        summary["head_cpu_ms_per_step"] = _head_cpu(the_plan, recorder.cpu)
+        summary = run_summary(the_plan, outcome, watch, recorder.phases)
+        summary["head_cpu_ms_per_step"] = head_cpu(the_plan, recorder.cpu)
         spec = model_spec(the_plan, outcome, watch)
         recorder.finish(params, summary, spec, keep_checkpoint=watch.stopped is None)
         if signals.requested:
@@ -347,7 +347,9 @@ def _cluster(cfg: Config, client: Client | None, leaves: int = 0) -> Iterator[Cl
         raise UserError(f"graph.strategy = '{strategy.name}' needs {needed} workers "
                         f"({strategy.workers_word.removeprefix('the head + ')}), found "
                         f"{c.workers}; use --workers {needed}")
-    with connect(c, needed, leaves) as own, lost_gathers_quiet():
+    # quiet from the cluster's start: dtrain calls every worker as it starts them, and one
+    # may be lost meanwhile
+    with lost_gathers_quiet(), connect(c, needed, leaves) as own:
         yield own
 
 
@@ -373,137 +375,3 @@ def data_name(cfg: DataConfig) -> str:
         name = name.removesuffix(suffix)
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
     return name or cfg.dataset
-
-
-def model_spec(plan: Plan, outcome: Outcome, watch: Watch) -> ModelSpec:
-    """What ``model.json`` says: the network, its input normalization and class labels."""
-    m, d = plan.config.model, plan.config.data
-    images = {"image_size": list(d.image_size), "grayscale": d.grayscale} \
-        if d.dataset in ("mnist", "image-folder") else {}
-    if d.dataset == "image-folder":
-        images["channels_first"] = True         # colour rows (C, H, W): data.readers.read_image
-    values = plan.net.regression                # a regression names targets, not classes
-    return ModelSpec(tuple(m.layers), m.activation, m.loss, m.dtype, outcome.normalization,
-                     () if values else plan.info.labels, plan.info.names,
-                     {"dataset": plan.info.name, "data_path": d.path or None, **images,
-                      "label_column": d.label or None, "init_from": m.init_from or None,
-                      "epochs": len(outcome.metrics), "train_samples": plan.train_samples,
-                      **watch.summary(), "dtrain": __version__},
-                     tuple(map(str, plan.info.labels)) if values else (),
-                     tuple(m.input_shape))
-
-
-def _summary(plan: Plan, outcome: Outcome, watch: Watch, phases: dict[str, float]
-             ) -> dict[str, Any]:
-    """What ``summary.json`` says about a finished run."""
-    cfg, net = plan.config, plan.net
-    last = outcome.metrics[-1] if outcome.metrics else {}
-    return {
-        "dataset": plan.info.name,
-        "strategy": cfg.graph.strategy,
-        "workers": outcome.workers,
-        "threads": outcome.graph.get("threads", 0),
-        "layout": cfg.cluster.layout,
-        "shards": len(plan.ranges),
-        "fan_in": plan.recipe.fan_in,
-        "epochs": cfg.train.epochs,
-        "epochs_run": len(outcome.metrics),
-        **watch.summary(),
-        "steps": outcome.steps if outcome.solver else len(plan.schedule),  # lbfgs: evaluations
-        "steps_run": outcome.steps if outcome.solver else
-        (watch.stopped * plan.schedule.steps_per_epoch if watch.stopped
-         else len(plan.schedule)),
-        "batch_size": min(cfg.train.batch_size, plan.train_samples),
-        "parameters": net.size,
-        "train_samples": plan.train_samples,
-        "val_samples": plan.info.val,
-        "test_samples": plan.info.test,
-        "seconds": outcome.seconds,
-        "setup_seconds": outcome.setup_seconds,
-        "phases": phases,
-        "samples_per_second": outcome.samples / outcome.seconds
-        if outcome.seconds else None,
-        "final_train_loss": last.get("train_loss"),
-        "final_train_accuracy": last.get("train_accuracy"),
-        "final_val_accuracy": last.get("val_accuracy"),
-        "test_loss": outcome.test["loss"] if outcome.test else None,
-        "test_accuracy": outcome.test["accuracy"] if outcome.test else None,
-        **_regression(plan, outcome),
-        **_timing(outcome),
-        **_comm(outcome),
-        **_graph(outcome),
-        "work_split": outcome.split,
-        **({"data_moved": outcome.moved} if outcome.moved else {}),
-        **({"solver": outcome.solver} if outcome.solver else {}),
-        "driver_peak_rss_mb": round(peak_rss_mb(), 1),
-        "worker_peak_rss_mb": outcome.worker_rss,
-    }
-
-
-def _head_cpu(plan: Plan, marks: list[tuple[int, float]]) -> float | None:
-    """This process's CPU (the driver's, and a LocalCluster's or the head rank's scheduler
-    beside it) per training step in steady state, in milliseconds: between the first and the
-    last epoch rows recorded (rows come as windows end), over the steps between their
-    epochs; None where they are one window's."""
-    if len(marks) < 2 or marks[-1][0] <= marks[0][0]:
-        return None
-    (first, start), (last, end) = marks[0], marks[-1]
-    return (end - start) * 1e3 / ((last - first) * plan.schedule.steps_per_epoch)
-
-
-def _regression(plan: Plan, outcome: Outcome) -> dict[str, Any]:
-    """A regression's test figures (each the mean over targets), computed on the worker with
-    the test loss; nothing for a classifier."""
-    if not plan.net.regression:
-        return {}
-    test = outcome.test or {}
-    return {f"test_{k}": test.get(k) for k in ("r2", "rmse", "mae")}
-
-
-def _comm(outcome: Outcome) -> dict[str, Any]:
-    """Bytes between workers: as the graphs predict, and as Dask recorded them."""
-    if not outcome.comm or not outcome.steps:
-        return {"comm_bytes_per_step": None, "comm_bytes_measured_per_step": None}
-    return {"comm_bytes_per_step": outcome.comm["predicted"] / outcome.steps,
-            "comm_bytes_measured_per_step": outcome.comm["measured"] / outcome.steps,
-            "comm_transfers": outcome.comm["transfers"]}
-
-
-def _graph(outcome: Outcome) -> dict[str, Any]:
-    """Tasks and transfers per step (the graphs' count; Dask's transfer records), and whether
-    a worker's shards shared a task."""
-    g, steps = outcome.graph, outcome.steps
-    if not g or not steps:
-        return {"tasks_per_step": None, "transfers_per_step": None}
-    fused = g.get("fused")
-    return {"tasks_per_step": g["tasks"] / steps,
-            "transfers_per_step": outcome.comm["predicted_transfers"] / steps,
-            "transfers_measured_per_step": outcome.comm["transfers"] / steps,
-            "fused_shards": None if fused is None else {"fused": fused[0], "why": fused[1]},
-            "fused_windows": g.get("fused_windows", 0),
-            "spanned_windows": g.get("spanned_windows", 0),
-            "segmented_windows": g.get("segmented_windows", 0),
-            "described_windows": g.get("described_windows", 0),
-            "step_sum": g.get("step_sum"),
-            "worker_to_worker": g.get("via", []),
-            "scheduler_tasks_per_step": outcome.compute["scheduler_tasks"] / steps
-            if "scheduler_tasks" in outcome.compute else None,
-            "window_reruns": g.get("reruns", []),
-            "state_bytes_in_graphs": g.get("state_bytes_in_graphs", 0),
-            "epoch_states_fetched": g.get("epoch_states_fetched", 0),
-            "device_choice": g.get("choice") or None}
-
-
-def _timing(outcome: Outcome) -> dict[str, Any]:
-    """Efficiency (time in forward-backward / wall time, over workers) and per-step overhead
-    (wall time per step minus the compute on the step's critical path)."""
-    c, steps = outcome.compute, outcome.steps
-    if not steps or not outcome.seconds or not c:
-        return {"efficiency": None, "step_seconds": None, "overhead_per_step": None}
-    step = outcome.seconds / steps
-    lanes = max(outcome.graph.get("threads", 0), outcome.workers, 1)   # tasks side by side
-    return {"efficiency": c["forward_backward_seconds"] / (outcome.seconds * lanes),
-            "step_seconds": step, "compute_per_step": c["critical_seconds"] / steps,
-            "overhead_per_step": step - c["critical_seconds"] / steps,
-            "task_seconds": {k.removesuffix("_seconds"): v for k, v in c.items()
-                             if k.endswith("_seconds") and k != "critical_seconds"}}
