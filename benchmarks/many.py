@@ -18,6 +18,7 @@ cores the step time says little about a cluster, the driver's CPU a lot.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m benchmarks.many", description=__doc__.split("\n")[0])
     ap.add_argument("--workers", default="1,2,8,16,32")
     ap.add_argument("--epochs", default="3,12", help="the short and the long run's epochs")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="pairs of runs per worker count; the head CPU figures are their "
+                         "medians (the long-minus-short one moves with the cluster's start, "
+                         "whose CPU varies by more than the difference at 32 workers)")
     ap.add_argument("--data-dir", type=Path, default=None)
     args = ap.parse_args(argv)
     counts = [int(w) for w in args.workers.split(",")]
@@ -86,17 +91,24 @@ def main(argv: list[str] | None = None) -> int:
     ref = None
     with tempfile.TemporaryDirectory(prefix="dtrain-many-") as tmp:
         for w in counts:
-            a = _run(w, short, Path(tmp) / f"{w}-short", data)
-            b = _run(w, long_, Path(tmp) / f"{w}-long", data)
-            blob = (Path(tmp) / f"{w}-long" / "params.npz").read_bytes()
-            ref = blob if ref is None else ref
-            extra = (b["head_cpu_s"] - a["head_cpu_s"]) * 1e3 / (b["steps"] - a["steps"])
+            extras, heads, same = [], [], True
+            for r in range(args.repeat):
+                a = _run(w, short, Path(tmp) / f"{w}-short-{r}", data)
+                b = _run(w, long_, Path(tmp) / f"{w}-long-{r}", data)
+                blob = (Path(tmp) / f"{w}-long-{r}" / "params.npz").read_bytes()
+                ref = blob if ref is None else ref
+                same = same and blob == ref
+                extras.append((b["head_cpu_s"] - a["head_cpu_s"]) * 1e3 /
+                              (b["steps"] - a["steps"]))
+                heads.append(b.get("head_cpu_ms_per_step"))
             tasks = b.get("scheduler_tasks_per_step")
             per_worker = None if tasks is None else tasks / w
-            head = b.get("head_cpu_ms_per_step")
-            print(f"| {w} | {'yes' if blob == ref else 'NO'} | "
+            head = None if None in heads else statistics.median(heads)
+            extra = f"{statistics.median(extras):.3f}" + \
+                (f" ({min(extras):.3f}-{max(extras):.3f})" if len(extras) > 1 else "")
+            print(f"| {w} | {'yes' if same else 'NO'} | "
                   f"{'-' if per_worker is None else f'{per_worker:.3f}'} | "
-                  f"{'-' if head is None else f'{head:.3f}'} | {extra:.3f} | "
+                  f"{'-' if head is None else f'{head:.3f}'} | {extra} | "
                   f"{b['step_seconds'] * 1e3:.2f} | {b.get('step_sum') or 'one worker'} |",
                   flush=True)
     return 0
