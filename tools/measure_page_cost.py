@@ -6,7 +6,7 @@ page open in a browser, alternating.
 Runs ``python -m dtrain --workers W --set cluster.layout=flat DTRAIN_ARGS`` (default
 arguments: iris, 300 epochs) ``--repeats`` times in each condition, alternating: *none*,
 no dashboard (``cluster.dashboard_address = ""``); *page*, a dashboard with /dtrain open in
-headless Chromium from before the first step to the end (it refreshes twice a second and
+headless Chromium from before the first step to the end (it refreshes once a second and
 receives every window's spans).  Prints each run's training ms per step (``summary.json``:
 ``seconds`` over ``steps_run``), the medians, and the median of the paired differences.
 Needs Debian's ``chromium`` and ``chromium-driver``.  Timings only: not a test.
