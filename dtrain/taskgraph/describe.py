@@ -15,8 +15,9 @@ the steps themselves.  For the data-parallel steps with replicated updates (the
 * per window, hands each worker a :class:`~dtrain.taskgraph.expand.Description` of a few
   hundred bytes (:func:`window`).
 
-What the scheduler sees of a window is what it sees of a cut one: a task per worker
-(``window-<first>-<last>-w<rank>``), the end picked out of the collector's, and the meta.
+What the scheduler sees of a window: a task per worker (``window-<first>-<last>-w<rank>``,
+as a cut window's), and one more on the collector that brings the end and the meta
+(``kept-<step>``).
 The step-by-step graph stays what dtrain draws, and what ``graph.fuse_steps = false``
 runs; its bytes and these are the same (``tests/test_describe.py``).
 """

@@ -135,5 +135,6 @@ def evaluate_test(client: Client, plan: Plan, run: str, state: TrainState, test:
             with dask.annotate(workers=win.where.__getitem__, allow_other_workers=True):
                 return client.get(win.dsk, key)
         except StateGone:       # the same keys next, with the state sent: once the failed
-            forgotten(client, list(win.dsk), plan.config.cluster.timeout)   # ones are gone, not their outcome
+            forgotten(client, list(win.dsk),    # ones are gone (else their outcome comes
+                      plan.config.cluster.timeout)                  # back for them)
     raise AssertionError("unreachable: the literal state always evaluates")
