@@ -5,7 +5,7 @@ The engine runs such a window as a task per worker, its crossings sent worker to
 (:mod:`dtrain.taskgraph.span`).  This measures what one message costs
 (:mod:`benchmarks.p2p`: dtrain's mesh over TCP and Unix sockets, and mpi4py
 point-to-point where mpiexec is here) and what dtrain's chain spends per task beyond the
-task, checks the model (:func:`benchmarks.costmodel.across`) against dtrain runs of P3
+task, checks the model (:func:`benchmarks.costacross.across`) against dtrain runs of P3
 and iris on 1, 2 and 4 worker processes here, and predicts 16, 64 and 256 nodes of 16
 cores (a worker per node) on a cluster network (``--net-latency``, ``--net-bandwidth``)
 beside an MPI program that runs the same tree with MPI's per-message cost, and beside a
@@ -19,7 +19,7 @@ import math
 import time
 from typing import Any
 
-from benchmarks import costmodel
+from benchmarks import costacross, costmodel
 from benchmarks.measured import _epochs, _hop, compute_rates, measured_step
 
 
@@ -134,12 +134,12 @@ def main(args: Any) -> int:
             share = min(1.0, machine_cores() / workers)
             layers = tuple(cfg.model.layers)
             if workers == 1:        # one worker: the fused chain, what it costs beyond maths
-                bare = costmodel.across(layers, rows, 1, 1, {"bare": local}, rate["flops"],
+                bare = costacross.across(layers, rows, 1, 1, {"bare": local}, rate["flops"],
                                         rate["update"])["bare"]
                 fitted[name] = node + max(got - bare, 0.0) / _tasks_per_step(cfg)
                 continue
             wire = dataclasses.replace(local, node=fitted[name])
-            pred, _ = costmodel.described(layers, rows, workers, 1, wire, rate["flops"] * share,
+            pred, _ = costacross.described(layers, rows, workers, 1, wire, rate["flops"] * share,
                                           rate["update"] / share, add / share, node / share)
             print(f"| {name} | {workers} | {fitted[name] * 1e6:.1f} | {pred * 1e3:.2f} | "
                   f"{got * 1e3:.2f} | {got / pred:.2f} |", flush=True)
@@ -154,10 +154,10 @@ def main(args: Any) -> int:
     models = {m: (layers, r, rates[m]["flops"], rates[m]["update"])
               for m, (layers, r) in ACROSS_MODELS.items()}
     latency, bandwidth = args.net_latency * 1e-6, args.net_bandwidth * 1e9
-    nodes = costmodel.NODES_JSON if args.json else costmodel.NODES
-    rows = costmodel.across_rows(wires, models, latency, bandwidth, add, nodes, node)
+    nodes = costacross.NODES_JSON if args.json else costacross.NODES
+    rows = costacross.across_rows(wires, models, latency, bandwidth, add, nodes, node)
     print()
-    print(f"Predictions, not measurements: {costmodel.NODE_CORE_COUNT}-core nodes, a worker per "
+    print(f"Predictions, not measurements: {costacross.NODE_CORE_COUNT}-core nodes, a worker per "
           f"node, a shard per core, fan-in 2, replicated updates; a network of "
           f"{args.net_latency:g} us and {args.net_bandwidth:g} GB/s; each message costs its "
           f"software's alpha (measured here) plus the network's latency, its bytes at the lesser "
@@ -165,11 +165,11 @@ def main(args: Any) -> int:
     for m, (layers, r, _, _) in models.items():
         print(f"* {m}: {'-'.join(map(str, layers))}, {r} rows per core and step")
     print()
-    print(costmodel.markdown_across(rows, ("dtrain", "mpi") if mpi is not None
+    print(costacross.markdown_across(rows, ("dtrain", "mpi") if mpi is not None
                                     else ("dtrain", "dtrain")))
     if args.json:
-        found = costmodel.as_json(rows, wires, latency, bandwidth, add, node)
-        found["strong"] = costmodel.strong_rows(wires, models, latency, bandwidth, add, op=node)
+        found = costacross.as_json(rows, wires, latency, bandwidth, add, node)
+        found["strong"] = costacross.strong_rows(wires, models, latency, bandwidth, add, op=node)
         args.json.write_text(json.dumps(found, indent=1) + "\n")
         print(f"\nwrote {args.json}")
     return 0

@@ -143,7 +143,7 @@ def test_the_layout_model_adds_up():
 
 
 def test_the_across_table_takes_the_drivers_pace_where_it_is_the_slower():
-    from benchmarks.costmodel import markdown_across
+    from benchmarks.costacross import markdown_across
     row = {"model": "P3", "nodes": 256, "cores": 4096, "compute": 1e-3, "allreduce": 3.5e-3,
            "dtrain": 7e-3, "mpi": 3.4e-3, "schedule": "halving"}
     fast, slow = (markdown_across([dict(row, driver=d)]).splitlines()[-1].split(" | ")
@@ -153,10 +153,11 @@ def test_the_across_table_takes_the_drivers_pace_where_it_is_the_slower():
 
 
 def test_the_described_step_is_the_nodes_work_plus_the_chosen_sum():
-    """costmodel.described: one node is its compute alone; on more, the schedule the engine
+    """costacross.described: one node is its compute alone; on more, the schedule the engine
     would pick (a halving for P3's buffer on a 10 GB/s network) and its simulated time on top,
     growing with log2 of the nodes, not with the nodes."""
-    from benchmarks.costmodel import Wire, described, strong_rows
+    from benchmarks.costacross import described, strong_rows
+    from benchmarks.costmodel import Wire
     wire = Wire(12e-6, 5e9, 2e-6).across(2e-6, 10e9)
     one, none = described((784, 128, 10), 16, 1, 16, wire, 50e9, 1e-4, 0.1e-9)
     at = {n: described((784, 128, 10), 16, n, 16, wire, 50e9, 1e-4, 0.1e-9) for n in (4, 64)}

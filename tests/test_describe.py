@@ -65,7 +65,7 @@ def test_the_driver_sends_the_same_few_hundred_bytes_whatever_the_steps():
                              for k in win.dsk)
     assert max(sizes.values()) < 512 and abs(sizes[9] - sizes[99_999]) <= 16
     assert nodes[9] == nodes[99_999] and len(nodes[9]) == len(lay.workers) + 1
-    # (how long the driver takes per window: benchmarks.costmodel.driver_seconds)
+    # (how long the driver takes per window: benchmarks.costacross.driver_seconds)
 
 
 @pytest.mark.parametrize("workers", [2, 5])
