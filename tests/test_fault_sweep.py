@@ -27,7 +27,6 @@ the end (``-s``, or in the terminal's summary).  ``DTRAIN_SWEEP_KINDS=cli,train,
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -36,26 +35,21 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import pytest
 
-from conftest import REPO
+from helpers.sweep import (INT, KILL_DRIVER, KILL_WORKER, SIGNALLED, TERM, USR1, Life, Tried,
+                           Watch, group_left, instants, popen, sha, tracebacks)
 
 SEED = 38
 # iris, 12 epochs of 7 steps in windows of 7: a window edge and a checkpoint each epoch
 SETTINGS = ["train.epochs=12", "graph.window=7"]
 ARGS = [arg for s in SETTINGS for arg in ("--set", s)] + ["--dashboard-address", ""]
 CHILD = Path(__file__).parent / "helpers" / "sweep_child.py"
-INT, TERM, USR1, KILL_WORKER, KILL_DRIVER = ("SIGINT to the group", "SIGTERM", "SIGUSR1",
-                                             "SIGKILL a worker", "SIGKILL the driver")
-SIGNALLED = {INT: signal.SIGINT, TERM: signal.SIGTERM, USR1: signal.SIGUSR1}
 CODES = {INT: 130, TERM: 75, USR1: 75}
 BEFORE = {INT: "interrupted", TERM: "stopped by SIGTERM", USR1: "stopped by SIGUSR1"}
 LIMIT = 120                 # seconds a run, or a resume, may take before it is a failure
-LAST_EPOCH = ("epoch 12/12", "Iteration 12,")       # the last epoch's line: a run's, a fit's
 
 # The phases of a life, between the marks of an undisturbed one: (name, first mark, last
 # mark, instants, the faults that can land there).  A command line's marks are seconds
@@ -78,197 +72,13 @@ FIT_PHASES = (("checks, the embedded cluster's start", "call", "worker", 2, PY),
               ("the fitted model", "first", "back", 1, PY))
 
 
-@dataclass
-class Life:
-    """An undisturbed life: what it trained (a digest) and when its marks came."""
-
-    trained: str
-    marks: dict[str, float]
-
-
-@dataclass
-class Tried:
-    """One instant: the fault, when (seconds after the mark ``anchor``), in which phase, what
-    came of it, and what was wrong."""
-
-    fault: str
-    at: float
-    anchor: str
-    phase: str
-    state: str = ""
-    problems: list[str] = field(default_factory=list)
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
-                                                        os.environ.get("PYTHONPATH")]))}
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _popen(command: list[str], stdin: bool = False) -> subprocess.Popen:
-    return subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.PIPE if stdin else None,
-                            text=True, start_new_session=True)
-
-
-def _group_left(pgid: int, grace: float = 10.0) -> list[str]:
-    """The processes of a process group still alive ``grace`` seconds on (killed then, so
-    that one failure does not spoil the instants after it)."""
-    def alive() -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter():
-            try:
-                if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
-            except (psutil.Error, ProcessLookupError):
-                continue
-        return found
-    deadline = time.monotonic() + grace
-    while (left := alive()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    names = []
-    for proc in left:
-        try:
-            names.append("left running: " + " ".join(proc.cmdline())[:80])
-            proc.kill()
-        except psutil.Error:
-            pass
-    return names
-
-
-def _workers(pid: int) -> list[int]:
-    """The Dask worker processes under ``pid`` (spawned by multiprocessing)."""
-    try:
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)
-                if "spawn_main" in " ".join(c.cmdline())]
-    except psutil.Error:
-        return []
-
-
-def _tracebacks(err: str) -> list[str]:
-    """A traceback on stderr: the first, whole (up to 1,500 characters), and how stderr
-    ended."""
-    lines = err.strip().splitlines()
-    begun = [i for i, line in enumerate(lines)
-             if "Traceback" in line or "Exception ignored" in line]
-    return [f"a traceback on stderr: {chr(10).join(lines[begun[0]:])[:1500]} ... "
-            f"{lines[-1][:200]}"] if begun else []
-
-
-# --- lives ---------------------------------------------------------------------------------
-
-class Watch:
-    """Reads a process's lines as they come, noting when each mark of its life came
-    (seconds since ``began``), and deals a fault at its instant from a thread of its own."""
-
-    def __init__(self, proc: subprocess.Popen, began: float, first: str = "start"):
-        self.proc, self.began = proc, began
-        self.marks: dict[str, float] = {}
-        self.events = {name: threading.Event() for name in
-                       ("start", "call", "worker", "first", "last", "done", "back")}
-        if first == "start":
-            self._mark("start")
-
-    def _mark(self, name: str) -> None:
-        if name not in self.marks:
-            self.marks[name] = time.monotonic() - self.began
-            self.events[name].set()
-
-    def read(self, until_back: bool = False) -> list[str]:
-        """Its lines, to ``MARK back`` (a script's call) or to the end."""
-        lines = []
-        for line in self.proc.stdout:
-            lines.append(line)
-            if line.startswith(("epoch", "Iteration")):
-                self._mark("first")
-                if line.startswith(LAST_EPOCH):
-                    self._mark("last")
-            elif line.startswith("done:"):
-                self._mark("done")
-            elif line.startswith("MARK call"):
-                self._mark("call")
-            elif line.startswith("MARK back"):
-                self._mark("back")
-                if until_back:
-                    return lines
-        self._mark("back")
-        return lines
-
-    def ended(self) -> bool:
-        return self.events["back"].is_set() or self.proc.poll() is not None
-
-    def watch_workers(self) -> None:
-        """Note when the first worker process appears (the cluster is starting)."""
-        while not self.ended():
-            if _workers(self.proc.pid):
-                self._mark("worker")
-                return
-            time.sleep(0.01)
-
-    def deal(self, tried: Tried) -> None:
-        """Deal the fault ``tried.at`` seconds after its phase's first mark came, if the
-        process (or the script's call) still goes on then."""
-        while not self.events[tried.anchor].wait(0.005):
-            if self.ended():
-                tried.state = "after the end"
-                return
-        left = tried.at - (time.monotonic() - self.began - self.marks[tried.anchor])
-        if self.events["back"].wait(max(0.0, left)) or self.proc.poll() is not None:
-            tried.state = "after the end"
-            return
-        try:
-            if tried.fault == INT:
-                os.killpg(self.proc.pid, signal.SIGINT)
-            elif tried.fault in SIGNALLED:
-                self.proc.send_signal(SIGNALLED[tried.fault])
-            elif tried.fault == KILL_DRIVER:
-                self.proc.kill()
-            else:                   # none yet: the first as soon as there is one
-                while not (victims := _workers(self.proc.pid)) and not self.ended():
-                    time.sleep(0.005)
-                if not victims:
-                    tried.state = "no worker before the end"
-                    return
-                os.kill(victims[0], signal.SIGKILL)
-        except ProcessLookupError:
-            tried.state = "after the end"
-
-    def watched(self, tried: Tried | None, until_back: bool = False) -> list[str]:
-        """:meth:`read`, meanwhile noting the first worker and dealing ``tried``."""
-        helpers = [threading.Thread(target=self.watch_workers)]
-        helpers += [threading.Thread(target=self.deal, args=(tried,))] if tried else []
-        for helper in helpers:
-            helper.start()
-        lines = self.read(until_back)
-        for helper in helpers:
-            helper.join()
-        return lines
-
-
-def _instants(life: Life, phases: tuple, rng: random.Random, prefix: str = "") -> list[Tried]:
-    """Each phase's instants, one drawn in each equal slice of it (as seconds after its
-    first mark), its faults dealt round in a shuffled order."""
-    out = []
-    for name, a, b, n, faults in phases:
-        span = life.marks[b] - life.marks[a]
-        dealt = rng.sample(faults, len(faults))
-        for i in range(n):
-            out.append(Tried(dealt[i % len(dealt)], round(span * (i + rng.random()) / n, 3),
-                             a, prefix + name))
-    return out
-
-
 # --- the command line -------------------------------------------------------------------
 
 def _cli(args: list[str], tried: Tried | None = None) -> tuple[Watch, str, str, list[str]]:
     """``python -m dtrain ARGS`` to its end, ``tried`` dealt: its watch, stdout, stderr, and
     what was wrong (hung, left running)."""
     began = time.monotonic()
-    watch = Watch(_popen([sys.executable, "-m", "dtrain", *args]), began)
+    watch = Watch(popen([sys.executable, "-m", "dtrain", *args]), began)
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(watch.proc.stderr))
     reader.start()
@@ -279,14 +89,14 @@ def _cli(args: list[str], tried: Tried | None = None) -> tuple[Watch, str, str, 
     hung.cancel()
     reader.join()
     wrong = [f"still running after {LIMIT} s"] if time.monotonic() - began >= LIMIT else []
-    return watch, got, "".join(err), wrong + _group_left(watch.proc.pid)
+    return watch, got, "".join(err), wrong + group_left(watch.proc.pid)
 
 
 def _measure_cli(out: Path) -> Life:
     watch, _, err, wrong = _cli(["--out", str(out), *ARGS])
     assert watch.proc.returncode == 0 and not err and not wrong, (err, wrong)
     watch.marks["exit"] = time.monotonic() - watch.began
-    return Life(_sha(out / "params.npz"), watch.marks)
+    return Life(sha(out / "params.npz"), watch.marks)
 
 
 def _complete(out: Path, life: Life) -> list[str]:
@@ -294,7 +104,7 @@ def _complete(out: Path, life: Life) -> list[str]:
     wrong = [f"finished without {name}" for name in
              ("params.npz", "model.json", "report.html", "metrics.jsonl", "config.toml")
              if not (out / name).is_file()]
-    if not wrong and _sha(out / "params.npz") != life.trained:
+    if not wrong and sha(out / "params.npz") != life.trained:
         wrong.append("finished with other bytes than the undisturbed run's")
     if not wrong:
         rows = (out / "metrics.jsonl").read_text().splitlines()
@@ -306,7 +116,7 @@ def _complete(out: Path, life: Life) -> list[str]:
 def _resumed(out: Path, life: Life) -> list[str]:
     """``--resume``, as the hint says: exit 0, nothing on stderr, the undisturbed bytes."""
     watch, _, err, wrong = _cli(["--resume", str(out)])
-    wrong += _tracebacks(err)
+    wrong += tracebacks(err)
     if watch.proc.returncode != 0:
         return wrong + [f"--resume exited {watch.proc.returncode}: {err.strip()[-200:]}"]
     if err.strip():
@@ -318,7 +128,7 @@ def _judge_cli(tried: Tried, out: Path, life: Life, code: int, got: str, err: st
     bad, lines = tried.problems, err.strip().splitlines()
     finished = (out / "summary.json").exists()
     if tried.fault == KILL_DRIVER and code == -signal.SIGKILL:
-        if err.strip() and not _tracebacks(err):    # (a traceback is said already)
+        if err.strip() and not tracebacks(err):    # (a traceback is said already)
             bad.append(f"stderr after the driver was killed: {err.strip()[:300]}")
         if finished:
             tried.state = "killed when finished"
@@ -358,7 +168,7 @@ def _judge_cli(tried: Tried, out: Path, life: Life, code: int, got: str, err: st
 
 def _try_cli(tried: Tried, out: Path, life: Life) -> None:
     watch, got, err, wrong = _cli(["--out", str(out), *ARGS], tried)
-    tried.problems += _tracebacks(err) + wrong
+    tried.problems += tracebacks(err) + wrong
     _judge_cli(tried, out, life, watch.proc.returncode, got, err)
 
 
@@ -374,7 +184,7 @@ class Script:
         self.proc: subprocess.Popen | None = None
 
     def _start(self) -> None:
-        self.proc = _popen([sys.executable, str(CHILD), self.mode], stdin=True)
+        self.proc = popen([sys.executable, str(CHILD), self.mode], stdin=True)
         self.err = []
         proc = self.proc
         threading.Thread(target=lambda: self.err.extend(proc.stderr), daemon=True).start()
@@ -416,7 +226,7 @@ class Script:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             return [f"the script did not end within {LIMIT} s"]
-        return _tracebacks("".join(self.err)) + _group_left(self.proc.pid)
+        return tracebacks("".join(self.err)) + group_left(self.proc.pid)
 
 
 def _measure_script(script: Script, out: Path) -> Life:
@@ -424,7 +234,7 @@ def _measure_script(script: Script, out: Path) -> Life:
     second, undisturbed, whose marks are the life's (seconds since the call)."""
     for n in (1, 2):
         watch, result, err = script.call(out / str(n))
-        assert result and result["ended"]["how"] == "returned" and not _tracebacks(err), err
+        assert result and result["ended"]["how"] == "returned" and not tracebacks(err), err
     call = watch.marks["call"]
     return Life(result["trained"], {k: v - call for k, v in watch.marks.items()})
 
@@ -432,7 +242,7 @@ def _measure_script(script: Script, out: Path) -> Life:
 def _try_script(tried: Tried, script: Script, out: Path, life: Life) -> None:
     _, result, err = script.call(out, tried)
     bad = tried.problems
-    bad += _tracebacks(err)
+    bad += tracebacks(err)
     if result is None:
         bad.append(f"the script died or hung: {err.strip()[-300:]}")
         script.close()
@@ -494,7 +304,7 @@ def _sweep(kind: str, name: str, phases: tuple, tmp_path: Path, script: Script |
     began = time.monotonic()
     life = _measure_cli(tmp_path / kind) if script is None else \
         _measure_script(script, tmp_path / kind)
-    tried = _instants(life, phases, random.Random(f"{SEED}-{kind}"),
+    tried = instants(life, phases, random.Random(f"{SEED}-{kind}"),
                       "" if script is None else "py: ")
     chosen = _chosen(tried)
     for i, one in chosen:
