@@ -393,8 +393,9 @@ def test_a_run_keeps_the_process_objects_out_of_full_collections_and_gives_them_
 
 def test_the_test_splits_evaluation_sends_the_state_where_the_kept_one_is_gone(client):
     """The end of a run evaluates the state the root worker kept; where that worker holds
-    none (lost and started again), the same graph goes again with the state sent.  Sent at
-    once, the same keys came back with the first graph's failure about half the time."""
+    none (lost and started again), the same graph goes again with the state sent, once the
+    scheduler has forgotten the failed keys (sent at once, the same keys would bring back
+    the first graph's failure)."""
     from dtrain.core import keys
     from dtrain.deploy.workers import forgotten
 

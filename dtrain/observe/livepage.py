@@ -23,13 +23,13 @@ from dtrain.observe import figures, spans
 from dtrain.observe.runlog import BUSY_WINDOW, SPAN_SECONDS, STEP_POINTS, RunLog
 
 ROUTE = "/dtrain"
-REFRESH_MS = 1000          # a refresh costs the browser: 2 a second slowed 16 workers on
-                           # the same 2 cores by 25 %, 1 by 16 %
+REFRESH_MS = 1000          # each refresh is the browser's drawing, on cores the workers
+                           # may share (tools/measure_page_cost.py)
 STEP_COLUMNS = ("epoch", "step", "loss", "epoch_loss", "rate")
 EPOCH_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
                  "samples_per_second")
-SPANS_EVERY = 2.0        # seconds between two sendings of the spans at most (the browser's
-                         # drawing of them was 6 of the page's 16 % on 16 workers of 2 cores)
+SPANS_EVERY = 2.0        # seconds between two sendings of the spans at least: they are the
+                         # page's heaviest drawing, and show the last SPAN_SECONDS anyway
 SPAN_LIMIT = 3_000      # spans the page holds at most (beyond: every k-th step's)
 BUSY_NOTE = (f"<b>Inside the windows</b>: each worker's tasks as its window ran them, over the "
              f"last {SPAN_SECONDS:g} s of windows that ended (a window's spans arrive as it "
