@@ -15,6 +15,7 @@ from pathlib import Path
 
 import dask
 import pytest
+from bokeh.models import ColumnDataSource
 from dask.task_spec import DataNode, TaskRef
 from distributed import Client, LocalCluster
 
@@ -23,6 +24,7 @@ from conftest import REPO
 from dtrain.core import events, internals, keys
 from dtrain.core.keys import kind_of, parse, run_of
 from dtrain.data.shards import load_shard
+from dtrain.observe import livepage
 from dtrain.observe.runlog import RunLog
 from dtrain.taskgraph.dataparallel import window_graph
 from dtrain.taskgraph.placement import place
@@ -159,6 +161,60 @@ def test_update_outside_a_worker_sends_nothing():
     assert (states[0].vector == states[1].vector).all()
 
 
+def test_a_curve_of_the_page_holds_at_most_its_limit_every_kth_row_in_order():
+    source = ColumnDataSource({"x": [], "y": []})
+    curve = livepage.Thinned(source, limit=10)
+    for lo in range(0, 100, 7):
+        xs = list(range(lo, min(lo + 7, 100)))
+        curve.add({"x": xs, "y": [2 * x for x in xs]})
+        assert list(source.data["x"]) == list(range(0, xs[-1] + 1, curve.every))
+        assert len(source.data["x"]) <= 10
+    assert curve.every == 16
+    assert list(source.data["y"]) == [2 * x for x in range(0, 100, 16)]
+    curve.clear()
+    curve.add({"x": [5, 6], "y": [0, 1]})
+    assert dict(source.data) == {"x": [5, 6], "y": [0, 1]} and curve.every == 1
+
+
+def test_the_page_redraws_its_header_and_busy_panel_at_their_own_pace():
+    log = RunLog("r1")
+    log.on_event({"kind": "start", "dataset": "iris", "strategy": "allreduce", "workers": 1,
+                  "epochs": 9, "steps_per_epoch": 10, "train_samples": 100})
+
+    class Plugin:
+        def latest(self):
+            return log
+
+        def worker_names(self):
+            return {"w0": "0"}
+
+        def nthreads(self):
+            return {"w0": 1}
+
+    def step(n):
+        log.on_event({"kind": "step", "t": float(n), "epoch": 1, "seen": 10 * n, "step": n,
+                      "loss": 1.0, "epoch_loss": 1.0})
+
+    page = livepage.LivePage(Plugin())
+    step(1)
+    page.update(now=100.0)
+    assert "step 1/90" in page.header.text
+    step(2)
+    log.tasks.append(("forward-backward-2-0-r1", "w0", 1, "compute", time.time() - 1,
+                      time.time()))
+    page.update(now=100.0 + livepage.REFRESH_MS / 1000)       # the curves, not the header
+    assert list(page.steps.data["step"]) == [1, 2] and "step 1/90" in page.header.text
+    assert page.busy.data["forward-backward"] == [0.0]        # nor the busy panel yet
+    page.update(now=100.0 + livepage.SPANS_EVERY)
+    assert page.busy.data["forward-backward"][0] > 0 and "step 1/90" in page.header.text
+    page.update(now=100.0 + livepage.HEADER_EVERY)
+    assert "step 2/90" in page.header.text
+    step(3)
+    log.on_event({"kind": "end"})
+    page.update(now=100.0 + livepage.HEADER_EVERY + 0.1)      # the end: at once
+    assert "step 3/90" in page.header.text and "finished" in page.header.text
+
+
 def test_busy_shares_from_task_records():
     log = RunLog("r")
     now = 100.0
@@ -225,13 +281,19 @@ def test_prometheus_gauges_next_to_dask_metrics(training):
     assert re.search(r'^dtrain_worker_busy_fraction\{run="\w+",worker="1"\} ', later, re.M)
 
 
+LAST_STEP_JS = ("const s = Bokeh.documents[0].get_model_by_name('dtrain-steps').data.step;"
+                " return [s.length, s[s.length - 1]]")     # the curves' points, the newest step
+
+
 @pytest.mark.slow
 def test_live_page_renders_and_updates_in_chromium(training):
     with open_browser() as browser:
         browser.get(f"{training}/dtrain")
-        figs = bokeh_figures(browser, 5)
-        time.sleep(3)
+        bokeh_figures(browser, 5)
+        first = browser.execute_script(LAST_STEP_JS)
+        time.sleep(2.5 * livepage.REFRESH_MS / 1000)
         later = bokeh_figures(browser, 5)
+        last = browser.execute_script(LAST_STEP_JS)
         screenshot(browser, "live-page.png")
         header = browser.execute_script(
             "return Bokeh.documents[0].get_model_by_name('dtrain-header').text")
@@ -239,8 +301,8 @@ def test_live_page_renders_and_updates_in_chromium(training):
     drawn = {f["name"]: f for f in later if f["width"] > 100 and f["height"] > 100}
     assert set(drawn) == {"dtrain-loss", "dtrain-accuracy", "dtrain-rate", "dtrain-busy",
                           "dtrain-spans"}
-    steps = {f["name"]: f["rows"][0] for f in figs}["dtrain-loss"]
-    assert drawn["dtrain-loss"]["rows"][0] > steps > 0                 # points keep coming
+    assert last[1] > first[1] > 0                                      # points keep coming,
+    assert 0 < last[0] <= livepage.POINTS                              # at most so many
     assert drawn["dtrain-busy"]["rows"][0] == 2                        # one bar per worker
     assert "training" in header and "iris, allreduce on 2 worker(s)" in header
     assert "train_acc" in header and re.search(r"val_acc [\d.]+ \(epoch \d+\)", header)

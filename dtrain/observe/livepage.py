@@ -3,9 +3,10 @@
 :func:`install` adds it to the scheduler's own web server, next to
 distributed's pages and in its navigation bar
 (:func:`dtrain.core.internals.add_dashboard_page`); it reads the run logs of
-the :class:`~dtrain.observe.live.DtrainPlugin` that installs it twice a
-second.  A failure leaves the dashboard as it was (the training does not
-depend on the page).
+the :class:`~dtrain.observe.live.DtrainPlugin` that installs it every
+:data:`REFRESH_MS` (the header, the busy panel and the spans less often: each change is
+drawn again in the browser, on cores the workers may share).  A failure leaves the
+dashboard as it was (the training does not depend on the page).
 """
 from __future__ import annotations
 
@@ -20,17 +21,22 @@ from bokeh.models import ColumnDataSource, Div, FactorRange
 
 from dtrain.core import internals
 from dtrain.observe import figures, spans
-from dtrain.observe.runlog import BUSY_WINDOW, SPAN_SECONDS, STEP_POINTS, RunLog
+from dtrain.observe.runlog import BUSY_WINDOW, SPAN_SECONDS, RunLog
 
 ROUTE = "/dtrain"
-REFRESH_MS = 1000          # each refresh is the browser's drawing, on cores the workers
+REFRESH_MS = 2000          # each refresh is the browser's drawing, on cores the workers
                            # may share (tools/measure_page_cost.py)
 STEP_COLUMNS = ("epoch", "step", "loss", "epoch_loss", "rate")
 EPOCH_COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
                  "samples_per_second")
-SPANS_EVERY = 2.0        # seconds between two sendings of the spans at least: they are the
-                         # page's heaviest drawing, and show the last SPAN_SECONDS anyway
-SPAN_LIMIT = 3_000      # spans the page holds at most (beyond: every k-th step's)
+SPANS_EVERY = 4.0        # seconds between two sendings of the spans (and of the busy panel)
+                         # at least: the spans are the page's heaviest drawing, and show
+                         # the last SPAN_SECONDS anyway
+SPAN_LIMIT = 1_000      # spans the page holds at most (beyond: every k-th step's)
+HEADER_EVERY = 10.0      # seconds between two updates of the header's line at least: a new
+                         # text lays the whole page out again in the browser
+POINTS = 1_000          # points a curve of the page holds at most (beyond: every k-th one):
+                        # each refresh draws every point of a changed curve again
 BUSY_NOTE = (f"<b>Inside the windows</b>: each worker's tasks as its window ran them, over the "
              f"last {SPAN_SECONDS:g} s of windows that ended (a window's spans arrive as it "
              "ends; of a long window, a sample of its steps), coloured as in the task stream; "
@@ -55,6 +61,43 @@ def _num(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
+class Thinned:
+    """A growing series in a ``ColumnDataSource`` of at most ``limit`` rows: every row while
+    they fit; then every second row held is dropped and from then on only every second new
+    one is drawn, and so on (every ``every``-th row of the series, the first included)."""
+
+    def __init__(self, source: ColumnDataSource, limit: int = POINTS):
+        self.source, self.limit = source, limit
+        self.every = 1          # rows of the series a drawn row stands for
+        self.seen = 0           # rows of the series so far
+        self.held = 0           # rows in the source
+
+    def clear(self) -> None:
+        self.source.data = {c: [] for c in self.source.data}
+        self.every = 1
+        self.seen = self.held = 0
+
+    def add(self, columns: dict[str, list[Any]]) -> None:
+        """Append the series' next rows (``columns``: one list per column of the source)."""
+        n = len(next(iter(columns.values())))
+        first = -self.seen % self.every             # the first of them to draw
+        self.seen += n
+        new = {c: v[first::self.every] for c, v in columns.items()}
+        count = len(next(iter(new.values())))
+        if not count:
+            return
+        if self.held + count <= self.limit:
+            self.source.stream(new)
+            self.held += count
+            return
+        data = {c: [*self.source.data[c], *new[c]] for c in new}
+        while len(next(iter(data.values()))) > self.limit:
+            data = {c: v[::2] for c, v in data.items()}
+            self.every *= 2
+        self.held = len(next(iter(data.values())))
+        self.source.data = data
+
+
 class LivePage:
     """The figures of the latest run, updated from the plugin's :class:`RunLog`."""
 
@@ -64,11 +107,14 @@ class LivePage:
         self.steps_seen = self.epochs_seen = 0
         self.steps = ColumnDataSource({c: [] for c in STEP_COLUMNS}, name="dtrain-steps")
         self.epochs = ColumnDataSource({c: [] for c in EPOCH_COLUMNS}, name="dtrain-epochs")
+        self.step_curve, self.epoch_curve = Thinned(self.steps), Thinned(self.epochs)
         self.busy = ColumnDataSource({"worker": [], **{p: [] for p in figures.BUSY_PARTS}},
                                      name="dtrain-busy")
         self.spans = ColumnDataSource({c: [] for c in spans.COLUMNS}, name="dtrain-spans")
         self.spans_seen = 0
         self.spans_drawn = 0.0               # when the spans were last sent (monotonic)
+        self.header_drawn = -math.inf        # when the header last changed (monotonic)
+        self.busy_drawn = -math.inf          # when the busy panel was last computed
         self.header = Div(text="<h2>dtrain</h2><p>waiting for a dtrain run on this cluster</p>",
                           sizing_mode="stretch_width", name="dtrain-header")
         loss = figures.new_figure("Loss", "loss", name="dtrain-loss")
@@ -97,33 +143,38 @@ class LivePage:
                            Div(text=BUSY_NOTE, sizing_mode="stretch_width"),
                            sizing_mode="stretch_width")
 
-    def update(self) -> None:
+    def update(self, now: float | None = None) -> None:
+        """Bring the figures up to date (``now``: the monotonic clock's reading, for tests)."""
         plugin = self.plugin
         log = plugin.latest()
         if log is None:
             return
         if log.run != self.run:                    # a new run: start the figures afresh
             self.run, self.steps_seen, self.epochs_seen, self.spans_seen = log.run, 0, 0, 0
+            self.header_drawn = self.busy_drawn = -math.inf
             self.spans.data = {c: [] for c in spans.COLUMNS}
-            self.steps.data = {c: [] for c in STEP_COLUMNS}
-            self.epochs.data = {c: [] for c in EPOCH_COLUMNS}
+            self.step_curve.clear()
+            self.epoch_curve.clear()
         per_epoch = log.meta.get("steps_per_epoch") or 1
         new = min(log.steps_seen - self.steps_seen, len(log.steps))
         if new > 0:
             rows = [log.steps[i] for i in range(len(log.steps) - new, len(log.steps))]
-            self.steps.stream({
+            self.step_curve.add({
                 "epoch": [r["step"] / per_epoch for r in rows], "step": [r["step"] for r in rows],
                 "loss": [r["loss"] for r in rows], "epoch_loss": [r["epoch_loss"] for r in rows],
-                "rate": [_num(r["rate"]) for r in rows]}, rollover=STEP_POINTS)
+                "rate": [_num(r["rate"]) for r in rows]})
             self.steps_seen = log.steps_seen
         if len(log.epochs) > self.epochs_seen:
             rows = log.epochs[self.epochs_seen:]
-            self.epochs.stream({c: [_num(r.get(c)) for r in rows] for c in EPOCH_COLUMNS})
+            self.epoch_curve.add({c: [_num(r.get(c)) for r in rows] for c in EPOCH_COLUMNS})
             self.epochs_seen = len(log.epochs)
-        self._update_busy(plugin, log)
-        due = log.finished or time.monotonic() - self.spans_drawn >= SPANS_EVERY
+        now = time.monotonic() if now is None else now
+        if log.finished or now - self.busy_drawn >= SPANS_EVERY:
+            self.busy_drawn = now
+            self._update_busy(plugin, log)
+        due = log.finished or now - self.spans_drawn >= SPANS_EVERY
         if log.spans_seen != self.spans_seen and due:   # a window ended: its spans, the last s
-            self.spans_seen, self.spans_drawn = log.spans_seen, time.monotonic()
+            self.spans_seen, self.spans_drawn = log.spans_seen, now
             cols: dict[str, Any] = spans.columns(log.recent_spans(SPAN_SECONDS, SPAN_LIMIT),
                                                  plugin.worker_names())
             for name, kind in (("start", "f8"), ("end", "f8"), ("ms", "f4"), ("step", "i4"),
@@ -134,7 +185,10 @@ class LivePage:
             if list(self.spans_fig.y_range.factors) != lanes:   # (a change lays the page
                 self.spans_fig.y_range.factors = lanes            # out again in the browser)
                 self.spans_fig.height = 120 + 40 * max(len(lanes), 2)
-        self.header.text = self._header(log)
+        if log.finished or now - self.header_drawn >= HEADER_EVERY:
+            text = self._header(log)
+            if text != self.header.text:
+                self.header.text, self.header_drawn = text, now
 
     def _update_busy(self, plugin: Any, log: RunLog) -> None:
         names = plugin.worker_names()
