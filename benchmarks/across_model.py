@@ -104,6 +104,7 @@ def main(args: Any) -> int:
     import dask
     from dtrain.deploy import tuning
     from dtrain.deploy.layout import machine_cores
+    from dtrain.deploy.options import LOOPBACK, NO_DASHBOARD
     from dtrain.training.plan import plan
 
     data_dir = args.data_dir or DEFAULT_DATA
@@ -126,7 +127,8 @@ def main(args: Any) -> int:
             with dask.config.set({"distributed.scheduler.work-stealing": False}), \
                     tuning.allocator_env(), \
                     LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                 dashboard_address=":0") as lc, Client(lc) as client:
+                                 host=LOOPBACK, dashboard_address=NO_DASHBOARD) as lc, \
+                    Client(lc) as client:
                 rate = client.run(compute_rates, cfg, rows).popitem()[1]
                 got = measured_step(cfg, client)
             # each worker a node of one core, but the machine's cores are shared: a core's
@@ -147,7 +149,8 @@ def main(args: Any) -> int:
         wires = {k: dataclasses.replace(w, node=fitted["P3"]) if k == "dtrain" else w
                  for k, w in wires.items()}
     with tuning.allocator_env(), LocalCluster(n_workers=1, threads_per_worker=1,
-                                              processes=True, dashboard_address=":0") as lc, \
+                                              processes=True, host=LOOPBACK,
+                                              dashboard_address=NO_DASHBOARD) as lc, \
             Client(lc) as client:
         rates = {m: client.run(compute_rates, costmodel.config(layers, r, 1), r).popitem()[1]
                  for m, (layers, r) in ACROSS_MODELS.items()}

@@ -41,9 +41,12 @@ def compute_rates(cfg: Any, rows: int, repeat: int = 5) -> dict[str, float]:
 
 
 def measured_run(cfg: Any, client: Any) -> tuple[float, dict[str, Any]]:
-    """Median seconds per step of a dtrain run (epochs after the first), and its summary."""
+    """Median seconds per step of a dtrain run (epochs after the first), and its summary
+    (``client``: of the benchmark's own cluster on loopback, which dtrain need not warn of)."""
     import dtrain
+    from dtrain.deploy.options import started_by_dtrain
 
+    started_by_dtrain(client)
     with tempfile.TemporaryDirectory() as d:
         result = dtrain.train(cfg, client=client, out=Path(d) / "run", echo=None)
         rows = [json.loads(line) for line in open(Path(d) / "run" / "metrics.jsonl")]

@@ -67,6 +67,7 @@ import numpy as np
 from benchmarks import costmodel
 from benchmarks.costmodel import CHECK_MODELS
 from benchmarks.measured import _epochs, _hop, compute_rates, measured_run, measured_step
+from dtrain.deploy.options import LOOPBACK, NO_DASHBOARD
 
 DEFAULT_WORKLOADS = "iris,P3,P2,P1"
 
@@ -251,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     with dask.config.set({"distributed.scheduler.work-stealing": False}), \
             tuning.allocator_env(), \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                         dashboard_address=":0") as lc, Client(lc) as client:
+                         host=LOOPBACK, dashboard_address=NO_DASHBOARD) as lc, \
+            Client(lc) as client:
         tuning.low_latency(client)
         c = constants(client)
         print(f"constants (this machine, 2 worker processes): hop {c['hop'] * 1e3:.2f} ms, "
@@ -287,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             if runner is None:
                 with tuning.allocator_env(), \
                         LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                     dashboard_address=":0") as one, Client(one) as c1:
+                                     host=LOOPBACK, dashboard_address=NO_DASHBOARD) as one, \
+                        Client(one) as c1:
                     got = measured_step(_epochs(cfg, args.epochs), c1)
             else:
                 got = measured_step(_epochs(cfg, args.epochs), runner)
@@ -358,7 +361,8 @@ def layout_check(c: dict[str, float], models: list[str], widths: list[int],
                 with tuning.allocator_env(), \
                         LocalCluster(n_workers=1 if hybrid else n,
                                      threads_per_worker=n if hybrid else 1, processes=True,
-                                     dashboard_address=":0") as lc, Client(lc) as client:
+                                     host=LOOPBACK, dashboard_address=NO_DASHBOARD) as lc, \
+                        Client(lc) as client:
                     got, summary = measured_run(cfg, client)
                 lines.append(f"| {name} | {shape.name} | {n} | {step.tasks:.2f} | "
                              f"{summary.get('tasks_per_step') or 0:.2f} | {pred['bound']} | "
