@@ -24,7 +24,7 @@ from conftest import REPO
 from dtrain.core import events, internals, keys
 from dtrain.core.keys import kind_of, parse, run_of
 from dtrain.data.shards import load_shard
-from dtrain.observe import livepage
+from dtrain.observe import livepage, runlog
 from dtrain.observe.runlog import RunLog
 from dtrain.taskgraph.dataparallel import window_graph
 from dtrain.taskgraph.placement import place
@@ -176,26 +176,50 @@ def test_a_curve_of_the_page_holds_at_most_its_limit_every_kth_row_in_order():
     assert dict(source.data) == {"x": [5, 6], "y": [0, 1]} and curve.every == 1
 
 
+class OnePlugin:
+    """What the page reads of the scheduler's plugin: one run, one worker."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def latest(self):
+        return self.log
+
+    def worker_names(self):
+        return {"w0": "0"}
+
+    def nthreads(self):
+        return {"w0": 1}
+
+
+def test_the_scheduler_keeps_the_newest_epoch_rows_and_the_page_follows_them(monkeypatch):
+    monkeypatch.setattr(runlog, "EPOCH_ROWS", 5)
+    log = RunLog("r1")
+    page = livepage.LivePage(OnePlugin(log))
+
+    def epochs(lo, hi):
+        for e in range(lo, hi):
+            log.on_event({"kind": "epoch", "epoch": e, "train_loss": 1.0 / e})
+
+    epochs(1, 13)
+    assert len(log.epochs) == 5 and log.epochs_seen == 12 and log.epochs[-1]["epoch"] == 12
+    page.update(now=0.0)
+    assert list(page.epochs.data["epoch"]) == [8, 9, 10, 11, 12]
+    epochs(13, 16)
+    page.update(now=1.0)
+    assert list(page.epochs.data["epoch"]) == list(range(8, 16))
+
+
 def test_the_page_redraws_its_header_and_busy_panel_at_their_own_pace():
     log = RunLog("r1")
     log.on_event({"kind": "start", "dataset": "iris", "strategy": "allreduce", "workers": 1,
                   "epochs": 9, "steps_per_epoch": 10, "train_samples": 100})
 
-    class Plugin:
-        def latest(self):
-            return log
-
-        def worker_names(self):
-            return {"w0": "0"}
-
-        def nthreads(self):
-            return {"w0": 1}
-
     def step(n):
         log.on_event({"kind": "step", "t": float(n), "epoch": 1, "seen": 10 * n, "step": n,
                       "loss": 1.0, "epoch_loss": 1.0})
 
-    page = livepage.LivePage(Plugin())
+    page = livepage.LivePage(OnePlugin(log))
     step(1)
     page.update(now=100.0)
     assert "step 1/90" in page.header.text

@@ -164,10 +164,11 @@ class LivePage:
                 "loss": [r["loss"] for r in rows], "epoch_loss": [r["epoch_loss"] for r in rows],
                 "rate": [_num(r["rate"]) for r in rows]})
             self.steps_seen = log.steps_seen
-        if len(log.epochs) > self.epochs_seen:
-            rows = log.epochs[self.epochs_seen:]
+        new = min(log.epochs_seen - self.epochs_seen, len(log.epochs))
+        if new > 0:
+            rows = [log.epochs[i] for i in range(len(log.epochs) - new, len(log.epochs))]
             self.epoch_curve.add({c: [_num(r.get(c)) for r in rows] for c in EPOCH_COLUMNS})
-            self.epochs_seen = len(log.epochs)
+            self.epochs_seen = log.epochs_seen
         now = time.monotonic() if now is None else now
         if log.finished or now - self.busy_drawn >= SPANS_EVERY:
             self.busy_drawn = now

@@ -14,6 +14,7 @@ from dtrain.observe import spans as spanlib
 
 KEEP_RUNS = 5            # runs remembered by the scheduler plugin
 STEP_POINTS = 20_000     # step events kept per run
+EPOCH_ROWS = 20_000      # epoch rows kept per run (the newest)
 TIMELINE_LIMIT = 20_000  # task records kept per run (the newest)
 BUSY_WINDOW = 10.0       # seconds over which busy vs idle is measured
 SPAN_SECONDS = 2.0       # the spans the page shows: the last this many seconds of them ...
@@ -42,7 +43,8 @@ class RunLog:
         self.meta: dict[str, Any] = {}
         self.steps: deque[dict[str, Any]] = deque(maxlen=STEP_POINTS)
         self.steps_seen = 0                        # step events ever received
-        self.epochs: list[dict[str, Any]] = []
+        self.epochs: deque[dict[str, Any]] = deque(maxlen=EPOCH_ROWS)
+        self.epochs_seen = 0                       # epoch rows ever received
         self.tasks: deque[tuple] = deque(maxlen=TIMELINE_LIMIT)
         self.tasks_seen = 0
         self.finished = False
@@ -66,6 +68,7 @@ class RunLog:
             self.steps_seen += 1
         elif kind == "epoch":
             self.epochs.append(dict(msg))
+            self.epochs_seen += 1
         elif kind == "end":
             self.finished = True
 
