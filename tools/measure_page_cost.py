@@ -13,7 +13,8 @@ Prints each run's training ms per step over the whole run (``summary.json``: ``s
 over ``steps_run``) and over its second half of epochs (``metrics.jsonl``: the page long
 loaded), the head process's CPU per step (``head_cpu_ms_per_step``: the driver, the
 scheduler and the page's server), their medians, and the medians of the paired
-differences from *none*.  Needs Debian's ``chromium`` and ``chromium-driver``.  Timings only: not a test.
+differences from *none*.  Needs Debian's ``chromium`` and ``chromium-driver``.  Timings
+only: not a test.
 """
 from __future__ import annotations
 
