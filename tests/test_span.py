@@ -7,7 +7,6 @@ segments pass's own rewrite is also tested on its own."""
 from __future__ import annotations
 
 import copy
-import threading
 import time
 
 import numpy as np
@@ -15,67 +14,11 @@ import pytest
 
 from dtrain.core import keys
 from dtrain.deploy import p2p
-from dtrain.taskgraph import fuse, passes, segments, span
-from helpers.windows_here import RUN, built, inputs, run_here
+from dtrain.taskgraph import fuse, segments, span
+from helpers.windows_here import RUN, built, cut_over_mesh, inputs, run_cut, run_here, run_pieces
 
 
 # --- a window across workers: a task per worker, its crossings messages ----------------------
-
-def _cut(p, win, workers, **options):
-    """``win`` (of plan ``p``, steps 0-13) through the passes as the engine submits it, cut
-    over a mesh of real sockets in this process whose ranks follow ``workers``: what the
-    passes made of it (``options``: more of :class:`~dtrain.taskgraph.passes.Options`), and
-    each worker's node."""
-    run, secret = p2p.new_run()
-    nodes = {w: p2p.Node(run, secret, r, "127.0.0.1", None, None, True)
-             for r, w in enumerate(workers)}
-    mesh = p2p.Mesh(run, tuple(workers), tuple(nodes[w].place for w in workers))
-
-    def ours(participants):
-        assert set(participants) == set(workers)
-        return mesh
-
-    itemsize = np.dtype(p.net.dtype).itemsize
-    opts = passes.Options(RUN, 0, 14, itemsize=itemsize, timeout=10.0, mesh=ours, **options)
-    return passes.optimize(win, opts), nodes
-
-
-def _run_pieces(cut, nodes, cache, wait):
-    """Each worker's task of a cut window in a thread of its own (they talk over the mesh),
-    its value into ``cache``; what each that failed raised."""
-    errors = {}
-
-    def piece(name):
-        task = cut.dsk[name]
-        try:
-            cache[name] = span.run_on(nodes[cut.where[name][0]], task.args[0],
-                                      *(cache[a.key] for a in task.args[1:]))
-        except Exception as exc:
-            errors[name] = exc
-
-    threads = [threading.Thread(target=piece, args=(n,)) for n in cut.pieces]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(wait)
-    return errors
-
-
-def _run_cut(cut, nodes, values):
-    """Run a cut window here: each worker's task, then the picks and the meta."""
-    cache = dict(values)
-    errors = _run_pieces(cut, nodes, cache, 60)
-    try:
-        if errors:
-            raise next(iter(errors.values()))
-        for key in cut.dsk:
-            if key not in cut.pieces:
-                cache[key] = cut.dsk[key](cache)
-        return cache
-    finally:
-        for n in nodes.values():
-            n.close()
-
 
 def _step_by_step(sets, workers):
     """The window of ``sets`` on ``workers`` as built, its inputs, and every value it makes
@@ -91,9 +34,9 @@ def _same_as_step_by_step(plain, sets, workers, **options):
     from :func:`_step_by_step`), to the bit.  Its meta, and what the passes made of it."""
     win, values, by_key = plain
     p, fresh = built(sets, workers=workers)
-    done, nodes = _cut(p, fresh, list(workers), **options)
+    done, nodes = cut_over_mesh(p, fresh, list(workers), **options)
     cut = done.win
-    got = _run_cut(cut, nodes, values)
+    got = run_cut(cut, nodes, values)
     (end,), (kept,) = win.ends, cut.ends
     assert got[kept].vector.tobytes() == by_key[end].vector.tobytes()
     ran = got[cut.meta]
@@ -103,7 +46,7 @@ def _same_as_step_by_step(plain, sets, workers, **options):
 
 def test_a_window_across_workers_is_a_task_per_worker_whose_crossings_are_messages():
     p, win = built(workers=("w0", "w1"))
-    done, nodes = _cut(p, win, ["w0", "w1"])
+    done, nodes = cut_over_mesh(p, win, ["w0", "w1"])
     for n in nodes.values():
         n.close()
     cut, pieces = done.win, [f"window-0-13-w{r}-{RUN}" for r in (0, 1)]
@@ -174,7 +117,7 @@ def test_a_value_read_on_many_workers_goes_down_a_binomial_tree():
     """Read on 5 other workers, a value is sent by its maker to 3 of them, one of which
     passes it on to the other 2 (each member reads it from one parent, once)."""
     p, win = built(["data.shards=6"], workers=tuple(f"w{i}" for i in range(6)))
-    done, nodes = _cut(p, win, [f"w{i}" for i in range(6)])
+    done, nodes = cut_over_mesh(p, win, [f"w{i}" for i in range(6)])
     for n in nodes.values():
         n.close()
     cut = done.win
@@ -222,7 +165,7 @@ def test_a_step_on_4_workers_sends_6_buffers():
     p, win = built(["data.shards=4"], workers=four)
     root = keys.make(keys.REDUCE, 5, 2, 0, run=RUN)
     assert win.where[root] == ["w0"]                # the builder's: one sum, on the root
-    done, nodes = _cut(p, win, list(four))
+    done, nodes = cut_over_mesh(p, win, list(four))
     for n in nodes.values():
         n.close()
     fb, rd = keys.FORWARD_BACKWARD, keys.REDUCE
@@ -234,7 +177,7 @@ def test_a_step_on_4_workers_sends_6_buffers():
                     (root, 0, (1,)), (root, 2, (3,))}              # the sum, to the others
     assert made[root] == {0, 2}
     p, win = built([], workers=("w0", "w1"))
-    done, nodes = _cut(p, win, ["w0", "w1"])
+    done, nodes = cut_over_mesh(p, win, ["w0", "w1"])
     for n in nodes.values():
         n.close()
     assert _sends(done.win, 5)[0] == {(keys.make(fb, 5, 2 * i, run=RUN), i, (1 - i,))
@@ -332,10 +275,10 @@ def test_a_cut_window_whose_task_fails_stops_its_peers_at_once():
     p, win = built(workers=("w0", "w1"))
     values = inputs(p)
     values[f"load-shard-3-{RUN}"] = None
-    done, nodes = _cut(p, win, ["w0", "w1"])
+    done, nodes = cut_over_mesh(p, win, ["w0", "w1"])
     cut = done.win
     start = time.monotonic()
-    errors = _run_pieces(cut, nodes, dict(values), 30)
+    errors = run_pieces(cut, nodes, dict(values), 30)
     for n in nodes.values():
         n.close()
     assert time.monotonic() - start < 5
@@ -351,11 +294,11 @@ def test_a_segmented_window_whose_task_fails_stops_its_peers_at_once(monkeypatch
     p, win = built(["data.shards=4", "graph.reduce=segments"], workers=workers)
     values = inputs(p)
     values[f"load-shard-3-{RUN}"] = None
-    done, nodes = _cut(p, win, list(workers), segments=True)
+    done, nodes = cut_over_mesh(p, win, list(workers), segments=True)
     assert done.segmented
     cut = done.win
     start = time.monotonic()
-    errors = _run_pieces(cut, nodes, dict(values), 30)
+    errors = run_pieces(cut, nodes, dict(values), 30)
     for n in nodes.values():
         n.close()
     assert time.monotonic() - start < 5

@@ -9,7 +9,7 @@ from dtrain.core import keys
 from dtrain.observe import spans
 from dtrain.observe.runlog import RunLog
 from dtrain.taskgraph import fuse, passes
-from helpers.windows_here import RUN, built, inputs, run_here
+from helpers.windows_here import RUN, built, cut_over_mesh, inputs, run_cut, run_here
 
 
 def _tasks(chain, rows):
@@ -72,12 +72,10 @@ def test_a_long_window_keeps_whole_steps_of_a_sample():
 
 
 def test_a_window_across_workers_brings_each_workers_spans_of_its_own_chain():
-    import test_span
-
     p, win = built(["graph.update=replicated"], workers=("w0", "w1"))
-    done, nodes = test_span._cut(p, win, ["w0", "w1"])
+    done, nodes = cut_over_mesh(p, win, ["w0", "w1"])
     cut = done.win
-    got = test_span._run_cut(cut, nodes, inputs(p))
+    got = run_cut(cut, nodes, inputs(p))
     ran = got[cut.meta]
     assert len(ran.spans) == 2
     by_piece = {cut.where[name][0]: cut.dsk[name].args[0].chain.open() for name in cut.pieces}
