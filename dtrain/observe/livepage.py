@@ -70,12 +70,10 @@ class Thinned:
         self.source, self.limit = source, limit
         self.every = 1          # rows of the series a drawn row stands for
         self.seen = 0           # rows of the series so far
-        self.held = 0           # rows in the source
 
     def clear(self) -> None:
         self.source.data = {c: [] for c in self.source.data}
-        self.every = 1
-        self.seen = self.held = 0
+        self.every, self.seen = 1, 0
 
     def add(self, columns: dict[str, list[Any]]) -> None:
         """Append the series' next rows (``columns``: one list per column of the source)."""
@@ -86,15 +84,13 @@ class Thinned:
         count = len(next(iter(new.values())))
         if not count:
             return
-        if self.held + count <= self.limit:
+        if len(next(iter(self.source.data.values()))) + count <= self.limit:
             self.source.stream(new)
-            self.held += count
             return
         data = {c: [*self.source.data[c], *new[c]] for c in new}
         while len(next(iter(data.values()))) > self.limit:
             data = {c: v[::2] for c, v in data.items()}
             self.every *= 2
-        self.held = len(next(iter(data.values())))
         self.source.data = data
 
 
