@@ -150,7 +150,7 @@ def test_a_worker_retired_by_its_lifetime_is_a_lost_worker_with_no_loss(client, 
     spec = {"0": {"cls": Nanny, "options": {"nthreads": 1}},
             "1": {"cls": Nanny, "options": {"nthreads": 1, "lifetime": "2s",
                                             "lifetime_restart": True}}}
-    overrides = [*LONG, "train.epochs=60"]             # long enough for a retirement or two
+    overrides = [*LONG, "train.epochs=150"]    # several seconds: outlasts the 2 s lifetime
     with SpecCluster(workers=spec, scheduler={"cls": Scheduler, "options": {
             "dashboard_address": None}}) as lc, Client(lc) as c:
         c.wait_for_workers(2)
@@ -160,7 +160,7 @@ def test_a_worker_retired_by_its_lifetime_is_a_lost_worker_with_no_loss(client, 
         assert len(first - set(worker_addresses(c))) == 1     # the mortal one was retired
     straight = dtrain.train(dtrain.load_config(None, overrides), client=client,
                             out=tmp_path / "straight", echo=None)
-    assert result.summary["epochs_run"] == straight.summary["epochs_run"] == 60
+    assert result.summary["epochs_run"] == straight.summary["epochs_run"] == 150
     assert (tmp_path / "retired" / "params.npz").read_bytes() == \
         (tmp_path / "straight" / "params.npz").read_bytes()
 
