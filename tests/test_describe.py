@@ -93,6 +93,20 @@ def test_each_worker_builds_its_steps_and_the_collector_evaluates(workers):
         assert chain.inputs == tuple(f"shard-{s}" for s in mine)
 
 
+def test_auto_updates_at_the_root_where_a_few_workers_share_a_machines_cores():
+    """graph.update = "auto": CPU workers of one machine, more than its cores and at most
+    two a core, run windows with the update at the root (built on the driver); with a core
+    each, more crowded, between machines, or graph.update = "replicated", described."""
+    def at_root(workers, cores, sets=(), one_machine=True):
+        p, placement, _, _ = _layout(workers, sets)
+        return describe.update_at_root(p.recipe, placement, one_machine, cores)
+
+    assert at_root(4, 2) and at_root(3, 2)
+    assert not at_root(2, 2) and not at_root(4, 8) and not at_root(5, 2)
+    assert not at_root(4, 2, one_machine=False)
+    assert not at_root(4, 2, ["graph.update=replicated"])
+
+
 def test_the_schedule_depends_on_the_net_and_the_workers():
     assert _layout(4)[3].schedule == "doubling"                 # iris: 133 numbers
     assert _layout(4, ["model.layers=[4, 8192, 3]"])[3].schedule in collective.RADIX
@@ -146,9 +160,10 @@ def _bytes(c, name, sets, tmp_path):
 @pytest.mark.slow
 def test_described_windows_give_the_step_by_step_bytes(tmp_path, monkeypatch):
     """4 worker processes: described windows, their step's sum by each schedule (forced on
-    the driver, where the engine chooses it), the step-by-step graph and one worker give the
-    same bytes, and the described windows send what their programs say."""
-    sets = ["model.layers=[4, 512, 3]", "train.epochs=3"]
+    the driver, where the engine chooses it), the step-by-step graph, the update at the root
+    (auto's choice where the 4 share 2 cores) and one worker give the same bytes, and the
+    described windows send what their programs say."""
+    sets = ["model.layers=[4, 512, 3]", "train.epochs=3", "graph.update=replicated"]
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
         one, _ = _bytes(c, "one", sets, tmp_path)
@@ -162,6 +177,11 @@ def test_described_windows_give_the_step_by_step_bytes(tmp_path, monkeypatch):
             monkeypatch.setattr(describe.collective, "choose",
                                 lambda *a, s=schedule, **k: (s, choose(*a, **k)[1]))
             runs[schedule] = _bytes(c, schedule, sets, tmp_path)
+        monkeypatch.undo()                  # auto, the 4 workers on 2 cores: at the root
+        monkeypatch.setattr("dtrain.training.launch.machine_cores", lambda: 2)
+        root, at_root = _bytes(c, "root", [*sets, "graph.update=auto"], tmp_path)
+    assert at_root["update_at_root"] and at_root["described_windows"] == 0
+    assert at_root["spanned_windows"] > 0 and root == one
     assert plain["described_windows"] == 0 and steps == one
     for schedule, (blob, summary) in runs.items():
         assert summary["described_windows"] > 0 and summary["step_sum"] == schedule

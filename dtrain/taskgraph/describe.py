@@ -70,6 +70,23 @@ def describable(recipe: Recipe, placement: Placement, server: bool, local_sgd: b
             and len(workers) > 1 and placement.root in workers)
 
 
+AT_ROOT_PER_CORE = 2     # graph.update = "auto": workers a core, at most, updated at the root
+
+
+def update_at_root(recipe: Recipe, placement: Placement, one_machine: bool, cores: int) -> bool:
+    """Whether ``graph.update = "auto"`` runs a window over ``placement`` with the update at
+    the root (built step by step on the driver and cut, as ``graph.update = "root"``)
+    rather than described with replicated updates: CPU workers of one machine, more than
+    its ``cores`` and at most :data:`AT_ROOT_PER_CORE` a core.  There every worker's own
+    update is work the shared cores run one after another; one update, its state sent to
+    each worker, gave P3 on 4 workers of 2 cores 12-20 % shorter steps, the same bytes
+    (``benchmarks/NOTES.md``).  With more workers a core the driver's work per step, which
+    grows with the workers, would cost more than that."""
+    workers = set(placement.leaves)
+    return (recipe.auto_update and one_machine and not placement.gpus
+            and cores < len(workers) <= AT_ROOT_PER_CORE * cores)
+
+
 def layout(recipe: Recipe, placement: Placement, one_machine: bool,
            workers: Sequence[str] | None = None, cores: int | None = None) -> Layout:
     """The ranks (``workers``, the mesh's order; by default the order of their first

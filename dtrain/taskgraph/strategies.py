@@ -72,6 +72,7 @@ class Strategy:
         return Recipe(net, opt, shuffle_seed, fan_in=self.fan_in(cfg, shards),
                       leaf_bytes=self.leaf_bytes(net, opt), fuse_update=g.fuse_update,
                       step_events=g.step_events, replicated=self.replicated(cfg),
+                      auto_update=self.replicated(cfg) and g.update == "auto",
                       state_every=g.state_every, fuse_shards=g.fuse_shards,
                       step_event_gap=g.step_event_gap,
                       keep_states=epochs_decide(cfg.train, cfg.optim),

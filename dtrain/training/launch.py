@@ -99,13 +99,20 @@ class Launcher:
                           placement: Placement, book: Book, take: bool, trim: Any,
                           follows: int | None) -> Launched:
         p = self.plan
+        builder = p.builder
         if p.config.graph.fuse_steps and p.config.graph.reduce == "tree" and \
-                isinstance(p.builder, DataParallel) and describe.describable(
-                    p.recipe, placement, p.builder.server, p.builder.unit is not add_step):
-            win = self._described(steps, window, state, val, placement, take, trim, follows)
-            return self._submitted(win, window, book)
-        win = p.builder.window(steps, state, self.cluster.refs, heldout.refs(val), placement,
-                               self.run_id)
+                isinstance(builder, DataParallel) and describe.describable(
+                    p.recipe, placement, builder.server, builder.unit is not add_step):
+            if not describe.update_at_root(p.recipe, placement, self._one_machine(placement),
+                                           machine_cores()):
+                win = self._described(steps, window, state, val, placement, take, trim,
+                                      follows)
+                return self._submitted(win, window, book)
+            builder = DataParallel(dataclasses.replace(p.recipe, replicated=False),
+                                   builder.sources)
+            self.counters.update_at_root = True
+        win = builder.window(steps, state, self.cluster.refs, heldout.refs(val), placement,
+                             self.run_id)
         made = handoff.Fresh(p.net, p.opt, p.config.model.seed) \
             if self.fresh and window.start == 0 and p.init is None else None   # a fresh run's
         opts = passes.Options(
@@ -170,9 +177,8 @@ class Launcher:
         if self.contexts is not None and self.contexts[0] is mesh:
             return self.contexts[1], [f.key for f in self.contexts[2]]
         p = self.plan
-        hosts = {w.rsplit(":", 1)[0] for w in mesh.workers}
-        lay = describe.layout(p.recipe, placement, len(hosts) == 1 and
-                              p.config.cluster.p2p != "tcp", mesh.workers, machine_cores())
+        lay = describe.layout(p.recipe, placement, self._one_machine(placement), mesh.workers,
+                              machine_cores())
         made = describe.setups(p.recipe, p.schedule, placement, lay, mesh,
                                heldout.refs(val))
         futures = {f.key: f for f in self.cluster.data} | heldout.futures(val)
@@ -187,6 +193,11 @@ class Launcher:
                                           allow_other_workers=True, pure=False))
         self.contexts, self.counters.step_sum = (mesh, lay, got), lay.schedule
         return lay, [f.key for f in got]
+
+    def _one_machine(self, placement: Placement) -> bool:
+        """Whether a window's workers share one machine, their messages on Unix sockets."""
+        hosts = {w.rsplit(":", 1)[0] for w in placement.leaves}
+        return len(hosts) == 1 and self.plan.config.cluster.p2p != "tcp"
 
     # --- the meshes of windows across workers -----------------------------------------------
 

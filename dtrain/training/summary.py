@@ -130,6 +130,7 @@ def _graph(outcome: Outcome) -> dict[str, Any]:
             "segmented_windows": g.get("segmented_windows", 0),
             "described_windows": g.get("described_windows", 0),
             "step_sum": g.get("step_sum"),
+            "update_at_root": g.get("update_at_root", False),
             "worker_to_worker": g.get("via", []),
             "scheduler_tasks_per_step": outcome.compute["scheduler_tasks"] / steps
             if "scheduler_tasks" in outcome.compute else None,
