@@ -75,12 +75,14 @@ def test_bit_identical_whatever_the_worker_count(client, tmp_path):
 def test_a_run_with_segmented_sums_has_the_trees_bytes(tmp_path):
     """graph.reduce = segments on 3 worker processes (a net wide enough to cut): the tree's
     params.npz and epochs, its windows' sums reduced in segments, and the bytes it sends
-    what its graphs say; the default's described windows (their sum by the schedule the
-    engine picks) send what their programs say."""
+    what its graphs say; described windows with replicated updates (their sum by the
+    schedule the engine picks; auto's choice but where 3 workers share 2 cores) send what
+    their programs say."""
     wide = ["model.layers=[4, 2048, 3]"]
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
-        runs = {"2 workers": _bytes_and_rows(c, "tree", wide, tmp_path),   # (the key
+        runs = {"2 workers": _bytes_and_rows(c, "tree", [*wide, "graph.update=replicated"],
+                                             tmp_path),                     # (the key
                 "segments": _bytes_and_rows(c, "segments", [*wide, "graph.reduce=segments"],
                                             tmp_path)}                      # _all_the_same reads)
         said: list[str] = []                                # 133 numbers: too few to cut
