@@ -74,14 +74,15 @@ AT_ROOT_PER_CORE = 2     # graph.update = "auto": workers a core, at most, updat
 
 
 def update_at_root(recipe: Recipe, placement: Placement, one_machine: bool, cores: int) -> bool:
-    """Whether ``graph.update = "auto"`` runs a window over ``placement`` with the update at
-    the root (built step by step on the driver and cut, as ``graph.update = "root"``)
-    rather than described with replicated updates: CPU workers of one machine, more than
-    its ``cores`` and at most :data:`AT_ROOT_PER_CORE` a core.  There every worker's own
-    update is work the shared cores run one after another; one update, its state sent to
-    each worker, gave P3 on 4 workers of 2 cores 12-20 % shorter steps, the same bytes
-    (``benchmarks/NOTES.md``).  With more workers a core the driver's work per step, which
-    grows with the workers, would cost more than that."""
+    """Whether ``graph.update = "auto"`` runs a window over ``placement`` built step by step
+    on the driver and cut, with the update at the root (as ``graph.update = "root"``),
+    rather than described: CPU workers of one machine, more than its ``cores`` and at most
+    :data:`AT_ROOT_PER_CORE` a core.  There P3 on 4 workers of 2 cores stepped 12-20 %
+    faster so, on a LocalCluster and under ``mpirun``, with the same bytes; a replicated
+    window cut the same way measured alike, so what pays is the cut window against the
+    described one on shared cores (its cause is not pinned down: ``benchmarks/NOTES.md``),
+    and one update a step is the least work for those cores.  With more workers a core
+    the driver's build, which grows with the workers times the steps, costs more."""
     workers = set(placement.leaves)
     return (recipe.auto_update and one_machine and not placement.gpus
             and cores < len(workers) <= AT_ROOT_PER_CORE * cores)
