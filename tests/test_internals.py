@@ -187,6 +187,34 @@ def test_a_task_stranded_by_its_only_worker_runs_on_the_next_one():
     _run(check())
 
 
+def test_tasks_waiting_on_nothing_that_runs_are_stalled_and_a_running_one_is_not():
+    """(13) The scheduler's tasks, their state and dependencies: a task pinned to a worker
+    that is not there (no-worker), and one that waits on it, are stalled; a task that runs
+    (processing), or one that waits on it, is not; done tasks are not listed."""
+    async def check():
+        async with Scheduler(port=0, dashboard=False) as s, \
+                Client(s.address, asynchronous=True) as c, Worker(s.address, nthreads=1):
+            done = c.submit(_one, 1)
+            assert await done == 2
+            lost = c.submit(_one, 1, workers=["tcp://127.0.0.1:9"], allow_other_workers=False,
+                            pure=False)
+            after = c.submit(_one, lost, pure=False)
+            slow = c.submit(time.sleep, 3, pure=False)
+            later = c.submit(_one, slow, pure=False)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not (
+                    getattr(s.tasks.get(lost.key), "state", None) == "no-worker"
+                    and getattr(s.tasks.get(slow.key), "state", None) == "processing"
+                    and later.key in s.tasks and after.key in s.tasks):
+                await asyncio.sleep(0.01)
+            assert internals.stalled_tasks([after.key, done.key], s) == {
+                after.key: "waiting", lost.key: "no-worker"}
+            assert internals.stalled_tasks([later.key], s) == {}
+            assert internals.stalled_tasks([done.key], s) == {}
+            assert internals.stalled_tasks([after.key], None) is None
+    _run(check())
+
+
 def test_a_copy_a_run_made_is_dropped_and_the_last_copy_never():
     """(11) The scheduler's request_remove_replicas and its tasks' who_has: the copy on the
     worker named goes, the worker of origin keeps its own, and a key held once stays."""

@@ -196,6 +196,39 @@ def test_a_take_waits_as_long_as_the_window_before_runs_here():
         handoff.drop(run)
 
 
+def test_two_windows_each_waiting_here_for_a_state_stop_waiting():
+    """Two windows of a run on one worker, each waiting in its take for a state that only
+    a window running here could keep (a window run again after a lost worker, and the one
+    launched after it): neither counts the other as the window before that will keep it,
+    so both end with StateGone after their wait (the engine runs the window again from
+    its literal state) instead of waiting for ever."""
+    run = "take-deadlock"
+    got: list[BaseException] = []
+    both = threading.Barrier(2)
+
+    def window(step: int) -> None:         # a window's task: it runs, its first node takes
+        fuse._runs().enter(run)
+        try:
+            both.wait(5)
+            handoff.take(handoff.Handed(run, step, wait=0.3))
+        except BaseException as exc:
+            got.append(exc)
+        finally:
+            fuse._runs().leave(run)
+    try:
+        start = time.monotonic()
+        threads = [threading.Thread(target=window, args=(s,), daemon=True) for s in (7, 14)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert not any(t.is_alive() for t in threads), "two takes wait for each other for ever"
+        assert [type(e) for e in got] == [handoff.StateGone] * 2
+        assert time.monotonic() - start < 5
+    finally:
+        handoff.drop(run)
+
+
 def test_a_worker_without_the_state_says_so():
     handoff.drop(RUN)
     with pytest.raises(handoff.StateGone, match="no state of run t0 before step 7"):

@@ -313,6 +313,27 @@ def _spawn(*args: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
+def _plus_one(x: int) -> int:
+    return x + 1
+
+
+def test_a_window_left_waiting_on_nothing_that_runs_is_run_again_not_waited_for(client):
+    """A window's wait (``stalls``) whose tasks wait on a task no worker can run (pinned to
+    a worker that is gone, as a lost worker can leave one): after ``timeout`` seconds it
+    raises Stalled, a Broken (the engine runs the window again), naming the waiting tasks;
+    a wait without ``stalls`` leaves that to its caller."""
+    from dtrain.deploy.p2p import Broken
+    from dtrain.deploy.workers import Stalled
+    lost = client.submit(_plus_one, 1, workers=["tcp://127.0.0.1:9"], allow_other_workers=False,
+                         pure=False)
+    end = client.submit(_plus_one, lost, pure=False)
+    began = time.monotonic()
+    with pytest.raises(Stalled, match=r"waited 2 s with none of them running \(.*no-worker"):
+        gather(client, [end], timeout=2, stalls=True)
+    assert 2 <= time.monotonic() - began < 15 and issubclass(Stalled, Broken)
+    client.cancel([end, lost])
+
+
 @pytest.mark.slow
 def test_values_lost_with_the_last_worker_while_fetched_end_in_one_line(tmp_path):
     """The futures are done, then the only worker dies while their values are being fetched

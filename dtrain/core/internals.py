@@ -53,6 +53,10 @@ distributed, so a change underneath fails a test rather than going unseen.
     too many for the scheduler's event log); and the dashboard's ``progress_quads`` as
     its scheduler components imported it, for rows of the Progress panel that are not
     task prefixes (:func:`add_progress_rows`: the training steps).
+13. The scheduler's ``tasks`` with each task's ``state`` and ``dependencies``: a window
+    whose tasks wait on something no worker is doing (``no-worker``, ``queued`` or
+    ``waiting`` with nothing of theirs ``processing``) is stuck for good, and the driver
+    runs it again rather than wait for ever (:func:`stalled_tasks`).
 """
 from __future__ import annotations
 
@@ -415,3 +419,32 @@ def add_progress_rows(rows: Callable[[], dict[str, tuple[int, int]]]) -> str | N
         return wrapped
 
     return _wrap("distributed.dashboard.components.scheduler", "progress_quads", quads)
+
+
+# (13) ------------------------------------------------------------------------------------
+
+
+def stalled_tasks(keys: list[Any], dask_scheduler: Any = None) -> dict[str, str] | None:
+    """On the scheduler (``client.run_on_scheduler``): ``{key: state}`` of the tasks that
+    ``keys`` wait on, themselves included (through their dependencies, down to what is in
+    memory), where none of those is ``processing``: empty if one is, or if all are done;
+    None where the scheduler has changed."""
+    tasks = getattr(dask_scheduler, "tasks", None)
+    if not isinstance(tasks, dict):
+        return None
+    seen: set[Any] = set()
+    todo, states = list(keys), {}
+    while todo:
+        key = todo.pop()
+        if key in seen:
+            continue
+        seen.add(key)
+        ts = tasks.get(key)
+        state = getattr(ts, "state", None)
+        if state == "processing":
+            return {}
+        if ts is None or state in ("memory", "erred", "forgotten", None):
+            continue
+        states[str(key)] = str(state)
+        todo.extend(getattr(d, "key", None) for d in getattr(ts, "dependencies", ()))
+    return states

@@ -18,6 +18,12 @@ class WorkerLeft(Broken):
     workers is lost)."""
 
 
+class Stalled(Broken):
+    """The awaited tasks waited on something no worker was doing for the whole timeout
+    (a task left ``no-worker`` or ``queued`` after its worker was lost): the window runs
+    again from its start, as when a worker left."""
+
+
 def wait_for_workers(client: Client, n: int, timeout: float, after: str | None = None) -> None:
     """Block until ``n`` workers are connected, or raise a UserError saying how many came.
 
@@ -67,7 +73,8 @@ def _none_left(timeout: float, after: str) -> UserError:
 
 
 def gather(client: Client, futures: list[Future], timeout: float, after: str = "",
-           needs: frozenset[str] = frozenset(), watch: list[Future] = ()) -> list:
+           needs: frozenset[str] = frozenset(), watch: list[Future] = (),
+           stalls: bool = False) -> list:
     """``client.gather(futures)``, except that a cluster left with no worker for ``timeout``
     seconds raises a UserError (``after`` ends its message) instead of waiting for ever:
     the scheduler keeps tasks that no worker can run until one comes, and none may.  That
@@ -79,7 +86,10 @@ def gather(client: Client, futures: list[Future], timeout: float, after: str = "
     would run the lost tasks again, and a window's tasks take a state that was kept on the
     lost worker.  A future of ``watch`` that failed raises its error: a window's task per
     worker that failed (its worker lost, run again elsewhere and found misplaced) fails the
-    window even before the tasks that wait for it do."""
+    window even before the tasks that wait for it do.  With ``stalls`` (a window's wait),
+    tasks that wait for ``timeout`` seconds on something no worker is doing
+    (:func:`~dtrain.core.internals.stalled_tasks`) raise :class:`Stalled`: the scheduler
+    would keep them so for ever."""
     got: dict[str, object] = {}
     fetched = threading.Event()
 
@@ -93,6 +103,8 @@ def gather(client: Client, futures: list[Future], timeout: float, after: str = "
 
     threading.Thread(target=fetch, name="dtrain-gather", daemon=True).start()
     alone: float | None = None                      # since when no worker has been there
+    idle: float | None = None                       # ... nothing of the tasks has run
+    keys = [f.key for f in (*futures, *watch)] if stalls else []
     while not fetched.wait(min(timeout, 1.0)):
         there = internals.scheduler_workers(client)
         gone = sorted(needs - there.keys())
@@ -101,6 +113,16 @@ def gather(client: Client, futures: list[Future], timeout: float, after: str = "
         failed = next((f for f in watch if f.status == "error"), None)
         if failed is not None:
             raise failed.exception()
+        stalled = client.run_on_scheduler(internals.stalled_tasks, keys) if keys and there \
+            else None
+        if not stalled:
+            idle = None
+        elif idle is None:
+            idle = time.monotonic()
+        elif time.monotonic() - idle >= timeout:
+            states = ", ".join(f"{k} {v}" for k, v in sorted(stalled.items())[:3])
+            raise Stalled(f"its tasks waited {timeout:g} s with none of them running "
+                          f"({states}{', ...' if len(stalled) > 3 else ''})")
         if there:
             alone = None
         elif alone is None:

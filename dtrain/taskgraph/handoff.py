@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,7 @@ class _Kept:
         self.states: dict[str, tuple[int, TrainState]] = {}
         self.ended: set[str] = set()        # runs dropped: nobody waits for their states
         self.attempts: dict[str, int] = {}  # runs' current attempts (older ones gave up)
+        self.taking: Counter[str] = Counter()   # windows of each run waiting here for one
         self.changed = threading.Condition()
 
     def stale(self, handed: Handed) -> bool:
@@ -86,17 +88,27 @@ class _Kept:
 
     def get(self, handed: Handed) -> TrainState:
         deadline = time.monotonic() + handed.wait
+        run = handed.run
         with self.changed:
-            while True:
-                step, state = self.states.get(handed.run, (None, None))
-                left = deadline - time.monotonic()
-                if step == handed.step or handed.run in self.ended or self.stale(handed):
-                    break
-                if left <= 0 and handed.wait and fuse.running(handed.run) > 1:
-                    deadline, left = time.monotonic() + handed.wait, handed.wait
-                if left <= 0:       # (the window before, still running here, keeps it
-                    break           # when it ends, however long it runs)
-                self.changed.wait(left)
+            self.taking[run] += 1
+            try:
+                while True:
+                    step, state = self.states.get(run, (None, None))
+                    left = deadline - time.monotonic()
+                    if step == handed.step or run in self.ended or self.stale(handed):
+                        break
+                    # the window before, still running here, keeps it when it ends, however
+                    # long it runs; but not a window that itself waits here for a state
+                    # (two windows of a run each waiting for the other's would wait for ever)
+                    if left <= 0 and handed.wait and fuse.running(run) > self.taking[run]:
+                        deadline, left = time.monotonic() + handed.wait, handed.wait
+                    if left <= 0:
+                        break
+                    self.changed.wait(left)
+            finally:
+                self.taking[run] -= 1
+                if not self.taking[run]:
+                    del self.taking[run]
         if step != handed.step and handed.run in self.ended:   # a window launched ahead
             raise RunEnded(f"run {handed.run} ended")         # of the run's end
         if step != handed.step:

@@ -224,7 +224,8 @@ class DaskEngine:
 
         A window whose kept state was gone (:class:`StateGone`), or whose peers could not
         go on (:class:`~dtrain.deploy.p2p.Broken`: a worker left mid-window, or between
-        windows), runs again from its literal start state on the workers there now, under a
+        windows, or its tasks were left waiting on nothing that runs:
+        :class:`~dtrain.deploy.workers.Stalled`), runs again from its literal start state on the workers there now, under a
         new mesh, at most :data:`RETRIES` times (the next window, started from its end, with
         it); a window task's own error is raised.  Returns the window launched and the
         values of its ends (and meta); ``at`` gets the placement it ran on and the next
@@ -251,7 +252,8 @@ class DaskEngine:
                     at.save()
                 book.pending = list(zip(cur.win.evals, cur.evals))
                 values = gather(self.client, cur.ends + cur.meta, p.config.cluster.timeout,
-                                _lost_note(recorder), frozenset(placement.workers), cur.pieces)
+                                _lost_note(recorder), frozenset(placement.workers), cur.pieces,
+                                stalls=True)
                 at.placement, at.ahead = placement, nxt
                 return cur, values
             except (StateGone, p2p.Broken) as exc:
