@@ -225,9 +225,9 @@ class DaskEngine:
         A window whose kept state was gone (:class:`StateGone`), or whose peers could not
         go on (:class:`~dtrain.deploy.p2p.Broken`: a worker left mid-window, or between
         windows, or its tasks were left waiting on nothing that runs:
-        :class:`~dtrain.deploy.workers.Stalled`), runs again from its literal start state on the workers there now, under a
-        new mesh, at most :data:`RETRIES` times (the next window, started from its end, with
-        it); a window task's own error is raised.  Returns the window launched and the
+        :class:`~dtrain.deploy.workers.Stalled`), runs again from its literal start state on
+        the workers there now, under a new mesh, at most :data:`RETRIES` times (the next
+        window, started from its end, with it); a window task's own error is raised.  Returns the window launched and the
         values of its ends (and meta); ``at`` gets the placement it ran on and the next
         window if it is on its way."""
         p, book, recorder = self.plan, at.book, at.book.recorder
