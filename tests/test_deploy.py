@@ -241,6 +241,29 @@ def test_a_run_says_nothing_of_a_call_that_found_a_worker_gone():
     assert log.filter(gone)
 
 
+def test_a_run_says_nothing_of_values_it_could_not_gather_from_a_dying_worker():
+    """While a run goes on, the scheduler's gather from a worker that is being killed, which
+    tornado answers with "IOStream is not idle" on TLS where distributed expects an OSError,
+    is not printed with its traceback (the values are computed again; the run says so once);
+    another error while gathering (a value that does not deserialize) still shows."""
+    import logging
+
+    from dtrain.deploy.logs import lost_gathers_quiet
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        return logging.LogRecord("distributed.utils_comm", logging.ERROR, __file__, 1,
+                                 "Unexpected error while collecting tasks %s from %s",
+                                 (["kept-63-r"], "tls://127.0.0.1:1"),
+                                 (type(exc), exc, None))
+
+    cut = record(ValueError("IOStream is not idle; cannot convert to SSL"))
+    other = record(ValueError("could not deserialize"))
+    log = logging.getLogger("distributed.utils_comm")
+    with lost_gathers_quiet():
+        assert not log.filter(cut) and log.filter(other)
+    assert log.filter(cut)
+
+
 # --- what a worker imports --------------------------------------------------------------------
 
 def test_the_default_jobs_workers_import_no_bokeh_and_no_scikit_learn(tmp_path):

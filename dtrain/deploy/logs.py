@@ -49,6 +49,11 @@ _CLOSED = ("CommClosedError", "StreamClosedError", "OSError", "ConnectionRefused
            "ConnectionResetError")
 
 
+# tornado's answer to a TLS connection to a worker that is dying: distributed expects an
+# OSError there (a worker gone) and logs anything else with its traceback
+_CUT_TLS = "IOStream is not idle; cannot convert to SSL"
+
+
 class _LostWithAWorker(logging.Filter):
     """Drop a scheduler's error for values it could not gather because the worker holding
     them was lost (the client computes them again, and the run says once, as one line, that
@@ -59,7 +64,13 @@ class _LostWithAWorker(logging.Filter):
         msg = str(record.msg)
         if msg.startswith("broadcast to "):
             return not any(f" failed: {name}" in msg for name in _CLOSED)
+        if msg.startswith("Unexpected error while collecting tasks"):
+            exc = record.exc_info[1] if record.exc_info else None
+            return not (type(exc).__name__ in _CLOSED or _CUT_TLS in str(exc))
         return not msg.startswith("Couldn't gather keys")
+
+
+_GATHERING = ("distributed.scheduler", "distributed.utils_comm")   # (who gathers, and how)
 
 
 @contextlib.contextmanager
@@ -67,12 +78,14 @@ def lost_gathers_quiet() -> Iterator[None]:
     """While a run goes on: a scheduler in this process (a LocalCluster's) says nothing of
     the values a lost worker took with it, or of a worker gone when dtrain called every
     worker (:class:`_LostWithAWorker`)."""
-    log, quiet = logging.getLogger("distributed.scheduler"), _LostWithAWorker()
-    log.addFilter(quiet)
+    logs, quiet = [logging.getLogger(name) for name in _GATHERING], _LostWithAWorker()
+    for log in logs:
+        log.addFilter(quiet)
     try:
         yield
     finally:
-        log.removeFilter(quiet)
+        for log in logs:
+            log.removeFilter(quiet)
 
 
 CLOSING_OP = "dtrain_closing"     # the head's word to every worker rank before it closes them
