@@ -235,3 +235,26 @@ def test_a_copy_a_run_made_is_dropped_and_the_last_copy_never():
             assert x.key not in b.data and x.key in a.data and alone.key in a.data
             assert {ws.address for ws in s.tasks[x.key].who_has} == {a.address}
     _run(check())
+
+
+def test_heartbeats_are_asked_for_at_most_so_many_a_second_and_never_more_often():
+    """(14): the heartbeat reply's interval is what a worker waits before its next one;
+    wrapped, one worker at 0.5 a second is asked every 2 s (distributed: 0.5 s), and the
+    cap and distributed's own longer interval both hold."""
+    async def check(per_second: float, most_s: float) -> float:
+        async with Scheduler(port=0, dashboard=False) as s, Worker(s.address) as w:
+            await w.heartbeat()
+            assert w.periodic_callbacks["heartbeat"].callback_time == 500.0    # distributed's
+            assert internals.fewer_heartbeats(s, per_second, most_s)
+            assert internals.fewer_heartbeats(s, per_second, most_s)   # wrapped once
+            assert getattr(internals.unwrapped(s.handlers["heartbeat_worker"]),
+                           "__self__", None) is s
+            await w.heartbeat()
+            return w.periodic_callbacks["heartbeat"].callback_time
+    assert _run(check(0.5, 10.0)) == 2000.0
+    assert _run(check(0.5, 1.5)) == 1500.0          # at most most_s
+    assert _run(check(100.0, 10.0)) == 500.0        # never more often than distributed asks
+
+    class NoHandlers:
+        pass
+    assert internals.fewer_heartbeats(NoHandlers(), 16.0, 10.0) is False

@@ -46,6 +46,8 @@ def test_low_latency_streams_and_timing_summary(tmp_path):
                                                "to-workers": [0.0, 0.005], "to-clients": [0.0]}
         assert tuning.callback_periods(c) == {"profile": [10.0, tuning.QUIET_MS["profile"]],
                                               "tick": [20.0, tuning.QUIET_MS["tick"]]}
+        assert c.run_on_scheduler(_scheduler_tick_and_heartbeats) == (
+            tuning.QUIET_MS["tick"], True)
         assert not tuning.inline_executor(c)      # the joining worker has no plugin to run
         where = {}
         for name in (tuning.INLINE, "default"):
@@ -59,6 +61,11 @@ def test_low_latency_streams_and_timing_summary(tmp_path):
     assert s["step_seconds"] == pytest.approx(s["seconds"] / s["steps"])
     assert s["overhead_per_step"] == pytest.approx(s["step_seconds"] - s["compute_per_step"])
     assert set(s["worker_peak_rss_mb"]) == {"0"} and s["driver_peak_rss_mb"] > 10
+
+
+def _scheduler_tick_and_heartbeats(dask_scheduler) -> tuple[float | None, bool]:
+    handler = dask_scheduler.handlers["heartbeat_worker"]
+    return internals.callback_ms(dask_scheduler, "tick"), internals.unwrapped(handler) is not handler
 
 
 def _new_mappings() -> int:

@@ -25,7 +25,15 @@ system monitor (``psutil``) every 500 ms.  At 16 worker processes that was most 
 driver's CPU in steady state, growing with the workers (:data:`QUIET_NANNY_MS`).  A
 nanny's system monitor samples the process it lives in, the driver, which the scheduler's
 own monitor samples already: each nanny's comes once a minute (each lists the driver's
-file descriptors, a few per worker).
+file descriptors, a few per worker).  A nanny's tick measures the event loop the
+scheduler's own tick measures already there: each nanny's comes once a minute.
+
+The head pays for the cluster's heartbeats too: distributed has each of 11 to 49 workers
+send one a second, and the scheduler reads, answers and files each (at 32 workers on a
+LocalCluster, a third of the head's CPU while nothing ran).  A run's scheduler asks for at
+most :data:`HEARTBEATS_PER_S` a second in all (32 workers: one each every 2 s; never
+beyond :data:`MAX_HEARTBEAT_S`, far inside distributed's 5-minute ``worker-ttl``), and its
+own tick comes at :data:`QUIET_MS`'s period, as the workers' do.
 """
 from __future__ import annotations
 
@@ -44,8 +52,10 @@ from dtrain.core.broadcast import on_workers, register
 INLINE = "dtrain-inline"     # the executor that runs a task in the worker's event loop
 QUIET_MS = {"profile": 100.0, "tick": 250.0}    # a worker's periodic callbacks slowed to
                                                 # these periods (distributed's: 10, 20 ms)
-QUIET_NANNY_MS = {"tick": 1000.0, "memory_monitor": 2000.0, "monitor": 60000.0}  # a nanny's
+QUIET_NANNY_MS = {"tick": 60000.0, "memory_monitor": 2000.0, "monitor": 60000.0}  # a nanny's
                                                 # (distributed's: 20, 100, 500 ms)
+HEARTBEATS_PER_S = 16.0     # the workers' heartbeats the scheduler asks for, a second in all
+MAX_HEARTBEAT_S = 10.0      # ... each worker's at least this often
 
 
 class _Inline(Executor):
@@ -116,7 +126,9 @@ class QuietNanny(NannyPlugin):
 
 
 class LowLatencyScheduler(SchedulerPlugin):
-    """Scheduler -> worker messages without batching delay, for workers present and to come."""
+    """Scheduler -> worker messages without batching delay, for workers present and to come;
+    the scheduler's tick at :data:`QUIET_MS`, and at most :data:`HEARTBEATS_PER_S` worker
+    heartbeats a second."""
 
     name = "dtrain-low-latency-scheduler"
     idempotent = True
@@ -127,6 +139,8 @@ class LowLatencyScheduler(SchedulerPlugin):
     async def start(self, scheduler) -> None:
         for stream in internals.scheduler_streams(scheduler, "workers").values():
             internals.set_batch_interval(stream, self.seconds)
+        internals.slow_callback(scheduler, "tick", QUIET_MS["tick"])
+        internals.fewer_heartbeats(scheduler, HEARTBEATS_PER_S, MAX_HEARTBEAT_S)
 
     def add_worker(self, scheduler, worker: str) -> None:
         internals.set_batch_interval(

@@ -16,6 +16,7 @@ in, plain data out: it runs on the driver and on the scheduler alike.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,10 +35,11 @@ _AS = {keys.ALLREDUCE: "reduce", "recv": RECV_WAIT, keys.LOCAL_SGD: keys.FORWARD
 Group = tuple[str, float, float, dict[str, float], tuple]
 
 
+@functools.lru_cache(maxsize=256)
 def kind_of(kind: str | None) -> str:
     """The kind a chain's task is shown as (``allreduce`` is a ``reduce``, the wait in a
     ``recv`` node ``recv-wait``, ``evaluate-test`` an ``evaluate``; ``other`` for the
-    rest)."""
+    rest).  Cached: the head asks for every span of every worker's window (a few kinds)."""
     kind = _AS.get(kind or "", kind)
     kind = keys.family(kind) or "other"
     return kind if kind in KINDS else "other"
