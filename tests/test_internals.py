@@ -240,9 +240,10 @@ def test_a_copy_a_run_made_is_dropped_and_the_last_copy_never():
 def test_heartbeats_are_asked_for_at_most_so_many_a_second_and_never_more_often():
     """(14): the heartbeat reply's interval is what a worker waits before its next one;
     wrapped, one worker at 0.5 a second is asked every 2 s (distributed: 0.5 s), and the
-    cap and distributed's own longer interval both hold."""
-    async def check(per_second: float, most_s: float) -> float:
-        async with Scheduler(port=0, dashboard=False) as s, Worker(s.address) as w:
+    cap, distributed's own longer interval and the scheduler's worker-ttl all hold."""
+    async def check(per_second: float, most_s: float, ttl: str | None = None) -> float:
+        async with Scheduler(port=0, dashboard=False, worker_ttl=ttl) as s, \
+                Worker(s.address) as w:
             await w.heartbeat()
             assert w.periodic_callbacks["heartbeat"].callback_time == 500.0    # distributed's
             assert internals.fewer_heartbeats(s, per_second, most_s)
@@ -254,6 +255,8 @@ def test_heartbeats_are_asked_for_at_most_so_many_a_second_and_never_more_often(
     assert _run(check(0.5, 10.0)) == 2000.0
     assert _run(check(0.5, 1.5)) == 1500.0          # at most most_s
     assert _run(check(100.0, 10.0)) == 500.0        # never more often than distributed asks
+    assert _run(check(0.5, 10.0, "2s")) == 1000.0   # a fifth of max(ttl, 10 x 0.5 s)
+    assert _run(check(0.5, 10.0, "20s")) == 2000.0
 
     class NoHandlers:
         pass

@@ -462,8 +462,10 @@ def fewer_heartbeats(scheduler: Any, per_second: float, most_s: float) -> bool:
     """Have ``scheduler``'s workers send it at most about ``per_second`` heartbeats a second
     in all: each heartbeat's reply asks for the next after ``workers / per_second`` seconds
     (at most ``most_s``) where distributed asks for one sooner, never later than distributed
-    would where it asks for more.  False, having changed nothing, where the scheduler has
-    no such handler; wrapping twice wraps once."""
+    would where it asks for more.  Within the scheduler's ``worker_ttl`` too: a worker silent
+    for ``max(worker_ttl, 10 x distributed's interval)`` is removed, and the interval stays
+    under a fifth of that.  False, having changed nothing, where the scheduler has no such
+    handler; wrapping twice wraps once."""
     handlers = getattr(scheduler, "handlers", None)
     original = handlers.get("heartbeat_worker") if isinstance(handlers, dict) else None
     if not callable(original):
@@ -476,7 +478,10 @@ def fewer_heartbeats(scheduler: Any, per_second: float, most_s: float) -> bool:
         asked = reply.get("heartbeat-interval") if isinstance(reply, dict) else None
         if isinstance(asked, (int, float)):
             workers = len(getattr(scheduler, "workers", ()) or ())
-            reply["heartbeat-interval"] = max(asked, min(workers / per_second, most_s))
+            ttl = getattr(scheduler, "worker_ttl", None)
+            most = min(most_s, max(ttl, 10 * asked) / 5) if isinstance(ttl, (int, float)) \
+                and ttl > 0 else most_s
+            reply["heartbeat-interval"] = max(asked, min(workers / per_second, most))
         return reply
     setattr(heartbeat_worker, _MARK, original)      # as relabel_tasks marks its wrappers
     handlers["heartbeat_worker"] = heartbeat_worker

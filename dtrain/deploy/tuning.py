@@ -31,9 +31,10 @@ scheduler's own tick measures already there: each nanny's comes once a minute.
 The head pays for the cluster's heartbeats too: distributed has each of 11 to 49 workers
 send one a second, and the scheduler reads, answers and files each (at 32 workers on a
 LocalCluster, a third of the head's CPU while nothing ran).  A run's scheduler asks for at
-most :data:`HEARTBEATS_PER_S` a second in all (32 workers: one each every 2 s; never
-beyond :data:`MAX_HEARTBEAT_S`, far inside distributed's 5-minute ``worker-ttl``), and its
-own tick comes at :data:`QUIET_MS`'s period, as the workers' do.
+most :data:`HEARTBEATS_PER_S` a second in all (32 workers: one each every 2 s; each at
+least every :data:`MAX_HEARTBEAT_S`, and five times within the scheduler's ``worker-ttl``,
+5 minutes unless set), and its own tick comes at :data:`QUIET_MS`'s period, as the
+workers' do.
 """
 from __future__ import annotations
 
