@@ -59,9 +59,8 @@ distributed, so a change underneath fails a test rather than going unseen.
     runs it again rather than wait for ever (:func:`stalled_tasks`).
 14. The scheduler's ``heartbeat_worker`` handler and the ``heartbeat-interval`` of its
     reply, which sets each worker's next heartbeat: distributed asks for one a second
-    from each of 11 to 49 workers, and at 32 workers on a LocalCluster those heartbeats
-    were a third of the head's CPU while a run stood still; there is no config key
-    (:func:`fewer_heartbeats`).
+    from each of 11 to 49 workers, which at 32 workers on a LocalCluster is a third of an
+    idle head's CPU; there is no config key (:func:`fewer_heartbeats`).
 """
 from __future__ import annotations
 
@@ -478,9 +477,9 @@ def fewer_heartbeats(scheduler: Any, per_second: float, most_s: float) -> bool:
         asked = reply.get("heartbeat-interval") if isinstance(reply, dict) else None
         if isinstance(asked, (int, float)):
             workers = len(getattr(scheduler, "workers", ()) or ())
-            ttl = getattr(scheduler, "worker_ttl", None)
-            most = min(most_s, max(ttl, 10 * asked) / 5) if isinstance(ttl, (int, float)) \
-                and ttl > 0 else most_s
+            most, ttl = most_s, getattr(scheduler, "worker_ttl", None)
+            if isinstance(ttl, (int, float)) and ttl > 0:   # silent this long: removed
+                most = min(most, max(ttl, 10 * asked) / 5)
             reply["heartbeat-interval"] = max(asked, min(workers / per_second, most))
         return reply
     setattr(heartbeat_worker, _MARK, original)      # as relabel_tasks marks its wrappers

@@ -25,12 +25,12 @@ system monitor (``psutil``) every 500 ms.  At 16 worker processes that was most 
 driver's CPU in steady state, growing with the workers (:data:`QUIET_NANNY_MS`).  A
 nanny's system monitor samples the process it lives in, the driver, which the scheduler's
 own monitor samples already: each nanny's comes once a minute (each lists the driver's
-file descriptors, a few per worker).  A nanny's tick measures the event loop the
-scheduler's own tick measures already there: each nanny's comes once a minute.
+file descriptors, a few per worker).  A nanny's tick there times the driver's event loop,
+which the scheduler's own tick times already: each nanny's comes once a minute.
 
 The head pays for the cluster's heartbeats too: distributed has each of 11 to 49 workers
 send one a second, and the scheduler reads, answers and files each (at 32 workers on a
-LocalCluster, a third of the head's CPU while nothing ran).  A run's scheduler asks for at
+LocalCluster, a third of an idle head's CPU).  A run's scheduler asks for at
 most :data:`HEARTBEATS_PER_S` a second in all (32 workers: one each every 2 s; each at
 least every :data:`MAX_HEARTBEAT_S`, and five times within the scheduler's ``worker-ttl``,
 5 minutes unless set), and its own tick comes at :data:`QUIET_MS`'s period, as the

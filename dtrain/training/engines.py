@@ -227,9 +227,9 @@ class DaskEngine:
         windows, or its tasks were left waiting on nothing that runs:
         :class:`~dtrain.deploy.workers.Stalled`), runs again from its literal start state on
         the workers there now, under a new mesh, at most :data:`RETRIES` times (the next
-        window, started from its end, with it); a window task's own error is raised.  Returns the window launched and the
-        values of its ends (and meta); ``at`` gets the placement it ran on and the next
-        window if it is on its way."""
+        window, started from its end, with it); a window task's own error is raised.
+        Returns the window launched and the values of its ends (and meta); ``at`` gets the
+        placement it ran on and the next window if it is on its way."""
         p, book, recorder = self.plan, at.book, at.book.recorder
         steps = [p.schedule[t] for t in window]
         placement, ahead, at.ahead = at.placement, at.ahead, None
