@@ -169,8 +169,9 @@ def test_low_latency_falls_back_when_distributed_changes():
 
 def test_a_runs_nannies_wake_the_driver_seldom(tmp_path):
     """On a LocalCluster the nannies live in the driver's process: once a run registered
-    its plugins, each nanny's tick, memory check and system monitor run at QUIET_NANNY_MS,
-    not distributed's 20, 100 and 500 ms (and the worker still has its nanny)."""
+    its plugins, each nanny's tick, memory check, system monitor, tick cycle and counters'
+    shift run at QUIET_NANNY_MS, not distributed's 20, 100, 500, 1,000 and 5,000 ms (and
+    the worker still has its nanny)."""
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
         before = {n: cb.callback_time for nanny in lc.workers.values()
@@ -180,4 +181,5 @@ def test_a_runs_nannies_wake_the_driver_seldom(tmp_path):
         after = [{n: nanny.periodic_callbacks[n].callback_time for n in tuning.QUIET_NANNY_MS}
                  for nanny in lc.workers.values()]
     assert before["tick"] == 20 and before["memory_monitor"] == 100
+    assert before["ticks"] == 1000 and before["shift_counters"] == 5000
     assert after == [tuning.QUIET_NANNY_MS] * 2
