@@ -140,6 +140,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def finished(ranks: list, files: list[Path]) -> tuple[list[int], list[int]]:
+    """The ranks that failed, and those that exited non-zero only after their last file
+    (``files[r]``, written once a rank's training and rank 0's results are done): gloo now
+    and then aborts a process as it tears down, which changes nothing already written."""
+    bad = [r for r, proc in enumerate(ranks) if proc.exitcode]
+    return [r for r in bad if not files[r].exists()], [r for r in bad if files[r].exists()]
+
+
 def main(run_dir: Path, world: int) -> None:
     cfg, _ = load_run(run_dir)
     reason = torch_unsupported(cfg)
@@ -151,10 +159,14 @@ def main(run_dir: Path, world: int) -> None:
         proc.start()
     for proc in ranks:
         proc.join()
-    failed = [r for r, proc in enumerate(ranks) if proc.exitcode]
+    files = [run_dir / f"rss-{r}.json" for r in range(world)]
+    failed, torn = finished(ranks, files)
     if failed:
         raise SystemExit(f"torch-ddp: rank(s) {failed} failed")
-    files = [run_dir / f"rss-{r}.json" for r in range(world)]
+    if torn:
+        print(f"torch-ddp: rank(s) {torn} died in torch's teardown after writing everything "
+              f"(gloo's \"terminate called without an active exception\"): the run stands",
+              file=sys.stderr)
     write_rss(run_dir, peak_rss_mb(), [json.loads(f.read_text()) for f in files])
     for f in files:
         f.unlink()

@@ -123,6 +123,21 @@ def test_every_dtrain_strategy_has_a_contender_with_its_own_config(shared_data):
     assert cfg == BY_NAME["dtrain-allreduce"].config_for(workloads["P3"], 2, shared_data)
 
 
+def test_a_ddp_rank_that_dies_in_teardown_after_its_last_file_fails_nothing(tmp_path):
+    """torch-ddp's launcher: a rank that exited non-zero before its last file failed the run;
+    one that died after writing it (gloo's teardown, now and then) did not."""
+    from types import SimpleNamespace
+
+    from benchmarks.torch_ddp import finished
+
+    files = [tmp_path / f"rss-{r}.json" for r in range(4)]
+    for r in (0, 2, 3):
+        files[r].write_text("1.0")
+    ranks = [SimpleNamespace(exitcode=c) for c in (0, 1, -6, 0)]
+    assert finished(ranks, files) == ([1], [2])
+    assert finished([SimpleNamespace(exitcode=0)] * 4, files) == ([], [])
+
+
 @pytest.mark.slow
 def test_bad_arguments_are_one_line_and_exit_2():
     for args, words in ((["--workloads", "P9"], "unknown workload P9"),
