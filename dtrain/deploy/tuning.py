@@ -23,13 +23,13 @@ On a LocalCluster the nannies live in the driver's process, beside the scheduler
 each wakes on its own too: its tick every 20 ms, its memory check every 100 ms, its
 system monitor (``psutil``) every 500 ms, its tick cycle every second and its counters'
 shift every 5 s.  At 16 worker processes that was most of the driver's CPU in steady
-state, growing with the workers (:data:`QUIET_NANNY_MS`).  A
-nanny's system monitor samples the process it lives in, the driver, which the scheduler's
-own monitor samples already: each nanny's comes once a minute (each lists the driver's
-file descriptors, a few per worker).  A nanny's tick there times the driver's event loop,
-which the scheduler's own tick times already: each nanny's comes once a minute, and so
-do the tick cycle and the counters' shift, which only summarise those ticks (at 32
-workers, 38 wake-ups a second: a fifth of an idle head's CPU).
+state, growing with the workers (:data:`QUIET_NANNY_MS`).  A nanny's system monitor
+samples the process it lives in, the driver, which the scheduler's own monitor samples
+already: each nanny's comes once a minute (each lists the driver's file descriptors, a
+few per worker).  A nanny's tick there times the driver's event loop, which the
+scheduler's own tick times already: each nanny's comes once a minute, and so do the tick
+cycle and the counters' shift, which only summarise those ticks (at 32 workers, 38
+wake-ups a second: a fifth of an idle head's CPU).
 
 The head pays for the cluster's heartbeats too: distributed has each of 11 to 49 workers
 send one a second, and the scheduler reads, answers and files each (at 32 workers on a
@@ -56,9 +56,10 @@ from dtrain.core.broadcast import on_workers, register
 INLINE = "dtrain-inline"     # the executor that runs a task in the worker's event loop
 QUIET_MS = {"profile": 100.0, "tick": 250.0}    # a worker's periodic callbacks slowed to
                                                 # these periods (distributed's: 10, 20 ms)
-QUIET_NANNY_MS = {"tick": 60000.0, "memory_monitor": 2000.0, "monitor": 60000.0,  # a nanny's
-                  "ticks": 60000.0, "shift_counters": 60000.0}  # (distributed's: 20, 100,
-                                                                # 500, 1,000, 5,000 ms)
+# a nanny's periodic callbacks slowed to these periods (distributed's: 20, 100, 500, 1,000
+# and 5,000 ms)
+QUIET_NANNY_MS = {"tick": 60000.0, "memory_monitor": 2000.0, "monitor": 60000.0,
+                  "ticks": 60000.0, "shift_counters": 60000.0}
 HEARTBEATS_PER_S = 8.0      # the workers' heartbeats the scheduler asks for, a second in all
 MAX_HEARTBEAT_S = 10.0      # ... each worker's at least this often
 
