@@ -298,7 +298,9 @@ def headline(meta: dict[str, Any]) -> str:
     """When, where and how: the first lines of every rendering."""
     after = meta.get("load_after", [float("nan")])[0]
     gpu = f", {meta['gpu']}" if meta.get("gpu") else ""
-    return (f"Benchmark of {meta['date']} on {meta['cpu']} ({meta['cores']} cores, "
+    partial = f"PARTIAL ({meta['partial']}): the cells not run are missing. " \
+        if meta.get("partial") else ""
+    return (f"{partial}Benchmark of {meta['date']} on {meta['cpu']} ({meta['cores']} cores, "
             f"{meta['memory_gib']} GiB{gpu}), load average {meta['load_before'][0]:.2f} before, "
             f"{after:.2f} after; dtrain {meta['dtrain_commit'] or '(no git checkout)'}.\n"
             f"`{meta['command']}`")

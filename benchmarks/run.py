@@ -281,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = [(r, workloads[w], n, c) for r in range(args.repeat) for w in names
              for n in counts for c in contenders if only.get(c.name) is None or n in only[c.name]]
     runs = []
+    before = signal.signal(signal.SIGTERM, _stopped)    # `timeout`: as Ctrl-C
     try:
         for i, (repeat, wl, n, c) in enumerate(cells, start=1):
             run = run_one(wl, n, c, repeat, args, tools)
@@ -289,8 +290,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i}/{len(cells)}] {wl.name} {n}w {c.name}: {run.status} {took} "
                   f"({run.wall_seconds:.1f} s)", file=sys.stderr, flush=True)
     except KeyboardInterrupt:                       # the running cell's processes are gone already
-        print("benchmarks: interrupted", file=sys.stderr)
-        return 130
+        meta["partial"] = f"stopped after {len(runs)} of {len(cells)} runs"
+        print(f"benchmarks: {meta['partial']}" + ("; writing the tables of those, marked "
+                                                  "partial" if runs else ""), file=sys.stderr)
+        if not runs:
+            return 130
+    finally:
+        signal.signal(signal.SIGTERM, before)
     compare_with_serial(runs, args.out, args.keep_params)
     meta["load_after"] = os.getloadavg()
     results = report.build(meta, [workloads[w] for w in names], counts, contenders,
@@ -298,4 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     report.write(results, args.out)
     print(report.markdown(results))
     print(f"\nwrote {args.out / 'results.json'}, results.md, results.html, results-speedup.png")
+    if meta.get("partial"):
+        return 130
     return 1 if any(r.status == "failed" for r in runs) else 0
+
+
+def _stopped(signum: int, frame: object) -> None:
+    """SIGTERM (``timeout``, a batch system's limit): stop as on Ctrl-C, keeping the runs
+    done (a lent machine's budget may end before the last cell)."""
+    raise KeyboardInterrupt

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import signal
 import subprocess
 import sys
 
@@ -136,6 +137,25 @@ def test_a_ddp_rank_that_dies_in_teardown_after_its_last_file_fails_nothing(tmp_
     ranks = [SimpleNamespace(exitcode=c) for c in (0, 1, -6, 0)]
     assert finished(ranks, files) == ([1], [2])
     assert finished([SimpleNamespace(exitcode=0)] * 4, files) == ([], [])
+
+
+@pytest.mark.slow
+def test_a_stopped_benchmark_writes_the_runs_it_finished_marked_partial(tmp_path, shared_data):
+    """SIGTERM (``timeout``, a lent machine's budget) after the first run: the tables of the
+    runs done are written, headed PARTIAL, and the exit is 130, not 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks", "--quick", "--workloads", "P3",
+                             "--workers", "1,2", "--contenders", "serial", "--repeat", "3",
+                             "--data-dir", str(shared_data), "--out", str(tmp_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stderr.readline()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert first.startswith("[1/6] P3 1w serial: ok"), first + err
+    assert proc.returncode == 130, err
+    assert "stopped after 1 of 6 runs" in err or "stopped after 2 of 6 runs" in err, err
+    assert "Traceback" not in err
+    text = (tmp_path / "results.md").read_text()
+    assert text.startswith("PARTIAL (stopped after ") and "| 1 | serial |" in text
 
 
 @pytest.mark.slow
