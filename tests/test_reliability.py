@@ -264,6 +264,17 @@ def _fails(dask_worker) -> None:
     raise ValueError("a bug in the function")
 
 
+def _both_back(lc: LocalCluster, c: Client) -> None:
+    """Both workers up, as the scheduler and the cluster object see them: a worker killed
+    before the cluster's own watcher saw it come back makes distributed's LocalCluster fail
+    its close with a KeyError (its ``_update_worker_status``; a CI run failed so)."""
+    wait_for_workers(c, 2, 30)
+    deadline = time.monotonic() + 30
+    while set(lc.scheduler_info["workers"]) != set(worker_addresses(c)):
+        assert time.monotonic() < deadline, "the cluster never saw both workers back"
+        time.sleep(0.05)
+
+
 def test_a_call_on_every_worker_leaves_out_one_that_leaves_during_it():
     """A worker lost (or retired by its lifetime) while dtrain asks every worker something
     is left out of the answers, not raised: a CI run died of a CommClosedError when a
@@ -275,9 +286,9 @@ def test_a_call_on_every_worker_leaves_out_one_that_leaves_during_it():
         first = worker_addresses(c)[0]
         with pytest.raises(CommClosedError):        # what plain client.run does
             c.run(_leave_if_second)
-        wait_for_workers(c, 2, 30)                  # its nanny brought it back
+        _both_back(lc, c)                           # its nanny brought it back
         assert on_workers(c, _leave_if_second) == {first: "here"}
-        wait_for_workers(c, 2, 30)
+        _both_back(lc, c)
         with pytest.raises(ValueError, match="a bug in the function"):
             on_workers(c, _fails)
 
