@@ -156,11 +156,18 @@ def _wrap(module_name: str, attr: str, wrapper: Callable[[Callable], Callable]) 
     current = getattr(module, attr, None)
     if not callable(current):
         return None
-    if not hasattr(current, _MARK):
-        wrapped = wrapper(current)
-        setattr(wrapped, _MARK, current)
-        setattr(module, attr, wrapped)
+    setattr(module, attr, _once(current, wrapper))
     return f"{module_name}.{attr}"
+
+
+def _once(current: Callable, wrapper: Callable[[Callable], Callable]) -> Callable:
+    """``wrapper(current)``, marked as wrapping ``current`` (:func:`unwrapped`); ``current``
+    itself where it is such a wrapper already: wrapping twice wraps once."""
+    if hasattr(current, _MARK):
+        return current
+    wrapped = wrapper(current)
+    setattr(wrapped, _MARK, current)
+    return wrapped
 
 
 def relabel_tasks(kind_of: Callable[[object], str | None],
@@ -181,7 +188,8 @@ def relabel_tasks(kind_of: Callable[[object], str | None],
 
 
 def unwrapped(function: Callable) -> Callable:
-    """The original of a function :func:`relabel_tasks` wrapped (itself if not wrapped)."""
+    """The original of a function this module wrapped (:func:`relabel_tasks`,
+    :func:`fewer_heartbeats`; itself if not wrapped)."""
     return getattr(function, _MARK, function)
 
 # (4) -------------------------------------------------------------------------------------
@@ -459,29 +467,28 @@ def stalled_tasks(keys: list[Any], dask_scheduler: Any = None) -> dict[str, str]
 
 def fewer_heartbeats(scheduler: Any, per_second: float, most_s: float) -> bool:
     """Have ``scheduler``'s workers send it at most about ``per_second`` heartbeats a second
-    in all: each heartbeat's reply asks for the next after ``workers / per_second`` seconds
-    (at most ``most_s``) where distributed asks for one sooner, never later than distributed
-    would where it asks for more.  Within the scheduler's ``worker_ttl`` too: a worker silent
-    for ``max(worker_ttl, 10 x distributed's interval)`` is removed, and the interval stays
-    under a fifth of that.  False, having changed nothing, where the scheduler has no such
-    handler; wrapping twice wraps once."""
+    in all: each heartbeat's reply asks for the next after ``workers / per_second`` seconds,
+    at most ``most_s``, and never sooner than distributed's own interval.  Within the
+    scheduler's ``worker_ttl`` too: a worker silent for ``max(worker_ttl, 10 x distributed's
+    interval)`` is removed, and the interval stays under a fifth of that.  False, having
+    changed nothing, where the scheduler has no such handler; wrapping twice wraps once."""
     handlers = getattr(scheduler, "handlers", None)
     original = handlers.get("heartbeat_worker") if isinstance(handlers, dict) else None
     if not callable(original):
         return False
-    if hasattr(original, _MARK):
-        return True
 
-    def heartbeat_worker(*args: Any, **kwargs: Any) -> Any:
-        reply = original(*args, **kwargs)
-        asked = reply.get("heartbeat-interval") if isinstance(reply, dict) else None
-        if isinstance(asked, (int, float)):
-            workers = len(getattr(scheduler, "workers", ()) or ())
-            most, ttl = most_s, getattr(scheduler, "worker_ttl", None)
-            if isinstance(ttl, (int, float)) and ttl > 0:   # silent this long: removed
-                most = min(most, max(ttl, 10 * asked) / 5)
-            reply["heartbeat-interval"] = max(asked, min(workers / per_second, most))
-        return reply
-    setattr(heartbeat_worker, _MARK, original)      # as relabel_tasks marks its wrappers
-    handlers["heartbeat_worker"] = heartbeat_worker
+    def wrapper(original: Callable) -> Callable:
+        def heartbeat_worker(*args: Any, **kwargs: Any) -> Any:
+            reply = original(*args, **kwargs)
+            asked = reply.get("heartbeat-interval") if isinstance(reply, dict) else None
+            if isinstance(asked, (int, float)):
+                workers = len(getattr(scheduler, "workers", ()) or ())
+                most, ttl = most_s, getattr(scheduler, "worker_ttl", None)
+                if isinstance(ttl, (int, float)) and ttl > 0:   # silent this long: removed
+                    most = min(most, max(ttl, 10 * asked) / 5)
+                reply["heartbeat-interval"] = max(asked, min(workers / per_second, most))
+            return reply
+        return heartbeat_worker
+
+    handlers["heartbeat_worker"] = _once(original, wrapper)
     return True

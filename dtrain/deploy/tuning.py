@@ -22,14 +22,14 @@ tick still says when the loop was blocked (after 3 s).
 On a LocalCluster the nannies live in the driver's process, beside the scheduler, and
 each wakes on its own too: its tick every 20 ms, its memory check every 100 ms, its
 system monitor (``psutil``) every 500 ms, its tick cycle every second and its counters'
-shift every 5 s.  At 16 worker processes that was most of the driver's CPU in steady
-state, growing with the workers (:data:`QUIET_NANNY_MS`).  A nanny's system monitor
-samples the process it lives in, the driver, which the scheduler's own monitor samples
-already: each nanny's comes once a minute (each lists the driver's file descriptors, a
-few per worker).  A nanny's tick there times the driver's event loop, which the
+shift every 5 s.  At 16 worker processes, on distributed's periods, they are most of the
+driver's CPU in steady state, growing with the workers (:data:`QUIET_NANNY_MS`).  A
+nanny's system monitor samples the process it lives in, the driver, which the scheduler's
+own monitor samples already: each nanny's comes once a minute (each lists the driver's
+file descriptors, a few per worker).  A nanny's tick there times the driver's event loop, which the
 scheduler's own tick times already: each nanny's comes once a minute, and so do the tick
-cycle and the counters' shift, which only summarise those ticks (at 32 workers, 38
-wake-ups a second: a fifth of an idle head's CPU).
+cycle and the counters' shift, which only summarise those ticks (at 32 workers on
+distributed's periods, 38 wake-ups a second: a fifth of an idle head's CPU).
 
 The head pays for the cluster's heartbeats too: distributed has each of 11 to 49 workers
 send one a second, and the scheduler reads, answers and files each (at 32 workers on a
