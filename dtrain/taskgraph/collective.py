@@ -323,30 +323,9 @@ def run(program: Program, made: Sequence[Any], tag: str,
     pieces: dict[int, list[tuple[int, int, Any]]] = defaultdict(list)   # v -> (a, b, array)
     for (v, _), buf in zip(program.made, made):
         pieces[v].append((0, g, buf))
-
-    def get(v: int, a: int, b: int) -> Any:
-        """Segments ``a`` to ``b - 1`` of value ``v``: a view of the piece holding them, or
-        the pieces that hold them side by side, put together."""
-        found = sorted((p for p in pieces[v] if p[0] < b and p[1] > a), key=lambda p: p[0])
-        parts = []
-        for pa, pb, arr in found:
-            start = _span(n, g, pa, pa)[0]
-            s, e = _span(n, g, max(a, pa), min(b, pb))
-            parts.append(arr[s - start:e - start])
-            if pa <= a and pb >= b:             # one piece holds them all
-                return parts[-1]
-        first = next((x for x in parts if on_gpu(x)), parts[0])
-        return array_module(first).concatenate([like(x, first) for x in parts])
-
-    def folded(children: tuple, a: int, b: int) -> Any:
-        """The children's segments ``a`` to ``b - 1`` summed in order; a nested child (the
-        levels a round sums at once) summed first, as the tree sums it."""
-        return sum_in_order(*(get(c, a, b) if isinstance(c, int) else folded(c, a, b)
-                              for c in children))
-
     for op in program.ops:
         if op.kind == SEND:
-            parts = [to_host(get(v, a, b)) for v, a, b in op.items]
+            parts = [to_host(_get(pieces, n, g, v, a, b)) for v, a, b in op.items]
             send(op.peer, f"{tag}.{op.round}", parts[0] if len(parts) == 1
                  else array_module(parts[0]).concatenate(parts))
         elif op.kind == RECV:
@@ -358,8 +337,37 @@ def run(program: Program, made: Sequence[Any], tag: str,
                 at += hi - lo
         else:
             (v, a, b), = op.items
-            pieces[v].append((a, b, folded(op.children, a, b)))
-    return get(program.root, 0, g)
+            pieces[v].append((a, b, _folded(pieces, n, g, op.children, a, b)))
+    return _get(pieces, n, g, program.root, 0, g)
+
+
+# Module functions, not closures over ``pieces``: a closure that calls itself is a reference
+# cycle, which kept every step's sums (a gradient buffer each) alive until the cyclic garbage
+# collector ran, so each step's sums landed in fresh, cache-cold memory (the root's two adds
+# of P3 on 4 workers took 60-70 us instead of 25).
+
+def _get(pieces: dict[int, list[tuple[int, int, Any]]], n: int, g: int, v: int, a: int,
+         b: int) -> Any:
+    """Segments ``a`` to ``b - 1`` of value ``v``: a view of the piece holding them, or the
+    pieces that hold them side by side, put together."""
+    found = sorted((p for p in pieces[v] if p[0] < b and p[1] > a), key=lambda p: p[0])
+    parts = []
+    for pa, pb, arr in found:
+        start = _span(n, g, pa, pa)[0]
+        s, e = _span(n, g, max(a, pa), min(b, pb))
+        parts.append(arr[s - start:e - start])
+        if pa <= a and pb >= b:             # one piece holds them all
+            return parts[-1]
+    first = next((x for x in parts if on_gpu(x)), parts[0])
+    return array_module(first).concatenate([like(x, first) for x in parts])
+
+
+def _folded(pieces: dict[int, list[tuple[int, int, Any]]], n: int, g: int, children: tuple,
+            a: int, b: int) -> Any:
+    """The children's segments ``a`` to ``b - 1`` summed in order; a nested child (the levels
+    a round sums at once) summed first, as the tree sums it."""
+    return sum_in_order(*(_get(pieces, n, g, c, a, b) if isinstance(c, int)
+                          else _folded(pieces, n, g, c, a, b) for c in children))
 
 
 @dataclass(frozen=True)
