@@ -23,7 +23,7 @@ def _blocks(shards: int, workers: int) -> tuple[int, ...]:
 
 
 def _sums(shards: int, k: int, rank_of, workers: int, schedule: str, n: int = 37,
-          collector: int = 0, dtype=np.float32) -> tuple[list, object]:
+          collector: int = 0, dtype=np.float32, at_root=None) -> tuple[list, object]:
     """Every worker's result of running its program on random buffers of very different
     magnitudes (so that the order of the additions shows in the bits), and the tree's."""
     rng = np.random.default_rng(shards * 100 + workers)
@@ -46,7 +46,9 @@ def _sums(shards: int, k: int, rank_of, workers: int, schedule: str, n: int = 37
             made = [nested_sum(sub, bufs) for _, sub in p.made]
             out[r] = collective.run(p, made, "7",
                                     lambda to, tag, x: box((r, to, tag)).put(np.array(x)),
-                                    lambda frm, tag: box((frm, r, tag)).get(timeout=20))
+                                    lambda frm, tag: box((frm, r, tag)).get(timeout=20),
+                                    None if at_root is None else
+                                    lambda lo, piece, r=r: at_root(r, lo, piece))
         except BaseException as exc:        # pragma: no cover - shown by the assert below
             errors.append(exc)
 
@@ -88,6 +90,42 @@ def test_every_worker_holds_the_trees_bytes(schedule, workers):
         got, ref = _sums(shards, k, _blocks(shards, workers), workers, schedule,
                          collector=workers - 1)
         assert all(g.tobytes() == ref.tobytes() for g in got), (per, k)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("workers", [2, 3, 4, 5, 8])
+def test_what_is_made_of_the_roots_sum_where_it_is_made_is_what_every_worker_ends_with(
+        schedule, workers):
+    """``at_root`` (the update made where the step's sum is): every number of the root's sum
+    passes through it once on each worker that adds it (one segment a worker in the
+    halving schedules, whole on the one or two adders in the tree schedules, whole on every
+    worker in doubling), and every worker ends with what it made of the tree's sum, whole."""
+    seen: list[tuple[int, int, int]] = []
+
+    def at_root(rank, lo, piece):
+        seen.append((rank, lo, len(piece)))
+        return piece * 3 - np.arange(lo, lo + len(piece), dtype=piece.dtype)
+
+    n = 37
+    got, ref = _sums(workers * 2, 2, _blocks(workers * 2, workers), workers, schedule, n,
+                     at_root=at_root)
+    want = ref * 3 - np.arange(n, dtype=ref.dtype)
+    assert all(g.tobytes() == want.tobytes() for g in got)
+    adders = {r for r, _, _ in seen}
+    for r in adders:            # each adder covers its numbers once, without overlaps
+        mine = sorted((lo, lo + size) for q, lo, size in seen if q == r)
+        assert all(a[1] <= b[0] for a, b in zip(mine, mine[1:]))
+    covered = sorted((lo, lo + size) for _, lo, size in seen)
+    assert sum(b - a for a, b in covered) == n * (1 if schedule in collective.RADIX
+                                                  else len(adders))
+    if schedule in collective.RADIX:
+        assert adders == set(range(workers))
+    elif schedule == TREE:
+        assert adders == {0}
+    elif schedule == DOUBLING:
+        assert adders == set(range(workers))
+    else:
+        assert len(adders) <= 2
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

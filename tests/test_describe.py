@@ -94,17 +94,37 @@ def test_each_worker_builds_its_steps_and_the_collector_evaluates(workers):
 
 
 def test_auto_updates_at_the_root_where_a_few_workers_share_a_machines_cores():
-    """graph.update = "auto": CPU workers of one machine, more than its cores and at most
-    two a core, run windows with the update at the root (built on the driver); with a core
-    each, more crowded, between machines, or graph.update = "replicated", described."""
-    def at_root(workers, cores, sets=(), one_machine=True):
+    """graph.update = "auto", an optimizer with slots: CPU workers of one machine, more than
+    its cores and at most two a core, run windows with the update at the root (built on the
+    driver); with a core each, more crowded, between machines, or graph.update =
+    "replicated", described.  Plain SGD's windows are described there too, each update
+    made where its sum is."""
+    def at_root(workers, cores, sets=("optim.name=momentum",), one_machine=True):
         p, placement, _, _ = _layout(workers, sets)
         return describe.update_at_root(p.recipe, placement, one_machine, cores)
 
     assert at_root(4, 2) and at_root(3, 2)
     assert not at_root(2, 2) and not at_root(4, 8) and not at_root(5, 2)
     assert not at_root(4, 2, one_machine=False)
-    assert not at_root(4, 2, ["graph.update=replicated"])
+    assert not at_root(4, 2, ["optim.name=momentum", "graph.update=replicated"])
+    assert not at_root(4, 2, ["optim.name=sgd"])
+
+
+def test_auto_makes_a_plain_sgd_update_where_its_sum_is_made():
+    """graph.update = "auto" and plain SGD: each worker's setup says so, whatever the
+    schedule; momentum, Adam or graph.update = "replicated": every worker updates whole."""
+    for sets, where in (((), True), (["graph.update=replicated"], False),
+                        (["optim.name=momentum"], False), (["optim.name=adam"], False)):
+        p, placement, mesh, lay = _layout(4, sets)
+        assert lay.where_made is where, sets
+        made = describe.setups(p.recipe, p.schedule, placement, lay, mesh, None)
+        assert all(setup.where_made is where for _, setup, _, _ in made)
+        ctx = expand.Context(made[1][1], tuple(range(len(made[1][2]))), ())
+        chain, _, _ = expand.chain(ctx, Description("r", 0, 3, handoff.Handed("r", 0),
+                                                    handoff.Handed("r", 4), 30.0))
+        fns = {fn.__name__ for _, fn, _ in chain.nodes}
+        assert ("step_sum_update" in fns and "adopt_update" in fns) is where
+        assert ("step_sum" in fns and "update_state" in fns) is not where
 
 
 def test_the_schedule_depends_on_the_net_and_the_workers():
@@ -160,9 +180,10 @@ def _bytes(c, name, sets, tmp_path):
 @pytest.mark.slow
 def test_described_windows_give_the_step_by_step_bytes(tmp_path, monkeypatch):
     """4 worker processes: described windows, their step's sum by each schedule (forced on
-    the driver, where the engine chooses it), the step-by-step graph, the update at the root
-    (auto's choice where the 4 share 2 cores) and one worker give the same bytes, and the
-    described windows send what their programs say."""
+    the driver, where the engine chooses it), every worker updating whole or (auto, plain
+    SGD) each update made where its sum is, the step-by-step graph, cut windows with the
+    update at the root, and one worker give the same bytes, and the described windows send
+    what their programs say."""
     sets = ["model.layers=[4, 512, 3]", "train.epochs=3", "graph.update=replicated"]
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=None) as lc, Client(lc) as c:
@@ -173,17 +194,19 @@ def test_described_windows_give_the_step_by_step_bytes(tmp_path, monkeypatch):
                       dashboard_address=None) as lc, Client(lc) as c:
         steps, plain = _bytes(c, "steps", [*sets, "graph.fuse_steps=false"], tmp_path)
         for schedule in (collective.DOUBLING, collective.HALVING, collective.HALVING4,
-                         collective.TREE2):
+                         collective.TREE2, collective.TREE):
             monkeypatch.setattr(describe.collective, "choose",
                                 lambda *a, s=schedule, **k: (s, choose(*a, **k)[1]))
-            runs[schedule] = _bytes(c, schedule, sets, tmp_path)
-        monkeypatch.undo()                  # auto, the 4 workers on 2 cores: at the root
-        monkeypatch.setattr("dtrain.training.launch.machine_cores", lambda: 2)
-        root, at_root = _bytes(c, "root", [*sets, "graph.update=auto"], tmp_path)
-    assert at_root["update_at_root"] and at_root["described_windows"] == 0
+            runs[schedule, False] = _bytes(c, schedule, sets, tmp_path)
+            runs[schedule, True] = _bytes(c, f"{schedule}-made", [*sets, "graph.update=auto"],
+                                          tmp_path)
+        monkeypatch.undo()
+        root, at_root = _bytes(c, "root", [*sets, "graph.update=root"], tmp_path)
+    assert not at_root["update_where_summed"] and at_root["described_windows"] == 0
     assert at_root["spanned_windows"] > 0 and root == one
     assert plain["described_windows"] == 0 and steps == one
-    for schedule, (blob, summary) in runs.items():
+    for (schedule, made), (blob, summary) in runs.items():
         assert summary["described_windows"] > 0 and summary["step_sum"] == schedule
+        assert summary["update_where_summed"] is made
         assert_moved_as_predicted(summary)     # (a loaded machine: a Dask re-fetch or two)
-        assert blob == one, schedule
+        assert blob == one, (schedule, made)

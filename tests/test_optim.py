@@ -291,3 +291,45 @@ def test_max_loss_is_a_bound_on_the_mean_loss_per_sample():
     assert exit_code(exc) == 3
     assert "the mean loss per sample is 10.25, above train.max_loss = 10" in str(exc)
     assert "the loss is nan" in str(Diverged(4, 1, float("nan")))
+
+
+@pytest.mark.parametrize("schedule", ["constant", "adaptive"])
+@pytest.mark.parametrize("l2", [0.0, 0.3])
+def test_an_sgd_update_by_segments_is_the_whole_updates_bytes(schedule, l2):
+    """Plain SGD's update made a segment at a time (as a described window makes it where each
+    piece of the step's sum is added) and the pieces put together, then adopted, give the
+    whole update's state number for number: L2 on weights only, the adaptive schedule's
+    rate and numbers at an epoch's first step included; the loss tail travels untouched."""
+    net = Network((5, 7, 3), "tanh", "cross-entropy", "float32")        # P = 66
+    opt = Optimizer(OptimConfig(name="sgd", schedule=schedule), net, l2=l2)
+    rng = np.random.default_rng(3)
+    state = opt.init_state(rng.standard_normal(net.size).astype(np.float32))
+    state = TrainState(state.vector, 2.5, 10, 4)           # an epoch behind it
+    grad = np.concatenate([rng.standard_normal(net.size) * 10.0 ** rng.integers(-3, 3, net.size),
+                           [7.25, 3.0]]).astype(np.float32)
+    step = Step(12, 1, 0, 0.07, 6, True, False, ())
+    whole = update(opt, step, False, state, grad)
+    assert opt.by_segment
+    for cuts in ([0, 68], [0, 1, 40, 66, 67, 68], [0, 17, 34, 51, 68]):
+        made = np.concatenate([opt.segment_step(state, grad[a:b], a, step)
+                               for a, b in zip(cuts, cuts[1:])])
+        assert made[net.size:].tobytes() == grad[net.size:].tobytes()
+        got = opt.adopt(state, made, step)
+        assert got.vector.tobytes() == whole.vector.tobytes(), cuts
+        assert (got.epoch_loss, got.epoch_samples, got.epoch_correct) == \
+            (whole.epoch_loss, whole.epoch_samples, whole.epoch_correct)
+
+
+def test_only_plain_sgd_updates_by_segments():
+    """Momentum and Adam keep slots, whose segments would have to be gathered: their
+    updates stay whole."""
+    assert [Optimizer(OptimConfig(name=n), NET).by_segment
+            for n in ("sgd", "momentum", "adam")] == [True, False, False]
+
+
+def test_an_update_by_segments_checks_the_whole_steps_loss():
+    opt = Optimizer(OptimConfig(name="sgd"), NET)
+    made = opt.segment_step(opt.init_state(np.zeros(6)), _grad([1.0] * 6, loss=np.nan),
+                            0, _step())
+    with pytest.raises(Diverged):
+        opt.adopt(opt.init_state(np.zeros(6)), made, _step())

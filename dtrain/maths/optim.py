@@ -181,6 +181,59 @@ class Optimizer:
             p -= lr * m_hat / (xp.sqrt(v_hat) + cfg.eps)
         return new
 
+    @property
+    def by_segment(self) -> bool:
+        """Whether an update can be applied a segment of the parameters at a time, each
+        segment's new numbers the bytes the whole update gives them (:meth:`segment_step`):
+        plain SGD, whose state has no slots and whose L2 penalty and rate are elementwise or
+        one number for all."""
+        return self.cfg.name == "sgd"
+
+    def segment_step(self, state: TrainState, seg: Any, lo: int, step: Step) -> Any:
+        """Numbers ``lo`` to ``lo + len(seg)`` of the step's buffer ``[params (P) | loss |
+        correct]`` after the update, from the summed gradient's same numbers ``seg``: the
+        parameters among them updated number for number as :meth:`step_vector` updates
+        them, the loss and the correct count as they are.  Only where :attr:`by_segment`."""
+        P = self.net.size
+        out = seg.copy()                                   # (len(seg),)
+        m = max(0, min(seg.shape[0], P - lo))              # parameters in the segment
+        if m:
+            old = state.vector[lo:lo + m]
+            g = seg[:m] / step.count                       # (m,) mean gradient
+            if self.l2:
+                for w in self.net.weight_slices:
+                    a, b = max(w.start, lo), min(w.stop, lo + m)
+                    if a < b:
+                        g[a - lo:b - lo] += self.l2 * old[a - lo:b - lo]
+            lr = step.lr if self.cfg.schedule != "adaptive" \
+                else step.lr * self._numbers(state, step)[0][0]
+            out[:m] = old - lr * g
+        return out
+
+    def adopt(self, state: TrainState, buf: Any, step: Step) -> TrainState:
+        """The state after a step whose new parameters came whole in ``buf`` (``[params |
+        loss | correct]``, made segment by segment by :meth:`segment_step`): the loss
+        checked (:meth:`check_loss`), the adaptive schedule's numbers brought up to date,
+        the step added to the epoch's sums.  Only where :attr:`by_segment`."""
+        P = self.net.size
+        loss, correct = (float(v) for v in to_host(buf[P:P + 2]))
+        self.check_loss(step, loss, step.count)
+        vector = buf[:P]                                   # (P,) a view: nothing writes it
+        if self.cfg.schedule == "adaptive":
+            numbers, _ = self._numbers(state, step)
+            vector = array_module(buf).concatenate([vector, like(state.vector[P:], buf)])
+            vector[-ADAPTIVE:] = numbers
+        return _add_to_epoch(state, step, vector, loss, step.count, int(correct))
+
+    def _numbers(self, state: TrainState, step: Step) -> tuple[tuple[float, float, float], bool]:
+        """The adaptive schedule's ``(scale, best, count)`` for ``step`` from ``state``, and
+        whether they changed (at an epoch's first step, see :meth:`adapt`)."""
+        numbers = tuple(float(v) for v in state.vector[-ADAPTIVE:])
+        if step.first and state.epoch_samples:
+            return adapted(self.cfg, step.lr, numbers,
+                           state.epoch_loss / state.epoch_samples), True
+        return numbers, False
+
     def adapt(self, state: TrainState, new: Any, step: Step) -> float:
         """The adaptive schedule: the factor of ``step.lr`` for this step, its numbers in
         ``new``'s last :data:`ADAPTIVE` entries brought up to date (``new`` is this step's
@@ -190,11 +243,9 @@ class Optimizer:
         without one, the factor is multiplied by ``gamma`` and the count restarts, or, if
         the rate is already at most ``min_lr``, it becomes 0: training stops, as
         scikit-learn's ``learning_rate="adaptive"`` stops."""
-        tail = new[-ADAPTIVE:]                               # (3,) a view: [scale, best, count]
-        numbers = tuple(float(v) for v in tail)
-        if step.first and state.epoch_samples:
-            numbers = adapted(self.cfg, step.lr, numbers, state.epoch_loss / state.epoch_samples)
-            tail[:] = numbers
+        numbers, changed = self._numbers(state, step)      # [scale, best, count]
+        if changed:
+            new[-ADAPTIVE:] = numbers
         return numbers[0]
 
 

@@ -313,11 +313,19 @@ def _wrapped(v: int, first: int, count: int, members: int) -> tuple[tuple[int, i
 
 
 def run(program: Program, made: Sequence[Any], tag: str,
-        send: Callable[[int, str, Any], None], recv: Callable[[int, str], Any]) -> Any:
+        send: Callable[[int, str, Any], None], recv: Callable[[int, str], Any],
+        at_root: Callable[[int, Any], Any] | None = None) -> Any:
     """This worker's part of one step's sum: ``made`` holds the sums of its subtrees (in
     ``program.made``'s order); ``send(rank, tag, array)`` and ``recv(rank, tag)`` carry the
     messages.  Returns the root's whole sum: the bytes of the tree's sum, number for
-    number."""
+    number.
+
+    With ``at_root(lo, piece)``, each piece of the root's sum is replaced where it is made
+    (numbers ``lo`` on of the buffer: a segment in the halving schedules, the whole where
+    one or two workers add the root) by what ``at_root`` makes of it, before anything sends
+    it: the messages that would carry the sum on carry that instead, and the value returned
+    is it, whole.  The update of the step made where its sum is made (a segment a worker
+    in the halving schedules, as ZeRO's first stage shards it)."""
     g = program.segments
     n = made[0].shape[0]
     pieces: dict[int, list[tuple[int, int, Any]]] = defaultdict(list)   # v -> (a, b, array)
@@ -337,7 +345,10 @@ def run(program: Program, made: Sequence[Any], tag: str,
                 at += hi - lo
         else:
             (v, a, b), = op.items
-            pieces[v].append((a, b, _folded(pieces, n, g, op.children, a, b)))
+            made_here = _folded(pieces, n, g, op.children, a, b)
+            if at_root is not None and v == program.root:
+                made_here = at_root(_span(n, g, a, b)[0], made_here)
+            pieces[v].append((a, b, made_here))
     return _get(pieces, n, g, program.root, 0, g)
 
 

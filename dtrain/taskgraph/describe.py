@@ -54,6 +54,7 @@ class Layout:
     schedule: str
     predicted: dict[str, float]
     programs: tuple[collective.Program, ...]
+    where_made: bool = False        # each step's update made where its sum is (see layout)
 
     def traffic(self, n: int) -> tuple[int, int]:
         """Messages and numbers every worker together sends a step."""
@@ -82,10 +83,12 @@ def update_at_root(recipe: Recipe, placement: Placement, one_machine: bool, core
     window cut the same way measured alike, so what pays is the cut window against the
     described one on shared cores (its cause is not pinned down: ``benchmarks/NOTES.md``),
     and one update a step is the least work for those cores.  With more workers a core
-    the driver's build, which grows with the workers times the steps, costs more."""
+    the driver's build, which grows with the workers times the steps, costs more.  Not for
+    an optimizer whose update goes by segments: a described window then makes each update
+    where the sum is made (:func:`layout`), one update's work a step, and measured as fast."""
     workers = set(placement.leaves)
-    return (recipe.auto_update and one_machine and not placement.gpus
-            and cores < len(workers) <= AT_ROOT_PER_CORE * cores)
+    return (recipe.auto_update and not recipe.opt.by_segment and one_machine
+            and not placement.gpus and cores < len(workers) <= AT_ROOT_PER_CORE * cores)
 
 
 def layout(recipe: Recipe, placement: Placement, one_machine: bool,
@@ -93,7 +96,15 @@ def layout(recipe: Recipe, placement: Placement, one_machine: bool,
     """The ranks (``workers``, the mesh's order; by default the order of their first
     shard), and the schedule of the step's sum :func:`~dtrain.taskgraph.collective.choose`
     finds fastest for the net's buffer on the mesh's wire (``one_machine``: Unix sockets
-    between workers, which share its ``cores``)."""
+    between workers, which share its ``cores``).
+
+    With ``graph.update = "auto"``, an optimizer whose update goes by segments (plain SGD)
+    and CPU workers, each step's update is made where its sum is made (``where_made``): by
+    each worker on its segment in the halving schedules, by the one or two workers that add
+    the root in the tree schedules, and the schedule's last messages carry the new
+    parameters instead of the sum; every worker's copy is still the same bytes, and one
+    update's work is done a step instead of one per worker.  Otherwise every worker
+    applies the whole update to its copy."""
     workers = tuple(workers if workers is not None else dict.fromkeys(placement.leaves))
     rank = {w: r for r, w in enumerate(workers)}
     rank_of = tuple(rank[w] for w in placement.leaves)
@@ -105,7 +116,8 @@ def layout(recipe: Recipe, placement: Placement, one_machine: bool,
                                     cores if one_machine else None)
     progs = collective.programs(len(rank_of), recipe.fan_in, rank_of, len(workers), best,
                                 rank[placement.root])
-    return Layout(workers, rank[placement.root], rank_of, best, times, progs)
+    where_made = recipe.auto_update and recipe.opt.by_segment and not placement.gpus
+    return Layout(workers, rank[placement.root], rank_of, best, times, progs, where_made)
 
 
 def steps_of(schedule: Any, shards: Sequence[int]) -> Steps:
@@ -132,7 +144,8 @@ def setups(recipe: Recipe, schedule: Any, placement: Placement, lay: Layout, mes
         setup = Setup(recipe, lay.programs[r], r, lay.collector, tuple(mine),
                       steps_of(schedule, mine), mesh, w in placement.gpus,
                       val=here and val is not None and not parts, parts=held_parts,
-                      part_ranks=tuple(sorted(holder.items())) if parts else ())
+                      part_ranks=tuple(sorted(holder.items())) if parts else (),
+                      where_made=lay.where_made)
         held = [val] if setup.val else [parts[i][0] for i in held_parts]
         out.append((w, setup, mine, held))
     return out

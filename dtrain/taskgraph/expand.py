@@ -34,13 +34,13 @@ from dask.task_spec import TaskRef
 from dtrain.core import keys
 from dtrain.core.errors import UserError
 from dtrain.deploy import p2p
-from dtrain.maths.optim import Step
+from dtrain.maths.optim import Step, TrainState
 from dtrain.taskgraph import collective, fuse, handoff, span
 from dtrain.taskgraph.dataparallel import TINY_FLOPS
 from dtrain.taskgraph.recipe import Recipe
 from dtrain.taskgraph.records import Evaluate, ForwardBackward, Group, Update
-from dtrain.taskgraph.tasks import (evaluate, evaluate_part, evaluate_parts, forward_backward,
-                                    update_state)
+from dtrain.taskgraph.tasks import (adopt_update, evaluate, evaluate_part, evaluate_parts,
+                                    forward_backward, update_state)
 from dtrain.taskgraph.treesum import Tree, flat
 
 FORMAT = 1                      # the description's format: a worker reads this one only
@@ -93,6 +93,7 @@ class Setup:
     val: bool = False
     parts: tuple[int, ...] = ()
     part_ranks: tuple[tuple[int, int], ...] = ()     # (part, rank): every part, collector's
+    where_made: bool = False        # each step's update made where its sum is (Layout's)
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,21 @@ def read(described: Described, where: str) -> Description:
 def step_sum(program: collective.Program, tag: str, *made: Any) -> Any:
     """``allreduce-<t>-w<rank>``: this worker's part of the step's sum, over the running
     window's connections; returns the whole sum."""
+    return _over_mesh(program, tag, made, None)
+
+
+def step_sum_update(program: collective.Program, tag: str, task: Update, state: TrainState,
+                    *made: Any) -> Any:
+    """``allreduce-<t>-w<rank>`` where the update is made where the sum is
+    (:attr:`Setup.where_made`): this worker's part of the step's sum, each piece of the
+    root's sum made here updated at once (:meth:`~dtrain.maths.optim.Optimizer.segment_step`)
+    and sent on as new parameters; returns ``[new params | loss | correct]``, whole."""
+    opt, step = task.opt, task.steps[-1]
+    return _over_mesh(program, tag, made,
+                      lambda lo, piece: opt.segment_step(state, piece, lo, step))
+
+
+def _over_mesh(program: collective.Program, tag: str, made: tuple, at_root: Any) -> Any:
     link = span.current()
     clock = time.perf_counter
 
@@ -181,7 +197,8 @@ def step_sum(program: collective.Program, tag: str, *made: Any) -> Any:
         fuse.note(span.RECV_WAIT, start, clock(), keys.ALLREDUCE)
         return got
 
-    return collective.run(program, made, tag, lambda r, t, x: link.send((r,), t, x), recv)
+    return collective.run(program, made, tag, lambda r, t, x: link.send((r,), t, x), recv,
+                          at_root)
 
 
 def _group(shards: tuple[int, ...], subtree: Tree, rows: tuple[tuple[int, int], ...],
@@ -240,13 +257,16 @@ def chain(ctx: Context, desc: Description) -> tuple[fuse.Chain, tuple, tuple]:
             kinds.append(keys.FORWARD_BACKWARD)
             sums.append(TaskRef(key))
         total = f"{keys.ALLREDUCE}-{t}-w{r}-{run}"
-        nodes.append((total, step_sum, (prog, str(t), *sums)))
-        kinds.append(keys.ALLREDUCE)
         new = f"{keys.UPDATE}-{t}-{s.shards[0]}-{run}"
-        events = recipe.events_for(step, run) if here else None
-        nodes.append((new, update_state, (Update(recipe.opt, (step,), t == desc.last, events),
-                                          TaskRef(state), TaskRef(total))))
-        kinds.append(keys.UPDATE)
+        update = Update(recipe.opt, (step,), t == desc.last,
+                        recipe.events_for(step, run) if here else None)
+        if s.where_made:
+            nodes.append((total, step_sum_update, (prog, str(t), update, TaskRef(state), *sums)))
+            nodes.append((new, adopt_update, (update, TaskRef(state), TaskRef(total))))
+        else:
+            nodes.append((total, step_sum, (prog, str(t), *sums)))
+            nodes.append((new, update_state, (update, TaskRef(state), TaskRef(total))))
+        kinds += [keys.ALLREDUCE, keys.UPDATE]
         state = new
         if step.last:
             record = Evaluate(recipe.net, step.epoch, recipe.keep_states)

@@ -222,6 +222,17 @@ def update_state(task: Update, state: TrainState, *grads) -> TrainState:
     return new
 
 
+def adopt_update(task: Update, state: TrainState, made: Any) -> TrainState:
+    """``update-<step>-<first shard>`` of a described window whose update is made where the
+    step's sum is (:func:`~dtrain.taskgraph.expand.step_sum_update`): the state with the new
+    parameters ``made`` brought (:meth:`~dtrain.maths.optim.Optimizer.adopt`); the event is
+    queued as :func:`update_state` queues it."""
+    step = task.steps[-1]
+    new = task.opt.adopt(state, made, step)
+    _event(task.events, task.opt, step, state, new)
+    return new
+
+
 def local_steps(task: LocalSteps, *inputs) -> Any:
     """Local SGD leaf: each shard of the group runs ``steps`` alone from the state, where
     it lives; a group's buffers summed in its subtree's order (:func:`_summed`)."""

@@ -43,6 +43,7 @@ class Counters:
     described_windows: int = 0                  # ... described, each worker building its own
     step_sum: str | None = None                 # ... the schedule of their steps' sums
     update_at_root: bool = False                # graph.update = "auto" chose the root's
+    update_where_summed: bool = False           # ... described, each update made where its sum is
     sent: list[int] = field(default_factory=lambda: [0, 0])   # ... their messages and bytes
     via: set[str] = field(default_factory=set)  # ... and how they went (deploy.p2p)
     reruns: list[str] = field(default_factory=list)   # windows run again, and why
@@ -93,6 +94,7 @@ class Counters:
                           "segmented_windows": self.segmented_windows, "meshes": self.meshes,
                           "described_windows": self.described_windows,
                           "step_sum": self.step_sum, "update_at_root": self.update_at_root,
+                          "update_where_summed": self.update_where_summed,
                           "via": sorted(self.via),
                           "reruns": self.reruns,
                           "state_bytes_in_graphs": self.literal_bytes,

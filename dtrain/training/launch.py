@@ -192,6 +192,7 @@ class Launcher:
             got.append(self.client.submit(task.func, *args, key=task.key, workers=[w],
                                           allow_other_workers=True, pure=False))
         self.contexts, self.counters.step_sum = (mesh, lay, got), lay.schedule
+        self.counters.update_where_summed = lay.where_made
         return lay, [f.key for f in got]
 
     def _one_machine(self, placement: Placement) -> bool:
