@@ -197,16 +197,18 @@ class Optimizer:
         P = self.net.size
         out = seg.copy()                                   # (len(seg),)
         m = max(0, min(seg.shape[0], P - lo))              # parameters in the segment
-        if m:
-            old = state.vector[lo:lo + m]
+        if not m:
+            return out
+        old = state.vector[lo:lo + m]
+        lr = step.lr if self.cfg.schedule != "adaptive" \
+            else step.lr * self._numbers(state, step)[0][0]
+        with np.errstate(all="ignore"):        # as update's: a non-finite loss says it
             g = seg[:m] / step.count                       # (m,) mean gradient
             if self.l2:
                 for w in self.net.weight_slices:
                     a, b = max(w.start, lo), min(w.stop, lo + m)
                     if a < b:
                         g[a - lo:b - lo] += self.l2 * old[a - lo:b - lo]
-            lr = step.lr if self.cfg.schedule != "adaptive" \
-                else step.lr * self._numbers(state, step)[0][0]
             out[:m] = old - lr * g
         return out
 
