@@ -80,9 +80,10 @@ def update_at_root(recipe: Recipe, placement: Placement, one_machine: bool, core
     rather than described: CPU workers of one machine, more than its ``cores`` and at most
     :data:`AT_ROOT_PER_CORE` a core.  There P3 on 4 workers of 2 cores stepped 12-20 %
     faster so, on a LocalCluster and under ``mpirun``, with the same bytes; a replicated
-    window cut the same way measured alike, so what pays is the cut window against the
-    described one on shared cores (its cause is not pinned down: ``benchmarks/NOTES.md``),
-    and one update a step is the least work for those cores.  With more workers a core
+    window cut the same way measured alike, so what paid was the cut window against the
+    described one on shared cores (mostly a reference cycle in the described step's sum,
+    since removed: ``benchmarks/NOTES.md``), and one update a step is the least work for
+    those cores.  With more workers a core
     the driver's build, which grows with the workers times the steps, costs more.  Not for
     an optimizer whose update goes by segments: a described window then makes each update
     where the sum is made (:func:`layout`), one update's work a step, and measured as fast."""

@@ -43,7 +43,8 @@ from dtrain.taskgraph.tasks import (adopt_update, evaluate, evaluate_part, evalu
                                     forward_backward, update_state)
 from dtrain.taskgraph.treesum import Tree, flat
 
-FORMAT = 1                      # the description's format: a worker reads this one only
+FORMAT = 2                      # the description's format: a worker reads this one only
+                                # (2: the update may be made where the sum is, Setup.where_made)
 MAGIC = b"dtrW"
 _HEAD = struct.Struct("!4sHI")  # magic, format, length of the pickle that follows
 
