@@ -93,23 +93,6 @@ def test_each_worker_builds_its_steps_and_the_collector_evaluates(workers):
         assert chain.inputs == tuple(f"shard-{s}" for s in mine)
 
 
-def test_auto_updates_at_the_root_where_a_few_workers_share_a_machines_cores():
-    """graph.update = "auto", an optimizer with slots: CPU workers of one machine, more than
-    its cores and at most two a core, run windows with the update at the root (built on the
-    driver); with a core each, more crowded, between machines, or graph.update =
-    "replicated", described.  Plain SGD's windows are described there too, each update
-    made where its sum is."""
-    def at_root(workers, cores, sets=("optim.name=momentum",), one_machine=True):
-        p, placement, _, _ = _layout(workers, sets)
-        return describe.update_at_root(p.recipe, placement, one_machine, cores)
-
-    assert at_root(4, 2) and at_root(3, 2)
-    assert not at_root(2, 2) and not at_root(4, 8) and not at_root(5, 2)
-    assert not at_root(4, 2, one_machine=False)
-    assert not at_root(4, 2, ["optim.name=momentum", "graph.update=replicated"])
-    assert not at_root(4, 2, ["optim.name=sgd"])
-
-
 def test_auto_makes_a_plain_sgd_update_where_its_sum_is_made():
     """graph.update = "auto" and plain SGD: each worker's setup says so, whatever the
     schedule; momentum, Adam or graph.update = "replicated": every worker updates whole."""

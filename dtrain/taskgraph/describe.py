@@ -71,27 +71,6 @@ def describable(recipe: Recipe, placement: Placement, server: bool, local_sgd: b
             and len(workers) > 1 and placement.root in workers)
 
 
-AT_ROOT_PER_CORE = 2     # graph.update = "auto": workers a core, at most, updated at the root
-
-
-def update_at_root(recipe: Recipe, placement: Placement, one_machine: bool, cores: int) -> bool:
-    """Whether ``graph.update = "auto"`` runs a window over ``placement`` built step by step
-    on the driver and cut, with the update at the root (as ``graph.update = "root"``),
-    rather than described: CPU workers of one machine, more than its ``cores`` and at most
-    :data:`AT_ROOT_PER_CORE` a core.  There P3 on 4 workers of 2 cores stepped 12-20 %
-    faster so, on a LocalCluster and under ``mpirun``, with the same bytes; a replicated
-    window cut the same way measured alike, so what paid was the cut window against the
-    described one on shared cores (mostly a reference cycle in the described step's sum,
-    since removed: ``benchmarks/NOTES.md``), and one update a step is the least work for
-    those cores.  With more workers a core
-    the driver's build, which grows with the workers times the steps, costs more.  Not for
-    an optimizer whose update goes by segments: a described window then makes each update
-    where the sum is made (:func:`layout`), one update's work a step, and measured as fast."""
-    workers = set(placement.leaves)
-    return (recipe.auto_update and not recipe.opt.by_segment and one_machine
-            and not placement.gpus and cores < len(workers) <= AT_ROOT_PER_CORE * cores)
-
-
 def layout(recipe: Recipe, placement: Placement, one_machine: bool,
            workers: Sequence[str] | None = None, cores: int | None = None) -> Layout:
     """The ranks (``workers``, the mesh's order; by default the order of their first

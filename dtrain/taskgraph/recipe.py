@@ -31,8 +31,8 @@ class Recipe:
     sync_every: int = 1            # steps per unit (a local SGD round)
     step_events: int = 0           # send a step event every this many steps (0: never)
     replicated: bool = False       # every worker applies each update
-    auto_update: bool = False      # graph.update = "auto": replicated, but at the root on
-                                   # workers that crowd one machine (describe.update_at_root)
+    auto_update: bool = False      # graph.update = "auto": replicated, but plain SGD's update
+                                   # made where the step's sum is (describe.layout)
     state_every: int = 1           # replicated: steps between the tasks keeping each state
     fuse_shards: str = "true"      # a worker's reduce subtree in one leaf task: "true",
                                    # "false", "auto" (see dataparallel.fuse_choice)

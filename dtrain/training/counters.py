@@ -42,7 +42,6 @@ class Counters:
     segmented_windows: int = 0                  # ... their sums reduced in segments
     described_windows: int = 0                  # ... described, each worker building its own
     step_sum: str | None = None                 # ... the schedule of their steps' sums
-    update_at_root: bool = False                # graph.update = "auto" chose the root's
     update_where_summed: bool = False           # ... described, each update made where its sum is
     sent: list[int] = field(default_factory=lambda: [0, 0])   # ... their messages and bytes
     via: set[str] = field(default_factory=set)  # ... and how they went (deploy.p2p)
@@ -93,7 +92,7 @@ class Counters:
                           "spanned_windows": self.spanned_windows,
                           "segmented_windows": self.segmented_windows, "meshes": self.meshes,
                           "described_windows": self.described_windows,
-                          "step_sum": self.step_sum, "update_at_root": self.update_at_root,
+                          "step_sum": self.step_sum,
                           "update_where_summed": self.update_where_summed,
                           "via": sorted(self.via),
                           "reruns": self.reruns,

@@ -103,14 +103,8 @@ class Launcher:
         if p.config.graph.fuse_steps and p.config.graph.reduce == "tree" and \
                 isinstance(builder, DataParallel) and describe.describable(
                     p.recipe, placement, builder.server, builder.unit is not add_step):
-            if not describe.update_at_root(p.recipe, placement, self._one_machine(placement),
-                                           machine_cores()):
-                win = self._described(steps, window, state, val, placement, take, trim,
-                                      follows)
-                return self._submitted(win, window, book)
-            builder = DataParallel(dataclasses.replace(p.recipe, replicated=False),
-                                   builder.sources)
-            self.counters.update_at_root = True
+            win = self._described(steps, window, state, val, placement, take, trim, follows)
+            return self._submitted(win, window, book)
         win = builder.window(steps, state, self.cluster.refs, heldout.refs(val), placement,
                              self.run_id)
         made = handoff.Fresh(p.net, p.opt, p.config.model.seed) \

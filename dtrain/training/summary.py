@@ -130,7 +130,6 @@ def _graph(outcome: Outcome) -> dict[str, Any]:
             "segmented_windows": g.get("segmented_windows", 0),
             "described_windows": g.get("described_windows", 0),
             "step_sum": g.get("step_sum"),
-            "update_at_root": g.get("update_at_root", False),
             "update_where_summed": g.get("update_where_summed", False),
             "worker_to_worker": g.get("via", []),
             "scheduler_tasks_per_step": outcome.compute["scheduler_tasks"] / steps

@@ -230,9 +230,8 @@ class GraphConfig:
                          "the new state to every worker, or on every worker from the reduced "
                          "gradient (allreduce only; one hop less per step); auto: for "
                          "allreduce, plain SGD's update made where the step's sum is made "
-                         "(a segment a worker, the new parameters sent on), momentum and "
-                         "Adam replicated, or root where a machine's CPU workers outnumber "
-                         "its cores (at most two a core)")
+                         "(a segment a worker, the new parameters sent on), momentum's and "
+                         "Adam's replicated")
     step_events: int = at_least(1, 0, "steps between live metrics events from the update "
                                 "task to the scheduler (0: none)")
     step_event_gap: float = at_least(0.1, 0.0, "seconds: each worker sends step events at "
