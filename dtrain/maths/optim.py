@@ -149,11 +149,7 @@ class Optimizer:
         """The vector ``[params | slots]`` after one update from ``grad``."""
         P, cfg = self.net.size, self.cfg
         xp = array_module(state.vector)
-        g = grad[:P] / step.count                          # (P,) mean gradient
-        old = state.vector[:P]
-        if self.l2:
-            for w in self.net.weight_slices:
-                g[w] += self.l2 * old[w]
+        g = self._gradient(grad[:P], state.vector[:P], 0, step.count)     # (P,)
         new = state.vector.copy()                          # (P * (1 + k) + schedule,)
         p = new[:P]
         lr = step.lr if cfg.schedule != "adaptive" else step.lr * self.adapt(state, new, step)
@@ -203,14 +199,20 @@ class Optimizer:
         lr = step.lr if self.cfg.schedule != "adaptive" \
             else step.lr * self._numbers(state, step)[0][0]
         with np.errstate(all="ignore"):        # as update's: a non-finite loss says it
-            g = seg[:m] / step.count                       # (m,) mean gradient
-            if self.l2:
-                for w in self.net.weight_slices:
-                    a, b = max(w.start, lo), min(w.stop, lo + m)
-                    if a < b:
-                        g[a - lo:b - lo] += self.l2 * old[a - lo:b - lo]
-            out[:m] = old - lr * g
+            out[:m] = old - lr * self._gradient(seg[:m], old, lo, step.count)
         return out
+
+    def _gradient(self, summed: Any, old: Any, lo: int, count: int) -> Any:
+        """The mean gradient of parameters ``lo`` to ``lo + len(summed)`` from their summed
+        gradient, plus the L2 penalty of the weights among them (``old``: their values)."""
+        g = summed / count                                 # (m,) mean gradient
+        if self.l2:
+            for w in self.net.weight_slices:
+                start, stop, _ = w.indices(self.net.size)
+                a, b = max(start, lo), min(stop, lo + g.shape[0])
+                if a < b:
+                    g[a - lo:b - lo] += self.l2 * old[a - lo:b - lo]
+        return g
 
     def adopt(self, state: TrainState, buf: Any, step: Step) -> TrainState:
         """The state after a step whose new parameters came whole in ``buf`` (``[params |

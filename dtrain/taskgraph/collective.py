@@ -353,9 +353,9 @@ def run(program: Program, made: Sequence[Any], tag: str,
 
 
 # Module functions, not closures over ``pieces``: a closure that calls itself is a reference
-# cycle, which kept every step's sums (a gradient buffer each) alive until the cyclic garbage
-# collector ran, so each step's sums landed in fresh, cache-cold memory (the root's two adds
-# of P3 on 4 workers took 60-70 us instead of 25).
+# cycle, which keeps a step's sums (a gradient buffer each) alive until the cyclic garbage
+# collector runs, so the next step's sums land in fresh, cache-cold memory
+# (tests/test_collective.py holds this).
 
 def _get(pieces: dict[int, list[tuple[int, int, Any]]], n: int, g: int, v: int, a: int,
          b: int) -> Any:

@@ -9,15 +9,18 @@ part of each step's sum (:class:`~dtrain.taskgraph.collective.Program`) and the 
 
     state-<first>               the state kept here by the window before (or made, or sent)
     forward-backward-<t>-<s>    a subtree of shards held here, summed as the tree sums it
-    allreduce-<t>-w<rank>       this worker's part of the step's sum (collective.run)
-    update-<t>-<s>              the update, applied by every worker to its own copy
+    allreduce-<t>-w<rank>       this worker's part of the step's sum (collective.run); where
+                                the update is made where the sum is (Setup.where_made), its
+                                piece of the root's sum updated here and sent on
+    update-<t>-<s>              each worker's copy of the state after the step: updated from
+                                the whole sum, or adopting the new parameters
     evaluate-<epoch>            at an epoch's end, on the collector
     kept-<stop>                 the end state, kept here for the next window
 
 and runs it as a cut window's chain runs (:func:`dtrain.taskgraph.span.run_on`: its
-messages over the mesh, its timings to the collector).  Every worker adds the same
-numbers in the tree's order and applies the same update to the same state, so each
-copy is the same bytes, and those of one worker.  The driver's work per window is a
+messages over the mesh, its timings to the collector).  Every number of the sum is added
+in the tree's order and updated by the same elementwise rule, wherever that is done, so
+each copy is the same bytes, and those of one worker.  The driver's work per window is a
 description per worker, whatever the number of steps.
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ import dataclasses
 import pickle
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,7 +192,8 @@ def step_sum_update(program: collective.Program, tag: str, task: Update, state: 
                       lambda lo, piece: opt.segment_step(state, piece, lo, step))
 
 
-def _over_mesh(program: collective.Program, tag: str, made: tuple, at_root: Any) -> Any:
+def _over_mesh(program: collective.Program, tag: str, made: tuple,
+               at_root: Callable[[int, Any], Any] | None) -> Any:
     link = span.current()
     clock = time.perf_counter
 
