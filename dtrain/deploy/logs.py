@@ -92,18 +92,26 @@ CLOSING_OP = "dtrain_closing"     # the head's word to every worker rank before 
 
 
 class CutByClose(logging.Filter):
-    """Drops distributed's errors about a connection that the job's own close cut.
+    """Drops distributed's errors about a connection that the job's own close cut, and
+    logs a transfer whose asker went away at DEBUG.
 
-    Closing, a worker shuts its connections while a heartbeat or a transfer may be
-    in flight, and distributed logs the closed comm as an error with a traceback: a
-    heartbeat cut by this worker's close, or a transfer to a peer that closed first
-    (the head closes the ranks all at once).  The head tells every worker that the
-    job is closing (:data:`CLOSING_OP`, answered) before it closes any; the same
-    failures mid-run still show.
+    Closing, a worker shuts its connections while a heartbeat may be in flight, and
+    distributed logs the closed comm as an error with a traceback.  The head tells every
+    worker that the job is closing (:data:`CLOSING_OP`, answered) before it closes any;
+    the same failures mid-run still show.
+
+    A transfer this worker was sending ("failed during get data", an ``OSError``) fails
+    only when whoever asked for it went away: a peer that closed first (the head closes
+    the ranks all at once), a peer lost mid-run (the driver says so once, as one line,
+    and runs the window again), or the driver itself, with a LocalCluster's scheduler
+    inside it (killed, the run is over, and this worker exits with its parent).  Never
+    the only word of what happened, so never an error with a traceback on the console;
+    DEBUG logs still have it.
     """
 
-    CUT = ("Failed to communicate with scheduler during heartbeat", "failed during get data",
+    CUT = ("Failed to communicate with scheduler during heartbeat",
            "Async instruction for")     # a task still running (a window launched ahead)
+    TRANSFER = "failed during get data"
     LOGGERS = ("distributed.worker", "distributed.worker.state_machine")
 
     def install(self) -> CutByClose:
@@ -124,6 +132,9 @@ class CutByClose(logging.Filter):
         self.closing = True
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(self.TRANSFER):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
         closing = self.closing or self.worker.status in (Status.closing, Status.closed,
                                                          Status.closing_gracefully)
         return not (closing and str(record.msg).startswith(self.CUT))
