@@ -189,6 +189,30 @@ def test_mpi_hybrid_makes_one_worker_rank_per_node_with_its_cores():
         places, _cluster("cluster.layout=flat")).values()} == {1}
 
 
+def test_mpi_flat_ranks_that_outnumber_their_cores_share_them_in_neighbour_blocks():
+    """Flat one-thread worker ranks: as started while each has a core; more ranks than a
+    node's cores are pinned a core each, consecutive ranks (the sum's first pairs)
+    together; GPU ranks and workers of more threads are left alone."""
+    flat = _cluster("cluster.layout=flat")
+    roles = layout.assign(_places(0, 0, 0, 0, cores=4), flat)
+    assert {role.cpus for role in roles.values()} == {frozenset()}
+    places = _places(0, 0, 0, 0, 1, 1, 1, 1, 1, cores=2)    # node 1: cores 2-3
+    roles = layout.assign(places, flat)
+    assert {r: sorted(role.cpus) for r, role in roles.items()} == {
+        1: [0], 2: [0], 3: [1], 4: [1], 5: [2], 6: [2], 7: [2], 8: [3], 9: [3]}
+    assert {role.threads for role in roles.values()} == {1}
+    line = layout.describe(roles, places, "flat")
+    assert line.endswith("; more worker ranks than cores: pinned 9 rank(s) to 4 core(s), "
+                         "neighbours together")
+    assert "pinned" not in layout.describe(layout.assign(_places(0, 0), flat),
+                                           _places(0, 0), "flat")
+    gpu = layout.assign(_places(0, 0, 0, gpu=(1,), cores=1), flat)
+    assert [sorted(gpu[r].cpus) for r in (1, 2, 3)] == [[], [0], [0]]
+    wide = layout.assign(places, _cluster("cluster.layout=flat",
+                                          "cluster.threads_per_worker=2"))
+    assert {role.cpus for role in wide.values()} == {frozenset()}
+
+
 def test_mpi_gpu_ranks_keep_one_worker_each():
     places = _places(0, 0, 0, gpu=(1, 2))           # two GPU ranks and a CPU rank on a node
     roles = layout.assign(places, _cluster(), leaves=64)
