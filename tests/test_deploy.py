@@ -213,6 +213,39 @@ def test_mpi_flat_ranks_that_outnumber_their_cores_share_them_in_neighbour_block
     assert {role.cpus for role in wide.values()} == {frozenset()}
 
 
+def _affinity() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def _every_thread_on(cores: list[int]) -> bool:
+    return all(sorted(os.sched_getaffinity(int(t))) == cores for t in os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_an_embedded_clusters_workers_that_outnumber_the_cores_are_pinned_like_mpi_ranks():
+    """Twice as many one-thread workers as the driver's cores (two of this machine's): worker
+    ``i`` and every thread it has on one core, neighbours together; as many workers as
+    cores: left alone."""
+    before = os.sched_getaffinity(0)
+    cores = sorted(before)[:2]
+    os.sched_setaffinity(0, cores)             # the driver's cores, which the workers inherit
+    try:
+        cfg = dtrain.load_config(None, [f"cluster.workers={2 * len(cores)}",
+                                        "cluster.threads_per_worker=1"]).cluster
+        with connect(cfg) as client:
+            got = client.run(_affinity)
+            names = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+            assert [got[names[i]] for i in range(2 * len(cores))] == \
+                [[c] for c in cores for _ in range(2)]
+            assert all(client.run(_every_thread_on, [cores[0]], workers=[names[0]]).values())
+        cfg = dtrain.load_config(None, [f"cluster.workers={len(cores)}",
+                                        "cluster.threads_per_worker=1"]).cluster
+        with connect(cfg) as client:
+            assert all(a == cores for a in client.run(_affinity).values())
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def test_mpi_gpu_ranks_keep_one_worker_each():
     places = _places(0, 0, 0, gpu=(1, 2))           # two GPU ranks and a CPU rank on a node
     roles = layout.assign(places, _cluster(), leaves=64)

@@ -29,7 +29,7 @@ from dtrain.core.errors import UserError
 from dtrain.deploy import jobqueue, mainguard
 from dtrain.deploy.devices import require_gpu
 from dtrain.deploy.layout import local_shape
-from dtrain.deploy.local import local_cluster, local_gpu_cluster
+from dtrain.deploy.local import crowded, local_cluster, local_gpu_cluster
 from dtrain.deploy.logs import QuietClose, QuietRefusals, mark_closing, quiet_refusals
 from dtrain.deploy.options import security_for, started_by_dtrain, warn_if_open
 from dtrain.deploy.workers import wait_for_workers
@@ -181,10 +181,13 @@ def connect(cfg: ClusterConfig, min_workers: int = 1, leaves: int = 0) -> Iterat
         warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
         cluster = local_gpu_cluster(cfg, gpus, security, shape) if gpus else \
             local_cluster(cfg, security, shape)
+    pin = None if gpus else crowded(shape)
     with cluster, Client(cluster, security=security) as client:
         started_by_dtrain(client)
         register(client, QuietClose())
         register(client, QuietRefusals())
+        if pin is not None:
+            register(client, pin)
         try:
             yield client
         finally:

@@ -112,7 +112,8 @@ class Role:
     cpus: frozenset[int] = frozenset()
 
 
-def _cpus() -> frozenset[int]:
+def own_cpus() -> frozenset[int]:
+    """The cores this process may run on."""
     try:
         return frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -138,7 +139,7 @@ def rank_place(comm: Any, is_worker: bool, gpu: bool) -> RankPlace | None:
             node.Free()
     finally:
         workers.Free()
-    return RankPlace(rank, socket.gethostname(), leader, _cpus(), gpu)
+    return RankPlace(rank, socket.gethostname(), leader, own_cpus(), gpu)
 
 
 def assign(places: Iterable[RankPlace], cfg: ClusterConfig, min_workers: int = 1,
@@ -199,10 +200,20 @@ def _crowded(places: list[RankPlace]) -> dict[int, frozenset[int]]:
     out: dict[int, frozenset[int]] = {}
     for ranks in nodes.values():
         cores = sorted(frozenset().union(*(p.cpus for p in ranks)))
-        if len(ranks) > len(cores) > 0:
-            for i, p in enumerate(ranks):
-                out[p.rank] = frozenset({cores[i * len(cores) // len(ranks)]})
+        for i, p in enumerate(ranks):
+            core = crowded_core(i, len(ranks), cores)
+            if core is not None:
+                out[p.rank] = frozenset({core})
     return out
+
+
+def crowded_core(i: int, workers: int, cores: list[int]) -> int | None:
+    """The core of one-thread worker ``i`` of ``workers`` on a machine's ``cores`` where the
+    workers outnumber them: consecutive workers in blocks (see :func:`_crowded`); None
+    where each has a core."""
+    if not 0 < len(cores) < workers or not 0 <= i < workers:
+        return None
+    return cores[i * len(cores) // workers]
 
 
 def describe(roles: dict[int, Role], places: list[RankPlace], layout: str) -> str:

@@ -25,13 +25,13 @@ from collections.abc import Callable, Iterator
 from multiprocessing import resource_tracker
 from typing import TypeVar
 
-from distributed import LocalCluster, Nanny, Scheduler, Security, SpecCluster
+from distributed import LocalCluster, Nanny, Scheduler, Security, SpecCluster, WorkerPlugin
 
 from dtrain.core.arrays import gpu_count
 from dtrain.core.config import ClusterConfig
 from dtrain.core.errors import UserError
 from dtrain.deploy.devices import GPU
-from dtrain.deploy.layout import Shape, local_shape
+from dtrain.deploy.layout import Shape, crowded_core, local_shape, own_cpus, pin_cpus
 from dtrain.deploy.options import LOOPBACK, http_address
 from dtrain.deploy.tuning import allocator_env
 
@@ -133,6 +133,35 @@ def local_cluster(cfg: ClusterConfig, security: Security | None = None,
         # without a dashboard the scheduler still serves /health and /metrics: on a free
         # port of 127.0.0.1, not all interfaces
         scheduler_kwargs={"dashboard_address": http_address(dash)}))
+
+
+class PinCrowded(WorkerPlugin):
+    """On an embedded cluster of more one-thread CPU workers than the machine's cores: worker
+    ``i`` (its name) runs on one core, consecutive workers together
+    (:func:`~dtrain.deploy.layout.crowded_core`, as MPI worker ranks are pinned); restarted
+    workers too.  ``cores`` are the driver's: a worker's own affinity is its core once
+    pinned."""
+
+    name = "dtrain-pin-crowded"
+    idempotent = True
+
+    def __init__(self, workers: int, cores: list[int]):
+        self.workers, self.cores = workers, cores
+
+    def setup(self, worker) -> None:
+        i = worker.name
+        core = crowded_core(i, self.workers, self.cores) if isinstance(i, int) else None
+        if core is not None:
+            pin_cpus(frozenset({core}))
+
+
+def crowded(shape: Shape) -> PinCrowded | None:
+    """The plugin that pins a LocalCluster's workers of ``shape``, where they outnumber this
+    machine's cores and have one thread each (None otherwise)."""
+    cores = sorted(own_cpus())
+    if shape.threads != 1 or crowded_core(0, shape.workers, cores) is None:
+        return None
+    return PinCrowded(shape.workers, cores)
 
 
 def local_gpu_cluster(cfg: ClusterConfig, gpus: int, security: Security | None = None,
