@@ -201,6 +201,7 @@ def test_mpi_flat_ranks_that_outnumber_their_cores_share_them_in_neighbour_block
     assert {r: sorted(role.cpus) for r, role in roles.items()} == {
         1: [0], 2: [0], 3: [1], 4: [1], 5: [2], 6: [2], 7: [2], 8: [3], 9: [3]}
     assert {role.threads for role in roles.values()} == {1}
+    assert all(role.shared for role in roles.values())      # its reads do not poll first
     line = layout.describe(roles, places, "flat")
     assert line.endswith("; more worker ranks than cores: pinned 9 rank(s) to 4 core(s), "
                          "neighbours together")

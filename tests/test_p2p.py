@@ -84,6 +84,35 @@ def test_messages_arrive_as_sent_whatever_the_order_they_are_read_in(local):
             n.close()
 
 
+@pytest.mark.parametrize("shares", [False, True], ids=["own core", "shared core"])
+def test_a_read_polls_before_it_sleeps_unless_its_process_shares_a_core(shares, monkeypatch):
+    """A reader with a core of its own polls (yielding the core) before a read that may sleep;
+    in a process that shares its core with other workers (``p2p.sharing_a_core``, worker
+    ranks pinned together) it sleeps at once: polling would take the core from the worker
+    whose answer it waits for."""
+    yields = []
+    monkeypatch.setattr(wire.os, "sched_yield", lambda: yields.append(1))
+    here = p2p._nodes()
+    monkeypatch.setattr(here, "spin", here.spin)       # this process's setting, put back
+    if shares:
+        p2p.sharing_a_core()
+    run, secret = p2p.new_run()
+    p2p.listen(run, secret, 1, "127.0.0.1", None, None, True)      # as a window's worker
+    nodes = [p2p.Node(run, secret, 0, "127.0.0.1", None, None, True), p2p.node(run, 1)]
+    mesh = p2p.Mesh(run, ("w0", "w1"), tuple(n.place for n in nodes))
+    try:
+        a, b = _links(mesh, nodes)
+        later = threading.Timer(0.05, a.send, ([1], "late", np.arange(3.0)))
+        later.start()
+        assert b.recv(0, "late").tolist() == [0.0, 1.0, 2.0]
+        later.join()
+        assert nodes[1].ins[0].spin == (0.0 if shares else wire.SPIN_S)
+        assert bool(yields) is not shares
+    finally:
+        nodes[0].close()
+        p2p.close(run)
+
+
 def test_both_sides_send_big_buffers_at_once_without_waiting_for_each_other():
     """A send never blocks its task: 8 MB each way at the same time, more than any socket
     buffer takes, still completes (what does not fit goes on in the sender thread)."""

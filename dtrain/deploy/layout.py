@@ -106,10 +106,12 @@ class RankPlace:
 @dataclass(frozen=True)
 class Role:
     """What a worker rank does: start a Dask worker of ``threads`` threads (0: none; its node's
-    cores are another rank's threads), on ``cpus`` (empty: as it was started)."""
+    cores are another rank's threads), on ``cpus`` (empty: as it was started); ``shared``:
+    its core is other worker ranks' too."""
 
     threads: int
     cpus: frozenset[int] = frozenset()
+    shared: bool = False
 
 
 def own_cpus() -> frozenset[int]:
@@ -159,7 +161,8 @@ def assign(places: Iterable[RankPlace], cfg: ClusterConfig, min_workers: int = 1
     fixed = cfg.threads_per_worker
     if cfg.layout == "flat":
         cores = _crowded(places) if (fixed or 1) == 1 else {}
-        return {p.rank: Role(fixed or 1, cores.get(p.rank, frozenset())) for p in places}
+        return {p.rank: Role(fixed or 1, cores.get(p.rank, frozenset()), p.rank in cores)
+                for p in places}
     roles = {p.rank: Role(fixed or 1) for p in places if p.gpu}
     nodes: dict[int, list[RankPlace]] = {}
     for p in places:

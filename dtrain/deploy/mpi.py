@@ -52,7 +52,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from dtrain.core import internals
 from dtrain.core.config import ClusterConfig, Config
 from dtrain.core.errors import EXIT_INTERRUPTED, Diverged, Stopped, UserError, exit_code
-from dtrain.deploy import mpiwire
+from dtrain.deploy import mpiwire, p2p
 from dtrain.deploy.devices import GPU
 from dtrain.deploy.layout import Role, assign, describe, one_blas_thread, pin_cpus, rank_place
 from dtrain.deploy.logs import CLOSING_OP, CutByClose, quiet_logs
@@ -413,6 +413,8 @@ def _worker(comm: Any, rank: int, head: int) -> int:
     if not role.threads:             # its node's cores are another rank's threads: wait, as
         return _bcast(comm, None, head)      # long as the run takes, for the exit code
     pin_cpus(role.cpus)
+    if role.shared:
+        p2p.sharing_a_core()
     one_blas_thread()                # the same bits as any other layout's workers
     keep_freed_memory()              # before the worker starts its task threads
     try:

@@ -58,8 +58,8 @@ from typing import Any
 
 from dtrain.core import broadcast, internals
 from dtrain.deploy import mpiwire, runtime
-from dtrain.deploy.wire import (Broken, In, Out, PeerLost, Quiet, Refused, check, encode,
-                                prove, shut, transport, tune)
+from dtrain.deploy.wire import (SPIN_S, Broken, In, Out, PeerLost, Quiet, Refused, check,
+                                encode, prove, shut, transport, tune)
 
 HANDSHAKE_S = 10.0        # a connection proves itself within this, or is dropped
 IDLE_S = 900.0            # a mesh no window used this long closes itself
@@ -124,8 +124,9 @@ class Node:
 
     def __init__(self, run: str, secret: bytes, rank: int, host: str,
                  server: ssl.SSLContext | None, client: ssl.SSLContext | None, local: bool,
-                 wire: mpiwire.Wire | None = None):
+                 wire: mpiwire.Wire | None = None, spin: float = SPIN_S):
         self.run, self.secret, self.rank, self.wire = run, secret, rank, wire
+        self.spin = spin                    # how long a read polls before it sleeps
         self.peers: tuple[int, ...] = ()    # over MPI: the other participants' world ranks
         self.server, self.client = server, client
         self.ins: dict[int, In] = {}
@@ -181,7 +182,7 @@ class Node:
             if self.broken is not None or peer in self.ins:
                 shut(sock)
                 return
-            self.ins[peer] = In(sock, peer)
+            self.ins[peer] = In(sock, peer, self.spin)
             self.changed.notify_all()
 
     def _connect(self, mesh: Mesh, peer: int) -> Out:
@@ -351,6 +352,7 @@ class Nodes:
         self.nodes: dict[str, Node] = {}
         self.lock = threading.Lock()
         self.reaper: threading.Thread | None = None
+        self.spin = SPIN_S                  # how long this process's reads poll first
 
     def close(self) -> None:
         """Close every mesh part here (the worker closes)."""
@@ -362,6 +364,15 @@ class Nodes:
 
 def _nodes() -> Nodes:
     return runtime.here().part("p2p", Nodes)
+
+
+def sharing_a_core() -> None:
+    """This worker process shares its core with other workers (ranks that outnumber their
+    node's cores, pinned together: :func:`~dtrain.deploy.layout.assign`): its meshes' reads
+    sleep at once.  Polling first (:data:`~dtrain.deploy.wire.SPIN_S`) is for a reader with
+    a core of its own, whose peer's answer often comes before a sleeping core would wake;
+    here it takes the core from the worker whose answer it waits for."""
+    _nodes().spin = 0.0
 
 
 def node(run: str, rank: int) -> Node:
@@ -379,9 +390,9 @@ def listen(run: str, secret: bytes, rank: int, host: str, server: ssl.SSLContext
     (``server``/``client``: its TLS contexts, None for plain TCP) and, with ``local``, a
     Unix socket for peers on this machine; with ``mpi``, its world rank where its MPI job
     installed a wire (:mod:`~dtrain.deploy.mpiwire`); returns where it listens."""
-    made = Node(run, secret, rank, host, server, client, local,
-                mpiwire.here() if mpi else None)
     here = _nodes()
+    made = Node(run, secret, rank, host, server, client, local,
+                mpiwire.here() if mpi else None, here.spin)
     with here.lock:
         here.nodes[run] = made
         if here.reaper is None or not here.reaper.is_alive():

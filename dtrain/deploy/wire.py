@@ -12,7 +12,8 @@ training:
   other value pickled (protocol 5, its buffers out of band) (:func:`encode`).
 * **Connections go one way**: :class:`Out` only writes, and never makes its task wait: what
   the socket does not take at once goes to a sender thread of that connection, in order.
-  :class:`In` only reads, polling for :data:`SPIN_S` before a read that may sleep, and sets
+  :class:`In` only reads, polling for :data:`SPIN_S` before a read that may sleep (unless
+  told not to: a process that shares its core), and sets
   aside messages that arrive before the one its task waits for.
 * **Faults**: a connection closed or failed, or a read that waited out its timeout, is
   :class:`PeerLost` (:class:`Quiet` for the timeout); both are :class:`Broken`, after which
@@ -161,8 +162,8 @@ def encode(tag: str, value: Any) -> tuple[list[memoryview], int]:
 class In:
     """A connection a peer opened to this participant: read only, by the task thread."""
 
-    def __init__(self, sock: socket.socket, peer: int):
-        self.sock, self.peer = sock, peer
+    def __init__(self, sock: socket.socket, peer: int, spin: float = SPIN_S):
+        self.sock, self.peer, self.spin = sock, peer, spin
         self.poller = select.poll()
         self.poller.register(sock.fileno(), select.POLLIN)
         self.tls = isinstance(sock, ssl.SSLSocket)
@@ -198,11 +199,12 @@ class In:
         return n
 
     def _spin(self) -> None:
-        """Poll for up to :data:`SPIN_S` for bytes to arrive, yielding the core to anything
-        else that wants it between polls (``sched_yield``), before a read that may sleep."""
-        if (self.tls and self.sock.pending()) or self.poller.poll(0):
+        """Poll for up to ``spin`` seconds (:data:`SPIN_S` unless told) for bytes to arrive,
+        yielding the core to anything else that wants it between polls (``sched_yield``),
+        before a read that may sleep."""
+        if not self.spin or (self.tls and self.sock.pending()) or self.poller.poll(0):
             return
-        end = time.perf_counter() + SPIN_S
+        end = time.perf_counter() + self.spin
         while time.perf_counter() < end:
             os.sched_yield()
             if self.poller.poll(0):
