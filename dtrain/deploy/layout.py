@@ -193,9 +193,8 @@ def _crowded(places: list[RankPlace]) -> dict[int, frozenset[int]]:
     over shards in blocks), so the ranks that share a core are those whose gradients meet
     first: they take turns on it, and the first message of the sum goes between two ranks
     of one core instead of waking a rank that the kernel keeps off both cores while two
-    others compute.  Measured on 4 ranks of 2 cores (P3, ``mpiexec``): 4-9 % off an epoch,
-    in every one of 9 alternated pairs.  Ranks with a core each (or more) are left as they
-    were started (the MPI launcher's binding, if any)."""
+    others compute (benchmarks/NOTES.md has the measurement).  Ranks with a core each (or
+    more) are left as they were started (the MPI launcher's binding, if any)."""
     nodes: dict[int, list[RankPlace]] = {}
     for p in places:
         if not p.gpu:
@@ -230,8 +229,8 @@ def describe(roles: dict[int, Role], places: list[RankPlace], layout: str) -> st
         "threads " + ", ".join(f"rank {r}: {t}" for r, t in sorted(workers.items()))
     line = (f"layout: {layout}, {len(workers)} Dask worker(s) on {nodes} node(s) "
             f"(rank(s) {_ranges(sorted(workers))}), {per}")
-    shared = [role.cpus for role in roles.values() if role.threads and len(role.cpus) == 1]
-    if len(shared) > len(set(shared)):
+    shared = [role.cpus for role in roles.values() if role.shared]
+    if shared:
         line += (f"; more worker ranks than cores: pinned {len(shared)} rank(s) to "
                  f"{len(set(shared))} core(s), neighbours together")
     if idle:
