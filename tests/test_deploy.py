@@ -241,8 +241,8 @@ def test_an_embedded_clusters_workers_that_outnumber_the_cores_are_pinned_like_m
             assert all(client.run(_every_thread_on, [cores[0]], workers=[names[0]]).values())
         cfg = dtrain.load_config(None, [f"cluster.workers={len(cores)}",
                                         "cluster.threads_per_worker=1"]).cluster
-        with connect(cfg) as client:
-            assert all(a == cores for a in client.run(_affinity).values())
+        with connect(cfg) as client:        # (as the process that started them: a superset)
+            assert all(set(cores) <= set(a) for a in client.run(_affinity).values())
     finally:
         os.sched_setaffinity(0, before)
 
