@@ -222,6 +222,7 @@ def _every_thread_on(cores: list[int]) -> bool:
     return all(sorted(os.sched_getaffinity(int(t))) == cores for t in os.listdir("/proc/self/task"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
 def test_an_embedded_clusters_workers_that_outnumber_the_cores_are_pinned_like_mpi_ranks():
     """Twice as many one-thread workers as the driver's cores (two of this machine's): worker
