@@ -92,7 +92,8 @@ def tables(results: dict[str, Any]) -> list[Table]:
     out: list[Table] = [(
         "Across workers (issue 36): median epoch seconds, dtrain's ratios and scheduler tasks",
         header, body,
-        "Each worker process stands for a node (and the machine's cores are shared by all). "
+        "Each worker process stands for a node (and the machine's cores are shared by all: "
+        "where dtrain's workers outnumber them, each is pinned to one, neighbours together). "
         "dtrain-allreduce: a LocalCluster of one single-thread process per worker, a window "
         "one task per worker, the step's sums sent worker to worker (a Unix socket between "
         "processes of one machine); -tcp: over TCP, as between machines; -segments: "
