@@ -164,10 +164,7 @@ def assign(places: Iterable[RankPlace], cfg: ClusterConfig, min_workers: int = 1
         return {p.rank: Role(fixed or 1, cores.get(p.rank, frozenset()), p.rank in cores)
                 for p in places}
     roles = {p.rank: Role(fixed or 1) for p in places if p.gpu}
-    nodes: dict[int, list[RankPlace]] = {}
-    for p in places:
-        if not p.gpu:
-            nodes.setdefault(p.node, []).append(p)
+    nodes = _cpu_nodes(places)
     serving = {ranks[0].rank for ranks in nodes.values()}
     spare = [p.rank for ranks in nodes.values() for p in ranks[1:]]
     while len(serving) + len(roles) < min_workers and spare:
@@ -175,7 +172,7 @@ def assign(places: Iterable[RankPlace], cfg: ClusterConfig, min_workers: int = 1
     total = len(serving) + len(roles)
     for ranks in nodes.values():
         mine = [p for p in ranks if p.rank in serving]
-        cores = frozenset().union(*(p.cpus for p in ranks))
+        cores = _cores(ranks)
         for p in ranks:
             if p.rank not in serving:
                 roles[p.rank] = Role(0)
@@ -183,6 +180,20 @@ def assign(places: Iterable[RankPlace], cfg: ClusterConfig, min_workers: int = 1
             threads = fixed or _cap(max(1, len(cores) // len(mine)), leaves, total)
             roles[p.rank] = Role(threads, cores if len(mine) == 1 else frozenset())
     return roles
+
+
+def _cpu_nodes(places: list[RankPlace]) -> dict[int, list[RankPlace]]:
+    """The CPU (not GPU) worker ranks of each node, in rank order."""
+    nodes: dict[int, list[RankPlace]] = {}
+    for p in places:
+        if not p.gpu:
+            nodes.setdefault(p.node, []).append(p)
+    return nodes
+
+
+def _cores(ranks: list[RankPlace]) -> frozenset[int]:
+    """The cores of a node's ranks (each rank's as it was started)."""
+    return frozenset().union(*(p.cpus for p in ranks))
 
 
 def _crowded(places: list[RankPlace]) -> dict[int, frozenset[int]]:
@@ -195,13 +206,9 @@ def _crowded(places: list[RankPlace]) -> dict[int, frozenset[int]]:
     of one core instead of waking a rank that the kernel keeps off both cores while two
     others compute (benchmarks/NOTES.md has the measurement).  Ranks with a core each (or
     more) are left as they were started (the MPI launcher's binding, if any)."""
-    nodes: dict[int, list[RankPlace]] = {}
-    for p in places:
-        if not p.gpu:
-            nodes.setdefault(p.node, []).append(p)
     out: dict[int, frozenset[int]] = {}
-    for ranks in nodes.values():
-        cores = sorted(frozenset().union(*(p.cpus for p in ranks)))
+    for ranks in _cpu_nodes(places).values():
+        cores = sorted(_cores(ranks))
         for i, p in enumerate(ranks):
             core = crowded_core(i, len(ranks), cores)
             if core is not None:

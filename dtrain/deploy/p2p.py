@@ -124,9 +124,8 @@ class Node:
 
     def __init__(self, run: str, secret: bytes, rank: int, host: str,
                  server: ssl.SSLContext | None, client: ssl.SSLContext | None, local: bool,
-                 wire: mpiwire.Wire | None = None, spin: float = SPIN_S):
+                 wire: mpiwire.Wire | None = None):
         self.run, self.secret, self.rank, self.wire = run, secret, rank, wire
-        self.spin = spin                    # how long a read polls before it sleeps
         self.peers: tuple[int, ...] = ()    # over MPI: the other participants' world ranks
         self.server, self.client = server, client
         self.ins: dict[int, In] = {}
@@ -182,7 +181,7 @@ class Node:
             if self.broken is not None or peer in self.ins:
                 shut(sock)
                 return
-            self.ins[peer] = In(sock, peer, self.spin)
+            self.ins[peer] = In(sock, peer, _nodes().spin)     # as this process reads
             self.changed.notify_all()
 
     def _connect(self, mesh: Mesh, peer: int) -> Out:
@@ -390,9 +389,9 @@ def listen(run: str, secret: bytes, rank: int, host: str, server: ssl.SSLContext
     (``server``/``client``: its TLS contexts, None for plain TCP) and, with ``local``, a
     Unix socket for peers on this machine; with ``mpi``, its world rank where its MPI job
     installed a wire (:mod:`~dtrain.deploy.mpiwire`); returns where it listens."""
-    here = _nodes()
     made = Node(run, secret, rank, host, server, client, local,
-                mpiwire.here() if mpi else None, here.spin)
+                mpiwire.here() if mpi else None)
+    here = _nodes()
     with here.lock:
         here.nodes[run] = made
         if here.reaper is None or not here.reaper.is_alive():
