@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -86,6 +87,31 @@ def test_mpi_run_equals_the_localcluster_run(client, tmp_path, ranks, extra, wor
     assert len(said) == 1 and f"{workers} Dask worker(s) on 1 node(s)" in said[0], said
     assert ("start no worker" in said[0]) == (workers < ranks - 1), said
     assert "dashboard: http://127.0.0.1:" in job.stdout and "epoch 4/4" in job.stdout
+
+
+@SLOW
+def test_flat_ranks_that_outnumber_their_cores_are_pinned_and_keep_the_bytes(client, tmp_path):
+    """The job started on one core (its affinity, which mpiexec and the ranks inherit): the
+    two flat worker ranks share it, pinned, and the head says so; the bytes are a
+    LocalCluster run's."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity here")
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        job = mpirun.run(3, *_sets(QUICK + ["cluster.layout=flat"]), "--out",
+                         str(tmp_path / "mpi"), *QUIET)
+    finally:
+        os.sched_setaffinity(0, before)
+    assert job.returncode == 0, job.stdout + job.stderr
+    said = [line for line in job.stdout.splitlines() if line.startswith("layout: ")]
+    assert len(said) == 1 and said[0].endswith(
+        "more worker ranks than cores: pinned 2 rank(s) to 1 core(s), neighbours together"), said
+    local = dtrain.train(dtrain.load_config(None, QUICK + ["cluster.layout=flat"]),
+                         client=client, out=tmp_path / "local", echo=None)
+    assert local.summary["workers"] == 2
+    assert (tmp_path / "mpi" / "params.npz").read_bytes() == \
+        (tmp_path / "local" / "params.npz").read_bytes()
 
 
 # Too few ranks, a GPU where there is none and resuming a finished run are rows of the
